@@ -1,0 +1,71 @@
+#include "ringtrain/attention/backend.h"
+
+#include <mutex>
+
+#include "ringtrain/attention/cpu/cpu_backends.h"
+#include "ringtrain/core/error.h"
+
+namespace ringtrain::attention {
+
+std::string_view backend_name(BackendId id) {
+  switch (id) {
+    case BackendId::Cudnn: return "cudnn";
+    case BackendId::Flash: return "flash";
+    case BackendId::Efficient: return "efficient";
+    case BackendId::Math: return "math";
+  }
+  return "?";
+}
+
+BackendId parse_backend(std::string_view name) {
+  for (BackendId id : kAllBackends)
+    if (backend_name(id) == name) return id;
+  throw Error(cat("unknown attention backend '", name, "' (known: cudnn, flash, efficient, math)"));
+}
+
+std::vector<BackendId> parse_backend_list(std::string_view list) {
+  std::vector<BackendId> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string_view::npos) end = list.size();
+    std::string_view item = list.substr(pos, end - pos);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    RT_CHECK(!item.empty(), "empty entry in attention backend list '", list, "'");
+    BackendId id = parse_backend(item);
+    for (BackendId seen : out)
+      RT_CHECK(seen != id, "attention backend '", item, "' listed twice in '", list, "'");
+    out.push_back(id);
+    pos = end + 1;
+  }
+  return out;
+}
+
+std::string format_backend_list(const std::vector<BackendId>& ids) {
+  std::string s;
+  for (BackendId id : ids) {
+    if (!s.empty()) s += ',';
+    s += backend_name(id);
+  }
+  return s;
+}
+
+#ifndef RINGTRAIN_WITH_CUDA
+void register_cuda_backends(std::vector<std::unique_ptr<Backend>>&) {}
+#endif
+
+const Backend* find_backend(BackendId id, DeviceKind kind) {
+  static const std::vector<std::unique_ptr<Backend>> registry = [] {
+    std::vector<std::unique_ptr<Backend>> r;
+    r.push_back(cpu::make_math_backend());
+    r.push_back(cpu::make_flash_backend());
+    register_cuda_backends(r);
+    return r;
+  }();
+  for (const auto& b : registry)
+    if (b->id() == id && b->device_kind() == kind) return b.get();
+  return nullptr;
+}
+
+}  // namespace ringtrain::attention

@@ -1,0 +1,46 @@
+// The attention backend interface and the registry of implementations.
+//
+// A backend is a name (cudnn, flash, efficient, math) implemented on a device kind. It declares what it can
+// serve through one predicate, unsupported_reasons(), which returns every reason it cannot serve the params
+// (empty = can). Whether it may run under context parallelism is a separate declaration, cp_capable(): set
+// only for implementations whose results under CP are verified by tests.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ringtrain/attention/params.h"
+
+namespace ringtrain::attention {
+
+enum class BackendId : uint8_t { Cudnn, Flash, Efficient, Math };
+constexpr int kNumBackends = 4;
+constexpr BackendId kAllBackends[kNumBackends] = {BackendId::Cudnn, BackendId::Flash, BackendId::Efficient,
+                                                   BackendId::Math};
+
+std::string_view backend_name(BackendId id);
+BackendId parse_backend(std::string_view name);  // throws naming the unknown name and the known ones
+// "cudnn,flash" -> {Cudnn, Flash}; order kept, duplicates rejected.
+std::vector<BackendId> parse_backend_list(std::string_view list);
+std::string format_backend_list(const std::vector<BackendId>& ids);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendId id() const = 0;
+  virtual DeviceKind device_kind() const = 0;
+  virtual bool cp_capable() const = 0;
+  virtual std::vector<std::string> unsupported_reasons(const AttnParams& p) const = 0;
+  virtual void forward(const AttnParams& p, const AttnForwardArgs& a) const = 0;
+  virtual void backward(const AttnParams& p, const AttnBackwardArgs& a) const = 0;
+};
+
+// The implementation of `id` on `kind`, or nullptr when this build has none.
+const Backend* find_backend(BackendId id, DeviceKind kind);
+
+// Called once from the registry to add the GPU implementations (defined in the CUDA part of the build).
+void register_cuda_backends(std::vector<std::unique_ptr<Backend>>& out);
+
+}  // namespace ringtrain::attention

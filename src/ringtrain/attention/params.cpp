@@ -1,0 +1,137 @@
+#include "ringtrain/attention/params.h"
+
+#include <cmath>
+
+#include "ringtrain/core/error.h"
+
+namespace ringtrain::attention {
+
+std::string mask_name(MaskType m) {
+  switch (m) {
+    case MaskType::None: return "none";
+    case MaskType::CausalTopLeft: return "causal_top_left";
+    case MaskType::CausalBottomRight: return "causal_bottom_right";
+  }
+  return "?";
+}
+
+MaskType parse_mask(const std::string& n) {
+  if (n == "none") return MaskType::None;
+  if (n == "causal" || n == "causal_top_left") return MaskType::CausalTopLeft;
+  if (n == "causal_bottom_right") return MaskType::CausalBottomRight;
+  throw Error(cat("unknown mask '", n, "' (expected none, causal, causal_top_left or causal_bottom_right)"));
+}
+
+float AttnParams::scale() const {
+  return softmax_scale != 0.f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+std::string AttnParams::key() const {
+  return cat(device_name(device), '|', dtype_name(dtype), '|', batch, '|', heads_q, '|', heads_kv, '|', head_dim, '|',
+             seqlen_q, '|', seqlen_kv, '|', static_cast<int>(mask), '|', packed, '|', deterministic);
+}
+
+std::string AttnParams::describe() const {
+  return cat(device_name(device), ' ', dtype_name(dtype), " B=", batch, " Hq=", heads_q, " Hkv=", heads_kv,
+             " D=", head_dim, " Sq=", seqlen_q, " Skv=", seqlen_kv, " mask=", mask_name(mask),
+             packed ? " packed" : "", deterministic ? " deterministic" : "");
+}
+
+namespace {
+
+void check_tensor(const AttnParams& p, const char* name, const TensorView& t, int64_t rows, int64_t heads,
+                  DType dtype, bool any_float = false) {
+  const int want_ndim = p.packed ? 3 : 4;
+  RT_CHECK(t.data != nullptr, "attention: tensor '", name, "' is missing");
+  RT_CHECK(t.device == p.device, "attention: '", name, "' is on ", device_name(t.device), ", params say ",
+           device_name(p.device));
+  RT_CHECK(any_float ? is_float(t.dtype) : t.dtype == dtype, "attention: '", name, "' is ", t.shape_str(),
+           ", expected dtype ", dtype_name(dtype));
+  RT_CHECK(t.ndim == want_ndim, "attention: '", name, "' is ", t.shape_str(), ", expected ", want_ndim,
+           " dimensions (", p.packed ? "THD" : "BSHD", ")");
+  const int o = p.packed ? 0 : 1;
+  bool ok = t.shape[o + 1] == heads && t.shape[o + 2] == p.head_dim;
+  if (!p.packed) ok = ok && t.shape[0] == p.batch && t.shape[1] == rows;
+  RT_CHECK(ok, "attention: '", name, "' is ", t.shape_str(), ", expected ",
+           p.packed ? cat("[T, ", heads, ", ", p.head_dim, "]")
+                    : cat("[", p.batch, ", ", rows, ", ", heads, ", ", p.head_dim, "]"));
+  RT_CHECK(t.stride[t.ndim - 1] == 1, "attention: '", name, "' must have unit stride in the head dimension");
+}
+
+void check_lse(const AttnParams& p, const TensorView& lse, const TensorView& q) {
+  RT_CHECK(lse.data != nullptr, "attention: tensor 'lse' is missing");
+  RT_CHECK(lse.dtype == DType::F32 && lse.device == p.device, "attention: 'lse' is ", lse.shape_str(),
+           ", expected fp32 on ", device_name(p.device));
+  if (p.packed) {
+    RT_CHECK(lse.ndim == 2 && lse.shape[0] == p.heads_q && lse.shape[1] == q.shape[0], "attention: 'lse' is ",
+             lse.shape_str(), ", expected [", p.heads_q, ", ", q.shape[0], "]");
+  } else {
+    RT_CHECK(lse.ndim == 3 && lse.shape[0] == p.batch && lse.shape[1] == p.heads_q && lse.shape[2] == p.seqlen_q,
+             "attention: 'lse' is ", lse.shape_str(), ", expected [", p.batch, ", ", p.heads_q, ", ", p.seqlen_q, "]");
+  }
+}
+
+void check_params(const AttnParams& p) {
+  RT_CHECK(p.batch > 0 && p.heads_q > 0 && p.heads_kv > 0 && p.head_dim > 0 && p.seqlen_q >= 0 && p.seqlen_kv >= 0,
+           "attention: bad params ", p.describe());
+  RT_CHECK(p.heads_q % p.heads_kv == 0, "attention: query heads (", p.heads_q, ") must be a multiple of kv heads (",
+           p.heads_kv, ")");
+}
+
+void check_cu_seqlens(const AttnParams& p, const char* name, const TensorView& cu) {
+  if (!p.packed) return;
+  RT_CHECK(cu.data && cu.dtype == DType::I32 && cu.ndim == 1 && cu.shape[0] == p.batch + 1 && cu.device == p.device,
+           "attention: packed call needs '", name, "' int32 [", p.batch + 1, "] on ", device_name(p.device),
+           ", got ", cu.data ? cu.shape_str() : std::string("none"));
+}
+
+}  // namespace
+
+void validate(const AttnParams& p, const AttnForwardArgs& a) {
+  check_params(p);
+  check_tensor(p, "q", a.q, p.seqlen_q, p.heads_q, p.dtype);
+  check_tensor(p, "k", a.k, p.seqlen_kv, p.heads_kv, p.dtype);
+  check_tensor(p, "v", a.v, p.seqlen_kv, p.heads_kv, p.dtype);
+  RT_CHECK(!p.packed || (a.k.shape[0] == a.v.shape[0]), "attention: packed 'k' and 'v' differ in length");
+  check_tensor(p, "o", a.o, p.seqlen_q, p.heads_q, p.dtype, /*any_float=*/true);
+  RT_CHECK(!p.packed || a.o.shape[0] == a.q.shape[0], "attention: packed 'o' ", a.o.shape_str(), " differs from 'q' ",
+           a.q.shape_str());
+  check_lse(p, a.lse, a.q);
+  check_cu_seqlens(p, "cu_seqlens_q", a.cu_seqlens_q);
+  check_cu_seqlens(p, "cu_seqlens_kv", a.cu_seqlens_kv);
+}
+
+void validate(const AttnParams& p, const AttnBackwardArgs& a) {
+  check_params(p);
+  check_tensor(p, "q", a.q, p.seqlen_q, p.heads_q, p.dtype);
+  check_tensor(p, "k", a.k, p.seqlen_kv, p.heads_kv, p.dtype);
+  check_tensor(p, "v", a.v, p.seqlen_kv, p.heads_kv, p.dtype);
+  check_tensor(p, "o", a.o, p.seqlen_q, p.heads_q, p.dtype, /*any_float=*/true);
+  check_tensor(p, "dout", a.dout, p.seqlen_q, p.heads_q, p.dtype, /*any_float=*/true);
+  const DType gd = a.accumulate ? DType::F32 : p.dtype;
+  check_tensor(p, "dq", a.dq, p.seqlen_q, p.heads_q, gd, /*any_float=*/!a.accumulate);
+  check_tensor(p, "dk", a.dk, p.seqlen_kv, p.heads_kv, gd, /*any_float=*/!a.accumulate);
+  check_tensor(p, "dv", a.dv, p.seqlen_kv, p.heads_kv, gd, /*any_float=*/!a.accumulate);
+  check_lse(p, a.lse, a.q);
+  check_cu_seqlens(p, "cu_seqlens_q", a.cu_seqlens_q);
+  check_cu_seqlens(p, "cu_seqlens_kv", a.cu_seqlens_kv);
+}
+
+AttnParams params_for(const TensorView& q, const TensorView& k, MaskType mask, float softmax_scale) {
+  RT_CHECK(q.ndim == 4 && k.ndim == 4, "attention: expected BSHD tensors, got q ", q.shape_str(), " k ",
+           k.shape_str());
+  AttnParams p;
+  p.device = q.device;
+  p.dtype = q.dtype;
+  p.batch = q.shape[0];
+  p.seqlen_q = q.shape[1];
+  p.heads_q = q.shape[2];
+  p.head_dim = q.shape[3];
+  p.seqlen_kv = k.shape[1];
+  p.heads_kv = k.shape[2];
+  p.mask = mask;
+  p.softmax_scale = softmax_scale;
+  return p;
+}
+
+}  // namespace ringtrain::attention

@@ -1,0 +1,77 @@
+// What an attention call is: the shape/dtype/mask description used for backend selection (AttnParams)
+// and the tensors of one forward or backward call.
+//
+// Conventions, the same for every backend:
+//  - Layout BSHD: q [B, Sq, Hq, D], k/v [B, Skv, Hkv, D]; BHSD is the same view with other strides.
+//    Packed (THD): q [Tq, Hq, D], k/v [Tkv, Hkv, D] with cu_seqlens (int32, B+1 entries, leading 0).
+//  - LSE is fp32, natural log: [B, Hq, Sq] (BSHD) or [Hq, Tq] (THD). A query row with no visible key
+//    has LSE = -inf and O = 0, and contributes nothing to any gradient.
+//  - GQA/MQA: query head h reads kv head h / (Hq / Hkv); KV is never repeated.
+//  - Causal masks are prefixes: query i sees keys [0, key_limit(i)). Top-left: key_limit = i + 1.
+//    Bottom-right (aligned to the end, as FlashAttention does for Sq != Skv): i + 1 + Skv - Sq.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ringtrain/core/tensor.h"
+
+namespace ringtrain::attention {
+
+enum class MaskType : uint8_t { None, CausalTopLeft, CausalBottomRight };
+std::string mask_name(MaskType m);
+MaskType parse_mask(const std::string& name);  // none, causal (= top-left), causal_top_left, causal_bottom_right
+
+struct AttnParams {
+  Device device;
+  DType dtype = DType::F32;  // of Q, K, V, dO
+  int64_t batch = 1;         // sequences (packed: number of sequences)
+  int64_t heads_q = 1;
+  int64_t heads_kv = 1;
+  int64_t head_dim = 64;
+  int64_t seqlen_q = 0;   // packed: the longest sequence
+  int64_t seqlen_kv = 0;  // packed: the longest sequence
+  MaskType mask = MaskType::None;
+  float softmax_scale = 0.f;  // 0 means 1/sqrt(head_dim)
+  bool packed = false;        // THD with cu_seqlens
+  bool deterministic = false;
+
+  float scale() const;
+  // Everything that can change which backend serves the call (the selection cache key).
+  std::string key() const;
+  // One human-readable line: "cpu fp32 B=1 Hq=8 Hkv=2 D=64 Sq=4096 Skv=4096 mask=causal_top_left".
+  std::string describe() const;
+};
+
+// Number of keys query row i (0-based) may see in a segment of sq queries and skv keys.
+inline int64_t key_limit(MaskType m, int64_t i, int64_t sq, int64_t skv) {
+  int64_t lim = skv;
+  if (m == MaskType::CausalTopLeft) lim = i + 1;
+  if (m == MaskType::CausalBottomRight) lim = i + 1 + skv - sq;
+  return lim < 0 ? 0 : (lim > skv ? skv : lim);
+}
+
+struct AttnForwardArgs {
+  TensorView q, k, v;
+  TensorView o;    // like q; its dtype may differ from q's (fp32 partial results under CP)
+  TensorView lse;  // fp32
+  TensorView cu_seqlens_q, cu_seqlens_kv;  // int32 [B + 1], packed only, on the tensors' device
+  void* stream = nullptr;                  // cudaStream_t for GPU backends
+};
+
+struct AttnBackwardArgs {
+  TensorView q, k, v, o, dout, lse;  // o and lse are the final forward results (under CP: the merged ones)
+  TensorView dq, dk, dv;
+  bool accumulate = false;  // add into dq/dk/dv (then fp32) instead of overwriting them
+  TensorView cu_seqlens_q, cu_seqlens_kv;
+  void* stream = nullptr;
+};
+
+// Shape/dtype/device checks of the tensors against the params; the error names the tensor and its shape.
+void validate(const AttnParams& p, const AttnForwardArgs& a);
+void validate(const AttnParams& p, const AttnBackwardArgs& a);
+
+// Params describing dense BSHD tensors q [B,Sq,Hq,D] and k [B,Skv,Hkv,D].
+AttnParams params_for(const TensorView& q, const TensorView& k, MaskType mask, float softmax_scale = 0.f);
+
+}  // namespace ringtrain::attention

@@ -1,0 +1,81 @@
+// Backend selection: which backend runs an attention call is decided here and nowhere else.
+//
+// The candidates are an ordered allow-list. The root list comes from RINGTRAIN_SDPA_BACKENDS, or from
+// set_root_backends() (config / CLI), or the default preference order. Scopes (BackendScope) nest per
+// thread and can only narrow: a scope keeps the candidates of the enclosing ones that it also lists, in
+// the enclosing order; listing a backend the enclosing scopes excluded does not bring it back. A context-
+// parallel scope additionally keeps only implementations declared cp_capable(). The first candidate whose
+// implementation supports the params wins. Decisions are cached per (params, scope stack) and every
+// dispatch is counted per backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ringtrain/attention/backend.h"
+
+namespace ringtrain::attention {
+
+struct CandidateReport {
+  BackendId id;
+  bool selected = false;
+  bool available = false;            // could have run, but a candidate before it was preferred
+  std::vector<std::string> reasons;  // why it cannot run (empty when selected or available)
+};
+
+struct Selection {
+  const Backend* backend = nullptr;  // null when nothing fits
+  std::string params;                // AttnParams::describe()
+  std::string scopes;                // the scope stack, outermost first
+  std::vector<CandidateReport> candidates;  // all four backends, in preference order then the excluded ones
+  std::string report() const;               // multi-line, one line per backend with its reason
+};
+
+// A scope that narrows the allow-list on this thread for its lifetime.
+class BackendScope {
+ public:
+  BackendScope(std::string label, std::vector<BackendId> allowed);
+  // Context parallelism of size cp (> 1): only implementations declared cp_capable() remain.
+  static BackendScope context_parallel(int cp_size);
+  ~BackendScope();
+  BackendScope(const BackendScope&) = delete;
+  BackendScope& operator=(const BackendScope&) = delete;
+  BackendScope(BackendScope&& other) noexcept;
+  BackendScope& operator=(BackendScope&&) = delete;
+
+ private:
+  BackendScope(std::string label, std::vector<BackendId> allowed, bool requires_cp);
+  bool active_ = true;
+};
+
+// The default preference order: measured on H200 (docs/PERF.md); on CPU only flash and math exist.
+std::vector<BackendId> default_backends();
+// Root allow-list for the process; RINGTRAIN_SDPA_BACKENDS (if set) is read at first use unless this is called.
+void set_root_backends(std::vector<BackendId> ids, std::string source);
+std::vector<BackendId> root_backends();
+
+// The decision for these params under the current thread's scopes (cached; never throws).
+Selection explain(const AttnParams& p);
+// The backend that runs these params; throws ringtrain::Error with the full report when nothing fits.
+const Backend& select(const AttnParams& p);
+
+// Validates, selects, dispatches and counts.
+void forward(const AttnParams& p, const AttnForwardArgs& a);
+void backward(const AttnParams& p, const AttnBackwardArgs& a);
+
+// Dispatch counters (process-wide, all threads): how many forward / backward calls each backend ran.
+struct DispatchCounts {
+  int64_t forward[kNumBackends] = {};
+  int64_t backward[kNumBackends] = {};
+  int64_t total() const;
+};
+DispatchCounts dispatch_counts();
+void reset_dispatch_counts();
+// "flash: fwd 12 bwd 12; math: fwd 0 bwd 0" (backends with no calls omitted).
+std::string format_dispatch_counts(const DispatchCounts& c);
+
+// Drops cached decisions (tests that change the root list or the registry's view call this).
+void clear_selection_cache();
+
+}  // namespace ringtrain::attention

@@ -1,0 +1,22 @@
+// ringtrain: the command-line entry point.
+#include <cstdio>
+
+#include "ringtrain/cli/commands.h"
+#include "ringtrain/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringtrain: context-parallel training and scoring of transformer policies"};
+  app.require_subcommand(1);
+  ringtrain::cli::add_backends_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const ringtrain::cli::Exit& e) {
+    return e.code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringtrain: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,60 @@
+// The communicator: every collective that context parallelism and training need, over one group of ranks.
+//
+// Buffers live on the communicator's device (host memory for the in-process communicator, device memory for
+// NCCL). Counts are in elements of `dtype`. Every operation gives up after timeout() with ringtrain::CommError;
+// when any rank of the group fails, the others fail fast with a CommError naming that rank and its error.
+// Operations are collective: every rank calls them in the same order.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/core/tensor.h"
+
+namespace ringtrain::comm {
+
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class ReduceOp { Sum, Max };
+
+// A pending point-to-point exchange; wait() completes it (or throws CommError on timeout / peer failure).
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Device device() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // Paired exchange: send `count` elements to `dst` while receiving `count` elements from `src` (the ring step).
+  // Returns at once; the buffers must stay untouched until wait(). `stream` orders it on the GPU (NCCL).
+  virtual std::unique_ptr<Request> send_recv(const void* send, int dst, void* recv, int src, size_t count,
+                                             DType dtype, void* stream = nullptr) = 0;
+  // recv holds size() blocks of `count` elements, block r from rank r.
+  virtual void all_gather(const void* send, void* recv, size_t count, DType dtype, void* stream = nullptr) = 0;
+  // send holds size() blocks of `count` elements; recv gets the reduction of everyone's block rank().
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                              void* stream = nullptr) = 0;
+  virtual void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, void* stream = nullptr) = 0;
+  // send and recv hold size() blocks of `count` elements; block r of send goes to rank r, block r of recv
+  // came from rank r.
+  virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype, void* stream = nullptr) = 0;
+  virtual void broadcast(void* buf, size_t count, DType dtype, int root, void* stream = nullptr) = 0;
+  virtual void barrier() = 0;
+  // Marks this rank failed so that the others stop waiting for it (called when a rank's work throws).
+  virtual void abort(const std::string& why) = 0;
+};
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,30 @@
+// Errors: one exception type carrying a message that names what was wrong (file, key, shape).
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace ringtrain {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Concatenates any streamable values: cat("shape ", 3, "x", 4).
+template <typename... Args>
+std::string cat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+
+}  // namespace ringtrain
+
+// RT_CHECK(cond, parts...): throw ringtrain::Error with the concatenated message when cond is false.
+#define RT_CHECK(cond, ...)                                  \
+  do {                                                       \
+    if (!(cond)) throw ::ringtrain::Error(::ringtrain::cat(__VA_ARGS__)); \
+  } while (0)

@@ -1,0 +1,38 @@
+#include "ringtrain/core/log.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace ringtrain {
+namespace {
+
+LogLevel level_from_env() {
+  const char* s = std::getenv("RINGTRAIN_LOG_LEVEL");
+  if (!s) return LogLevel::Info;
+  if (!std::strcmp(s, "debug")) return LogLevel::Debug;
+  if (!std::strcmp(s, "warn")) return LogLevel::Warn;
+  if (!std::strcmp(s, "error")) return LogLevel::Error;
+  return LogLevel::Info;
+}
+
+std::atomic<LogLevel>& level_ref() {
+  static std::atomic<LogLevel> level{level_from_env()};
+  return level;
+}
+
+}  // namespace
+
+LogLevel log_level() { return level_ref().load(std::memory_order_relaxed); }
+void set_log_level(LogLevel level) { level_ref().store(level); }
+
+void log_line(LogLevel level, const std::string& msg) {
+  static const char* names[] = {"debug", "info", "warn", "error"};
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  std::fprintf(stderr, "[ringtrain %s] %s\n", names[static_cast<int>(level)], msg.c_str());
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,14 @@
+// A minimal parallel loop for host kernels (CPU attention, CPU model layers).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace ringtrain {
+
+// Runs fn(i) for every i in [0, n) on up to `host_threads()` threads; rethrows the first exception.
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+// Threads used by parallel_for: RINGTRAIN_HOST_THREADS, else the hardware concurrency.
+int host_threads();
+
+}  // namespace ringtrain

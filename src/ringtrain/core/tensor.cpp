@@ -1,0 +1,162 @@
+#include "ringtrain/core/tensor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "ringtrain/core/error.h"
+
+#ifdef RINGTRAIN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ringtrain {
+
+std::string device_name(Device d) {
+  return d.is_cpu() ? std::string("cpu") : cat("cuda:", d.index);
+}
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu();
+  if (name == "cuda" || name == "gpu") return Device::cuda(0);
+  if (name.rfind("cuda:", 0) == 0) {
+    try {
+      return Device::cuda(std::stoi(name.substr(5)));
+    } catch (const std::exception&) {
+    }
+  }
+  throw Error(cat("unknown device '", name, "' (expected cpu, cuda or cuda:N)"));
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t expect = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    if (shape[d] != 1 && stride[d] != expect) return false;
+    expect *= shape[d];
+  }
+  return true;
+}
+
+TensorView TensorView::slice(int d, int64_t start, int64_t len) const {
+  if (d < 0) d += ndim;
+  RT_CHECK(d >= 0 && d < ndim, "slice: dimension ", d, " out of range for ", shape_str());
+  RT_CHECK(start >= 0 && len >= 0 && start + len <= shape[d], "slice: [", start, ", ", start + len,
+           ") out of range for dimension ", d, " of ", shape_str());
+  TensorView v = *this;
+  v.shape[d] = len;
+  v.data = static_cast<char*>(data) + start * stride[d] * static_cast<int64_t>(dtype_size(dtype));
+  return v;
+}
+
+void* TensorView::at(std::initializer_list<int64_t> idx) const {
+  int64_t off = 0;
+  int d = 0;
+  for (int64_t i : idx) off += i * stride[d++];
+  return static_cast<char*>(data) + off * static_cast<int64_t>(dtype_size(dtype));
+}
+
+std::string TensorView::shape_str() const {
+  std::ostringstream os;
+  os << "[";
+  for (int d = 0; d < ndim; ++d) os << (d ? ", " : "") << shape[d];
+  os << "] " << dtype_name(dtype) << " " << device_name(device);
+  return os.str();
+}
+
+TensorView contiguous_view(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape) {
+  RT_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "at most ", kMaxDims, " dimensions, got ", shape.size());
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.device = device;
+  v.ndim = static_cast<int>(shape.size());
+  int d = 0;
+  for (int64_t s : shape) {
+    RT_CHECK(s >= 0, "negative dimension ", s);
+    v.shape[d++] = s;
+  }
+  int64_t st = 1;
+  for (int i = v.ndim - 1; i >= 0; --i) {
+    v.stride[i] = st;
+    st *= v.shape[i];
+  }
+  return v;
+}
+
+Tensor Tensor::empty(std::initializer_list<int64_t> shape, DType dtype, Device device) {
+  Tensor t;
+  t.view_ = contiguous_view(nullptr, dtype, device, shape);
+  const size_t bytes = std::max<size_t>(t.view_.nbytes(), 1);
+  if (device.is_cpu()) {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    RT_CHECK(p, "host allocation of ", bytes, " bytes failed for ", t.view_.shape_str());
+    t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  } else {
+#ifdef RINGTRAIN_WITH_CUDA
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device.index);
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaSetDevice(prev);
+    RT_CHECK(e == cudaSuccess, "cudaMalloc of ", bytes, " bytes failed for ", t.view_.shape_str(), ": ",
+             cudaGetErrorString(e));
+    t.storage_ = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+#else
+    throw Error(cat("cannot allocate ", t.view_.shape_str(), ": this build of ringtrain has no CUDA support"));
+#endif
+  }
+  t.view_.data = t.storage_.get();
+  return t;
+}
+
+Tensor Tensor::zeros(std::initializer_list<int64_t> shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (device.is_cpu()) {
+    std::memset(t.data(), 0, t.nbytes());
+  } else {
+#ifdef RINGTRAIN_WITH_CUDA
+    RT_CHECK(cudaMemset(t.data(), 0, t.nbytes()) == cudaSuccess, "cudaMemset failed for ", t.view_.shape_str());
+#endif
+  }
+  return t;
+}
+
+
+void copy(const TensorView& dst, const TensorView& src) {
+  RT_CHECK(dst.ndim == src.ndim, "copy: rank mismatch ", dst.shape_str(), " <- ", src.shape_str());
+  for (int d = 0; d < dst.ndim; ++d)
+    RT_CHECK(dst.shape[d] == src.shape[d], "copy: shape mismatch ", dst.shape_str(), " <- ", src.shape_str());
+  if (dst.device.is_cpu() && src.device.is_cpu()) {
+    if (dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous()) {
+      std::memcpy(dst.data, src.data, dst.nbytes());
+      return;
+    }
+    for_each_offset(dst, src, [&](int64_t od, int64_t os) {
+      store_from_double(dst.data, dst.dtype, od, load_as_double(src.data, src.dtype, os));
+    });
+    return;
+  }
+#ifdef RINGTRAIN_WITH_CUDA
+  RT_CHECK(dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous(),
+           "copy between devices needs contiguous views of one dtype: ", dst.shape_str(), " <- ", src.shape_str());
+  RT_CHECK(cudaMemcpy(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault) == cudaSuccess, "cudaMemcpy failed: ",
+           dst.shape_str(), " <- ", src.shape_str());
+#else
+  throw Error(cat("copy: device memory in a build without CUDA: ", dst.shape_str(), " <- ", src.shape_str()));
+#endif
+}
+
+void fill(const TensorView& dst, double value) {
+  RT_CHECK(dst.device.is_cpu(), "fill: host views only, got ", dst.shape_str());
+  for_each_offset(dst, dst, [&](int64_t o, int64_t) { store_from_double(dst.data, dst.dtype, o, value); });
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,27 @@
+// Shared by all test programs: fresh random inputs (seed printed, RINGTRAIN_TEST_SEED to replay), poisoned
+// outputs, and error measures where NaN never passes.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "ringtrain/core/tensor.h"
+
+namespace ringtrain::testing {
+
+// A new seed per call unless RINGTRAIN_TEST_SEED is set; printed so a failure can be replayed.
+uint64_t fresh_seed();
+// Fills a host tensor with N(0, stddev) values drawn from rng.
+void fill_normal(const TensorView& t, std::mt19937_64& rng, double stddev = 1.0);
+// Writes NaN into every element so that an element a kernel forgets to write fails the comparison.
+void poison(const TensorView& t);
+
+// ||a - b||_2 / ||b||_2 over all elements (b the reference); +inf if any element of a is NaN or inf while
+// b's is finite, or if the shapes differ. A reference of all zeros compares by the absolute norm of a.
+double rel_error(const TensorView& a, const TensorView& b);
+// max |a - b| over elements, NaN-poisoned: +inf if any element is NaN.
+double max_abs_error(const TensorView& a, const TensorView& b);
+
+}  // namespace ringtrain::testing
