@@ -79,7 +79,8 @@ Selection decide(const AttnParams& p, const std::vector<BackendId>& root_ids, co
     s.scopes += cat(" > ", sc.label, sc.requires_cp ? "" : cat(" [", format_backend_list(sc.allowed), "]"));
 
   auto judge = [&](BackendId id) {
-    CandidateReport c{id};
+    CandidateReport c;
+    c.id = id;
     const Backend* impl = find_backend(id, p.device.kind);
     for (const ScopeEntry& sc : scopes) {
       if (!sc.requires_cp && !contains(sc.allowed, id)) {
@@ -110,7 +111,8 @@ Selection decide(const AttnParams& p, const std::vector<BackendId>& root_ids, co
   for (BackendId id : root_ids) s.candidates.push_back(judge(id));
   for (BackendId id : kAllBackends) {
     if (contains(root_ids, id)) continue;
-    CandidateReport c{id};
+    CandidateReport c;
+    c.id = id;
     c.reasons.push_back(cat("not in the allow-list (", root_source, ")"));
     s.candidates.push_back(std::move(c));
   }
