@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 
+#include "ringtrain/core/device_info.h"
 #include "ringtrain/core/tensor.h"
 
 namespace ringtrain::testing {
@@ -25,3 +26,10 @@ double rel_error(const TensorView& a, const TensorView& b);
 double max_abs_error(const TensorView& a, const TensorView& b);
 
 }  // namespace ringtrain::testing
+
+// Skips the current GoogleTest test, with the reason, when no CUDA GPU can be used.
+#define RT_REQUIRE_GPU()                                                                  \
+  do {                                                                                   \
+    if (const std::string why = ::ringtrain::cuda_unavailable_reason(); !why.empty())   \
+      GTEST_SKIP() << "GPU test skipped: " << why;                                       \
+  } while (0)
