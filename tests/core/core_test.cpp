@@ -1,0 +1,80 @@
+// core: 16-bit float conversions against values worked out by hand from the formats' definitions, and tensor
+// views (slices, strided copies, error messages).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "ringtrain/core/dtype.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/core/tensor.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+TEST(Dtype, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.0f / 3.0f), 0x3eab);   // 0x3eaaaaab: the dropped half 0xaaab > 0x8000 rounds up
+  EXPECT_EQ(float_to_bf16(-2.5f), 0xc020);
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80);   // exactly halfway (0x3f808000): ties to even (down)
+  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82);   // 0x3f818000 halfway: ties to even (up)
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(bf16_to_float(0x4049), 3.140625f);
+}
+
+TEST(Dtype, Fp16RoundTripsAndRounds) {
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_fp16(1.0f / 3.0f), 0x3555);
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);       // largest finite
+  EXPECT_EQ(float_to_fp16(1e6f), 0x7c00);           // overflow -> inf
+  EXPECT_EQ(float_to_fp16(5.9604645e-8f), 0x0001);  // smallest subnormal 2^-24
+  EXPECT_EQ(float_to_fp16(-0.0f), 0x8000);
+  for (uint32_t h = 0; h < 0x7c00; ++h)  // every finite positive fp16 survives a round trip
+    ASSERT_EQ(float_to_fp16(fp16_to_float(static_cast<uint16_t>(h))), h) << h;
+}
+
+TEST(Dtype, ParseNamesAndRejectsUnknown) {
+  EXPECT_EQ(parse_dtype("bfloat16"), DType::BF16);
+  EXPECT_EQ(parse_dtype("fp32"), DType::F32);
+  try {
+    parse_dtype("fp8");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown dtype 'fp8'"), std::string::npos);
+  }
+}
+
+TEST(Tensor, SliceAndStridedCopy) {
+  Tensor t = Tensor::empty({2, 5, 3, 4}, DType::F32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = static_cast<float>(i);
+  TensorView s = t.view().slice(1, 2, 3);
+  EXPECT_EQ(s.shape[1], 3);
+  EXPECT_FALSE(s.is_contiguous());
+  EXPECT_EQ(*static_cast<float*>(s.at({1, 0, 2, 3})), static_cast<float>(((1 * 5 + 2) * 3 + 2) * 4 + 3));
+  Tensor c = Tensor::empty({2, 3, 3, 4}, DType::BF16);
+  testing::poison(c);
+  copy(c, s);
+  EXPECT_EQ(testing::max_abs_error(c, s), 0.0);  // small integers are exact in bf16
+  EXPECT_THROW(t.view().slice(1, 4, 2), Error);
+  try {
+    copy(c, t);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 3, 3, 4] bf16 cpu <- [2, 5, 3, 4] fp32 cpu"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TestUtil, NanNeverPasses) {
+  Tensor a = Tensor::zeros({4}, DType::F32), b = Tensor::zeros({4}, DType::F32);
+  b.ptr<float>()[0] = 1.f;
+  a.ptr<float>()[0] = 1.f;
+  EXPECT_EQ(testing::rel_error(a, b), 0.0);
+  a.ptr<float>()[2] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isinf(testing::rel_error(a, b)));
+  EXPECT_TRUE(std::isinf(testing::max_abs_error(a, b)));
+}
+
+}  // namespace
+}  // namespace ringtrain
