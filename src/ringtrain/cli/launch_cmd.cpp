@@ -1,0 +1,27 @@
+// `ringtrain launch --nproc N -- COMMAND ...`: one process per rank on this node (torchrun's variables).
+#include "ringtrain/cli/commands.h"
+#include "ringtrain/comm/launch.h"
+
+namespace ringtrain::cli {
+
+void add_launch_command(CLI::App& app) {
+  struct Opts {
+    comm::LaunchOptions launch;
+    int grace_ms = 5000;
+    std::vector<std::string> command;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand("launch", "Run COMMAND once per rank on this node (RANK, WORLD_SIZE, ...)");
+  cmd->add_option("--nproc", o->launch.nproc, "processes (ranks), one per GPU")->required();
+  cmd->add_option("--master-addr", o->launch.master_addr)->capture_default_str();
+  cmd->add_option("--master-port", o->launch.master_port)->capture_default_str();
+  cmd->add_option("--grace-ms", o->grace_ms, "after a rank fails: ms between SIGTERM and SIGKILL of the others")
+      ->capture_default_str();
+  cmd->add_option("command", o->command, "the command to run, after --")->required();
+  cmd->callback([o] {
+    o->launch.grace = std::chrono::milliseconds(o->grace_ms);
+    if (int code = comm::launch_local(o->launch, o->command); code != 0) throw Exit{code};
+  });
+}
+
+}  // namespace ringtrain::cli

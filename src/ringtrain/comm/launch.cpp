@@ -1,0 +1,85 @@
+#include "ringtrain/comm/launch.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "ringtrain/core/error.h"
+
+namespace ringtrain::comm {
+namespace {
+
+pid_t spawn(const LaunchOptions& o, int rank, const std::vector<std::string>& argv) {
+  const pid_t pid = ::fork();
+  RT_CHECK(pid >= 0, "launch: fork failed: ", std::strerror(errno));
+  if (pid > 0) return pid;
+  // Child: its own variables, then exec. Only async-signal-safe work after fork in spirit: setenv + exec.
+  const std::string r = std::to_string(rank), w = std::to_string(o.nproc), port = std::to_string(o.master_port);
+  ::setenv("RANK", r.c_str(), 1);
+  ::setenv("LOCAL_RANK", r.c_str(), 1);
+  ::setenv("WORLD_SIZE", w.c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", w.c_str(), 1);
+  ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+  ::setenv("MASTER_PORT", port.c_str(), 1);
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast stays off (it can take a shared host's GPUs down)
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  std::fprintf(stderr, "ringtrain launch: rank %d: cannot run '%s': %s\n", rank, args[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+int exit_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
+  RT_CHECK(o.nproc >= 1, "launch: --nproc must be at least 1, got ", o.nproc);
+  RT_CHECK(!argv.empty(), "launch: no command given (usage: ringtrain launch --nproc N -- COMMAND ...)");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < o.nproc; ++r) pids.push_back(spawn(o, r, argv));
+  int result = 0, running = o.nproc;
+  bool terminating = false;
+  auto kill_after = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid == 0) {
+      if (terminating && std::chrono::steady_clock::now() >= kill_after) {
+        for (pid_t p : pids)
+          if (p > 0) ::kill(p, SIGKILL);
+        kill_after = std::chrono::steady_clock::time_point::max();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    if (pid < 0) break;
+    int rank = -1;
+    for (int r = 0; r < o.nproc; ++r)
+      if (pids[r] == pid) rank = r, pids[r] = -1;
+    if (rank < 0) continue;
+    --running;
+    const int code = exit_code(status);
+    if (code != 0 && !terminating) {
+      std::fprintf(stderr, "ringtrain launch: rank %d failed (exit code %d); stopping the other ranks\n", rank, code);
+      result = code;
+      terminating = true;
+      for (pid_t p : pids)
+        if (p > 0) ::kill(p, SIGTERM);
+      kill_after = std::chrono::steady_clock::now() + o.grace;
+    }
+  }
+  return result;
+}
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,24 @@
+// `ringtrain launch`: starts one process per rank on this node, with the variables torchrun would set.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ringtrain::comm {
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // After one rank fails, how long the others get between SIGTERM and SIGKILL.
+  std::chrono::milliseconds grace{5000};
+};
+
+// Runs argv (argv[0] looked up in PATH) nproc times with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT and NCCL_NVLS_ENABLE=0 set. Waits for all; when one exits non-zero (or is killed),
+// the others are terminated. Returns 0 when every rank succeeded, else the first failing rank's exit code
+// (128 + signal for a signal). The failure is reported on stderr with the rank named.
+int launch_local(const LaunchOptions& opts, const std::vector<std::string>& argv);
+
+}  // namespace ringtrain::comm

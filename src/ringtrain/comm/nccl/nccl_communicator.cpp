@@ -1,0 +1,235 @@
+#include "ringtrain/comm/nccl/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace ringtrain::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::F64: return ncclFloat64;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+  }
+  throw Error("nccl: unsupported dtype");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+
+void check_cuda(cudaError_t e, const char* what) {
+  RT_CHECK(e == cudaSuccess, "nccl communicator: ", what, ": ", cudaGetErrorString(e));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const RankInfo& info, std::chrono::milliseconds timeout)
+      : rank_(info.rank), world_(info.world), device_(Device::cuda(info.local_rank)), timeout_(timeout) {
+    ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+    int gpus = 0;
+    check_cuda(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
+    RT_CHECK(info.local_rank < gpus, "rank ", rank_, " has local rank ", info.local_rank, " but this node has only ",
+             gpus, " GPU(s)");
+    check_cuda(cudaSetDevice(device_.index), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    ncclUniqueId id{};
+    if (rank_ == 0) RT_CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId failed");
+    std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
+    bytes = rendezvous_broadcast(info, bytes, timeout_);
+    RT_CHECK(bytes.size() == sizeof id, "rendezvous returned ", bytes.size(), " bytes, expected an NCCL id");
+    std::memcpy(&id, bytes.data(), sizeof id);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so that every wait can give up at the deadline and abort
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, world_, id, rank_, &config);
+    RT_CHECK(r == ncclSuccess || r == ncclInProgress, "ncclCommInitRankConfig failed on rank ", rank_, ": ",
+             ncclGetErrorString(r));
+    settle("ncclCommInitRank");
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_) {  // null after abort(), which already released it
+      ncclCommFinalize(comm_);
+      settle_quietly();
+      ncclCommDestroy(comm_);
+    }
+    if (barrier_buf_) cudaFree(barrier_buf_);
+    if (own_stream_) cudaStreamDestroy(own_stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_; }
+  Device device() const override { return device_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  std::unique_ptr<Request> send_recv(const void* send, int dst, void* recv, int src, size_t count, DType dtype,
+                                     void* stream) override {
+    cudaStream_t s = pick(stream);
+    group("send_recv", [&] {
+      ncclSend(send, count, nccl_type(dtype), dst, comm_, s);
+      ncclRecv(recv, count, nccl_type(dtype), src, comm_, s);
+    });
+    return std::make_unique<StreamRequest>(this, s, cat("send_recv (to rank ", dst, ", from rank ", src, ")"));
+  }
+
+  void all_gather(const void* send, void* recv, size_t count, DType dtype, void* stream) override {
+    cudaStream_t s = pick(stream);
+    call("all_gather", ncclAllGather(send, recv, count, nccl_type(dtype), comm_, s));
+    finish(stream, s, "all_gather");
+  }
+
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, void* stream) override {
+    cudaStream_t s = pick(stream);
+    call("reduce_scatter", ncclReduceScatter(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, s));
+    finish(stream, s, "reduce_scatter");
+  }
+
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, void* stream) override {
+    cudaStream_t s = pick(stream);
+    call("all_reduce", ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, s));
+    finish(stream, s, "all_reduce");
+  }
+
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype, void* stream) override {
+    cudaStream_t s = pick(stream);
+    const size_t bytes = count * dtype_size(dtype);
+    group("all_to_all", [&] {
+      for (int peer = 0; peer < world_; ++peer) {
+        ncclSend(static_cast<const char*>(send) + peer * bytes, count, nccl_type(dtype), peer, comm_, s);
+        ncclRecv(static_cast<char*>(recv) + peer * bytes, count, nccl_type(dtype), peer, comm_, s);
+      }
+    });
+    finish(stream, s, "all_to_all");
+  }
+
+  void broadcast(void* buf, size_t count, DType dtype, int root, void* stream) override {
+    cudaStream_t s = pick(stream);
+    call("broadcast", ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, s));
+    finish(stream, s, "broadcast");
+  }
+
+  void barrier() override {
+    if (!barrier_buf_) check_cuda(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc (barrier)");
+    all_reduce(barrier_buf_, 1, DType::I32, ReduceOp::Sum, nullptr);
+  }
+
+  void abort(const std::string& why) override {
+    if (!aborted_ && comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = true;
+    why_ = why;
+  }
+
+  // Polls the stream until the work enqueued so far is done, the timeout passes, or NCCL reports an error.
+  void wait_stream(cudaStream_t s, const std::string& what) {
+    cudaEvent_t ev;
+    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(ev, s), "cudaEventRecord");
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(ev);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        cudaEventDestroy(ev);
+        fail(cat(what, ": CUDA error ", cudaGetErrorString(q)));
+      }
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        cudaEventDestroy(ev);
+        fail(cat(what, ": NCCL error ", ncclGetErrorString(async), " (a peer rank may have died)"));
+      }
+      if (Clock::now() >= deadline) {
+        cudaEventDestroy(ev);
+        fail(cat(what, " did not complete within ", timeout_.count(), " ms: a peer rank is dead or stuck"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    cudaEventDestroy(ev);
+  }
+
+ private:
+  class StreamRequest final : public Request {
+   public:
+    StreamRequest(NcclCommunicator* c, cudaStream_t s, std::string what) : c_(c), s_(s), what_(std::move(what)) {}
+    void wait() override { c_->wait_stream(s_, what_); }
+
+   private:
+    NcclCommunicator* c_;
+    cudaStream_t s_;
+    std::string what_;
+  };
+
+  cudaStream_t pick(void* stream) {
+    RT_CHECK(!aborted_, "nccl communicator on rank ", rank_, " was aborted: ", why_);
+    return stream ? static_cast<cudaStream_t>(stream) : own_stream_;
+  }
+
+  // Without a caller stream the operation completes before returning.
+  void finish(void* caller_stream, cudaStream_t s, const char* what) {
+    if (!caller_stream) wait_stream(s, what);
+  }
+
+  [[noreturn]] void fail(const std::string& msg) {
+    const std::string full = cat("rank ", rank_, " of ", world_, ": ", msg);
+    abort(full);
+    throw CommError(full);
+  }
+
+  void call(const char* what, ncclResult_t r) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(cat(what, ": ", ncclGetErrorString(r)));
+    settle(what);
+  }
+
+  template <typename F>
+  void group(const char* what, F&& body) {
+    ncclGroupStart();
+    body();
+    call(what, ncclGroupEnd());
+  }
+
+  // Waits (with the deadline) until a non-blocking NCCL call has been accepted.
+  void settle(const std::string& what) {
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(cat(what, ": ", ncclGetErrorString(state)));
+      if (Clock::now() >= deadline) fail(cat(what, " not accepted within ", timeout_.count(), " ms"));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void settle_quietly() {
+    const auto deadline = Clock::now() + timeout_;
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress && Clock::now() < deadline) ncclCommGetAsyncError(comm_, &state);
+  }
+
+  int rank_, world_;
+  Device device_;
+  std::chrono::milliseconds timeout_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t own_stream_ = nullptr;
+  void* barrier_buf_ = nullptr;
+  bool aborted_ = false;
+  std::string why_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const RankInfo& info, std::chrono::milliseconds timeout) {
+  return std::make_unique<NcclCommunicator>(info, timeout);
+}
+
+}  // namespace ringtrain::comm

@@ -1,0 +1,144 @@
+// Rank variables from each launcher, the TCP rendezvous (ranks as threads on loopback), and `ringtrain launch`
+// (real processes: variables set per rank, a failing rank stops the others).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "ringtrain/comm/communicator.h"
+#include "ringtrain/comm/launch.h"
+#include "ringtrain/comm/rendezvous.h"
+
+namespace ringtrain::comm {
+namespace {
+
+int free_port() {
+  // A port in the dynamic range, different per test run so parallel CTest runs do not collide.
+  static std::mt19937 rng(std::random_device{}());
+  return 30000 + static_cast<int>(rng() % 20000);
+}
+
+TEST(RankInfo, ReadsEachLaunchersVariables) {
+  auto t = rank_info_from({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.2"},
+                           {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(t.rank, 3);
+  EXPECT_EQ(t.world, 4);
+  EXPECT_EQ(t.local_rank, 1);
+  EXPECT_EQ(t.master_addr, "10.0.0.2");
+  EXPECT_EQ(t.master_port, 1234);
+  EXPECT_EQ(t.source, "torchrun");
+  auto m = rank_info_from({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"},
+                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
+  EXPECT_EQ(m.rank, 5);
+  EXPECT_EQ(m.world, 8);
+  EXPECT_EQ(m.local_rank, 1);
+  EXPECT_EQ(m.source, "openmpi");
+  auto s = rank_info_from({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "2"}});
+  EXPECT_EQ(s.rank, 2);
+  EXPECT_EQ(s.world, 16);
+  EXPECT_EQ(s.source, "slurm");
+  auto one = rank_info_from({});
+  EXPECT_EQ(one.world, 1);
+  EXPECT_EQ(one.source, "single process");
+}
+
+TEST(RankInfo, BadValuesNameTheVariable) {
+  try {
+    rank_info_from({{"RANK", "x"}, {"WORLD_SIZE", "2"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK='x'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(rank_info_from({{"RANK", "2"}, {"WORLD_SIZE", "2"}}), Error);
+  EXPECT_THROW(rank_info_from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}), Error);
+}
+
+TEST(Rendezvous, EveryRankGetsRankZerosPayload) {
+  const int world = 4, port = free_port();
+  std::vector<uint8_t> payload(128);
+  std::mt19937 rng(std::random_device{}());
+  for (auto& b : payload) b = static_cast<uint8_t>(rng());
+  std::vector<std::vector<uint8_t>> got(world);
+  std::vector<std::thread> ts;
+  for (int r = world - 1; r >= 0; --r)  // rank 0 last: the others must retry until it listens
+    ts.emplace_back([&, r] {
+      RankInfo info;
+      info.rank = r;
+      info.world = world;
+      info.master_port = port;
+      got[r] = rendezvous_broadcast(info, r == 0 ? payload : std::vector<uint8_t>{}, std::chrono::seconds(20));
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(got[r], payload) << "rank " << r;
+}
+
+TEST(Rendezvous, MissingRankTimesOutNamingIt) {
+  RankInfo info;
+  info.world = 3;
+  info.master_port = free_port();
+  std::thread one([&] {
+    RankInfo r1 = info;
+    r1.rank = 1;
+    try {
+      rendezvous_broadcast(r1, {}, std::chrono::milliseconds(1500));
+    } catch (const CommError&) {
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    rendezvous_broadcast(info, {1, 2, 3}, std::chrono::milliseconds(1000));
+    FAIL() << "rank 2 never joins";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting for rank(s) 2 of 3"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  one.join();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(Launch, EachRankGetsItsVariables) {
+  char dir[] = "/tmp/rt_launch_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  LaunchOptions o;
+  o.nproc = 3;
+  o.master_port = 29611;
+  const std::string script = std::string("echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT ") +
+                             "$NCCL_NVLS_ENABLE\" > " + dir + "/rank$RANK";
+  ASSERT_EQ(launch_local(o, {"sh", "-c", script}), 0);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(read_file(std::string(dir) + "/rank" + std::to_string(r)),
+              std::to_string(r) + " 3 " + std::to_string(r) + " 127.0.0.1 29611 0\n");
+}
+
+TEST(Launch, FailingRankStopsTheOthersQuickly) {
+  LaunchOptions o;
+  o.nproc = 3;
+  o.grace = std::chrono::milliseconds(500);
+  const auto t0 = std::chrono::steady_clock::now();
+  // Rank 1 fails at once with code 7; ranks 0 and 2 would sleep for a minute.
+  const int code = launch_local(o, {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 7; fi; sleep 60"});
+  EXPECT_EQ(code, 7);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+TEST(Launch, MissingProgramIsReported) {
+  LaunchOptions o;
+  o.nproc = 2;
+  EXPECT_EQ(launch_local(o, {"/nonexistent/ringtrain-test-program"}), 127);
+  EXPECT_THROW(launch_local(o, {}), Error);
+}
+
+}  // namespace
+}  // namespace ringtrain::comm
