@@ -9,6 +9,8 @@
 
 #ifdef RINGTRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "ringtrain/core/cuda/tensor_ops.h"
 #endif
 
 namespace ringtrain {
@@ -130,6 +132,57 @@ Tensor Tensor::zeros(std::initializer_list<int64_t> shape, DType dtype, Device d
 }
 
 
+#ifdef RINGTRAIN_WITH_CUDA
+namespace {
+void cuda_check(cudaError_t e, const char* what, const TensorView& dst, const TensorView& src) {
+  RT_CHECK(e == cudaSuccess, what, " failed for ", dst.shape_str(), " <- ", src.shape_str(), ": ",
+           cudaGetErrorString(e));
+}
+
+// Storage for v's elements, contiguous, on `device` (viewed with v's shape through contiguous_view_of).
+Tensor contiguous_like(const TensorView& v, Device device) { return Tensor::empty({v.numel()}, v.dtype, device); }
+
+TensorView contiguous_view_of(const Tensor& t, const TensorView& like) {
+  TensorView v = like;
+  v.data = t.data();
+  v.device = t.view().device;
+  int64_t st = 1;
+  for (int d = like.ndim - 1; d >= 0; --d) v.stride[d] = st, st *= like.shape[d];
+  return v;
+}
+
+// Host <-> device or device <-> device with strides or a dtype change: stage through contiguous buffers so that
+// the conversion runs on the device.
+void copy_with_device(const TensorView& dst, const TensorView& src) {
+  const bool same_layout = dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous();
+  if (same_layout) {
+    cuda_check(cudaMemcpy(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault), "cudaMemcpy", dst, src);
+    return;
+  }
+  if (dst.device.is_cuda() && src.device.is_cuda()) {
+    RT_CHECK(dst.device == src.device, "copy between two GPUs needs contiguous views of one dtype: ", dst.shape_str(),
+             " <- ", src.shape_str());
+    cuda_ops::strided_copy(dst, src, nullptr);
+    cuda_check(cudaStreamSynchronize(nullptr), "strided copy", dst, src);
+    return;
+  }
+  if (src.device.is_cpu()) {  // host -> device: pack on the host, upload, convert on the device
+    Tensor packed = contiguous_like(src, Device::cpu());
+    copy(contiguous_view_of(packed, src), src);
+    Tensor up = contiguous_like(src, dst.device);
+    cuda_check(cudaMemcpy(up.data(), packed.data(), src.nbytes(), cudaMemcpyHostToDevice), "upload", dst, src);
+    copy_with_device(dst, contiguous_view_of(up, src));
+  } else {  // device -> host: pack on the device, download, convert on the host
+    Tensor packed = contiguous_like(src, src.device);
+    copy_with_device(contiguous_view_of(packed, src), src);
+    Tensor down = contiguous_like(src, Device::cpu());
+    cuda_check(cudaMemcpy(down.data(), packed.data(), src.nbytes(), cudaMemcpyDeviceToHost), "download", dst, src);
+    copy(dst, contiguous_view_of(down, src));
+  }
+}
+}  // namespace
+#endif
+
 void copy(const TensorView& dst, const TensorView& src) {
   RT_CHECK(dst.ndim == src.ndim, "copy: rank mismatch ", dst.shape_str(), " <- ", src.shape_str());
   for (int d = 0; d < dst.ndim; ++d)
@@ -145,18 +198,24 @@ void copy(const TensorView& dst, const TensorView& src) {
     return;
   }
 #ifdef RINGTRAIN_WITH_CUDA
-  RT_CHECK(dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous(),
-           "copy between devices needs contiguous views of one dtype: ", dst.shape_str(), " <- ", src.shape_str());
-  RT_CHECK(cudaMemcpy(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault) == cudaSuccess, "cudaMemcpy failed: ",
-           dst.shape_str(), " <- ", src.shape_str());
+  copy_with_device(dst, src);
 #else
   throw Error(cat("copy: device memory in a build without CUDA: ", dst.shape_str(), " <- ", src.shape_str()));
 #endif
 }
 
 void fill(const TensorView& dst, double value) {
-  RT_CHECK(dst.device.is_cpu(), "fill: host views only, got ", dst.shape_str());
-  for_each_offset(dst, dst, [&](int64_t o, int64_t) { store_from_double(dst.data, dst.dtype, o, value); });
+  if (dst.device.is_cpu()) {
+    for_each_offset(dst, dst, [&](int64_t o, int64_t) { store_from_double(dst.data, dst.dtype, o, value); });
+    return;
+  }
+#ifdef RINGTRAIN_WITH_CUDA
+  cuda_ops::fill(dst, value, nullptr);
+  const cudaError_t e = cudaStreamSynchronize(nullptr);
+  RT_CHECK(e == cudaSuccess, "fill failed for ", dst.shape_str(), ": ", cudaGetErrorString(e));
+#else
+  throw Error(cat("fill: device memory in a build without CUDA: ", dst.shape_str()));
+#endif
 }
 
 }  // namespace ringtrain

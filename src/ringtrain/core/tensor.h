@@ -93,10 +93,10 @@ void for_each_offset(const TensorView& a, const TensorView& b, F&& f) {
   }
 }
 
-// Copies between views of the same shape (any strides, any dtypes, host memory; device memory when built with CUDA
-// and both sides contiguous and of one dtype).
+// Copies between views of the same shape: any strides, any dtypes, host or device memory (device memory in CUDA
+// builds; two different GPUs only for contiguous views of one dtype). Complete when it returns.
 void copy(const TensorView& dst, const TensorView& src);
-// Fills a host view with a value (used to poison outputs in tests).
+// Sets every element of a host or device view to value (used to poison outputs in tests). Complete when it returns.
 void fill(const TensorView& dst, double value);
 
 }  // namespace ringtrain
