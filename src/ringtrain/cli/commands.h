@@ -11,6 +11,7 @@ struct Exit {
 };
 
 void add_backends_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 void add_attention_check_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_init_model_command(CLI::App& app);

@@ -17,8 +17,12 @@ namespace {
 pid_t spawn(const LaunchOptions& o, int rank, const std::vector<std::string>& argv) {
   const pid_t pid = ::fork();
   RT_CHECK(pid >= 0, "launch: fork failed: ", std::strerror(errno));
-  if (pid > 0) return pid;
-  // Child: its own variables, then exec. Only async-signal-safe work after fork in spirit: setenv + exec.
+  if (pid > 0) {
+    ::setpgid(pid, pid);  // (also in the child: whichever runs first) so that a rank's own children are stopped too
+    return pid;
+  }
+  ::setpgid(0, 0);
+  // Child: its own variables, then exec.
   const std::string r = std::to_string(rank), w = std::to_string(o.nproc), port = std::to_string(o.master_port);
   ::setenv("RANK", r.c_str(), 1);
   ::setenv("LOCAL_RANK", r.c_str(), 1);
@@ -57,7 +61,7 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
     if (pid == 0) {
       if (terminating && std::chrono::steady_clock::now() >= kill_after) {
         for (pid_t p : pids)
-          if (p > 0) ::kill(p, SIGKILL);
+          if (p > 0) ::kill(-p, SIGKILL);
         kill_after = std::chrono::steady_clock::time_point::max();
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -75,7 +79,7 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
       result = code;
       terminating = true;
       for (pid_t p : pids)
-        if (p > 0) ::kill(p, SIGTERM);
+        if (p > 0) ::kill(-p, SIGTERM);
       kill_after = std::chrono::steady_clock::now() + o.grace;
     }
   }

@@ -1,0 +1,19 @@
+// GPU attention backends (built only with CUDA). Each factory returns one implementation for the registry
+// (attention/backend.h); register_cuda_backends() in register.cpp lists them in one place.
+#pragma once
+
+#include <memory>
+
+#include "ringtrain/attention/backend.h"
+
+namespace ringtrain::attention {
+
+// `flash`: the hand-written Hopper kernels (cuda/flash_*).
+std::unique_ptr<Backend> make_cuda_flash_backend();
+// `math`: the GPU reference (materialised scores through cuBLASLt, fp32 softmax; cuda/math_backend.cu).
+std::unique_ptr<Backend> make_cuda_math_backend();
+// `cudnn`: cuDNN 9 SDPA through the frontend graph API (cudnn/); built only when the frontend headers are
+// found at configure time (RINGTRAIN_WITH_CUDNN).
+std::unique_ptr<Backend> make_cudnn_backend();
+
+}  // namespace ringtrain::attention

@@ -1,0 +1,212 @@
+// GPU `math` backend: the GPU reference. Per sequence and per chunk of query heads it gathers Q, K, V into
+// dense fp32 scratch (GQA: each query head gets its kv head), materialises the scores S = scale Q K^T with
+// cuBLASLt in true fp32, takes an exact row softmax (fp32, masked entries 0) and O = P V. The backward
+// recomputes P from the given (final) LSE and follows the textbook formulas; dK/dV of a kv head are summed
+// over its query heads in fp32 before they are written. Slow and memory-hungry by design: it exists to check
+// the fast backends on the GPU, at lengths where the CPU reference is too slow.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "ringtrain/attention/cpu/head_io.h"
+#include "ringtrain/attention/cuda/cuda_backends.h"
+#include "ringtrain/attention/cuda/cuda_util.h"
+#include "ringtrain/attention/cuda/lt_gemm.h"
+#include "ringtrain/attention/cuda/math_kernels.h"
+#include "ringtrain/core/device_info.h"
+
+namespace ringtrain::attention {
+namespace {
+
+using cuda::LseRef;
+using cuda::RowMajor;
+
+// One head's scores; the backward keeps P and dP in fp32, 8 bytes per score (32768 x 32768 -> 8 GiB).
+constexpr int64_t kMaxScoresPerHead = int64_t{1} << 30;
+// Scratch per call: heads are processed in chunks that fit (at least one head).
+constexpr int64_t kScratchBudgetBytes = int64_t{12} << 30;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Carves 256-byte aligned fp32 arrays out of one scratch allocation.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  float* take(int64_t floats) {
+    float* p = reinterpret_cast<float*>(base_ + used_);
+    used_ += round_up(floats * 4, 256);
+    return p;
+  }
+  static int64_t bytes(std::initializer_list<int64_t> floats) {
+    int64_t b = 0;
+    for (int64_t f : floats) b += round_up(f * 4, 256);
+    return b;
+  }
+
+ private:
+  char* base_;
+  int64_t used_ = 0;
+};
+
+LseRef lse_ref(const AttnParams& p, const TensorView& lse, int64_t batch) {
+  const TensorView v = cpu::lse_view(p, lse, batch);
+  return {static_cast<float*>(v.data), v.stride[0], v.stride[1]};
+}
+
+int64_t heads_per_chunk(const AttnParams& p, int64_t per_head_bytes, int64_t fixed_bytes) {
+  const int64_t fit = (kScratchBudgetBytes - fixed_bytes) / std::max<int64_t>(per_head_bytes, 1);
+  return std::clamp<int64_t>(fit, 1, p.heads_q);
+}
+
+void forward_segment(const AttnParams& p, const AttnForwardArgs& a, const cpu::Segment& seg, cudaStream_t st) {
+  const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv, sq = seg.sq, skv = seg.skv;
+  if (sq == 0) return;
+  const int64_t ld = round_up(std::max<int64_t>(skv, 1), 4);
+  const int64_t hc = heads_per_chunk(p, Carver::bytes({sq * ld, sq * d, skv * d, skv * d, sq * d}),
+                                     int64_t{cuda::kLtWorkspaceBytes});
+  cuda::StreamScratch scratch(Carver::bytes({hc * sq * ld, hc * sq * d, hc * skv * d, hc * skv * d, hc * sq * d}) +
+                                  cuda::kLtWorkspaceBytes,
+                              st, "the GPU math forward");
+  Carver carve(scratch.bytes());
+  float* s = carve.take(hc * sq * ld);
+  float* q = carve.take(hc * sq * d);
+  float* k = carve.take(hc * skv * d);
+  float* v = carve.take(hc * skv * d);
+  float* o = carve.take(hc * sq * d);
+  void* ws = carve.take(cuda::kLtWorkspaceBytes / 4);
+
+  const cuda::Strided qs = cuda::strided(cpu::rows_view(p, a.q, seg.batch));
+  const cuda::Strided ks = cuda::strided(cpu::rows_view(p, a.k, seg.batch));
+  const cuda::Strided vs = cuda::strided(cpu::rows_view(p, a.v, seg.batch));
+  const cuda::Strided os = cuda::strided(cpu::rows_view(p, a.o, seg.batch));
+  const LseRef lse = lse_ref(p, a.lse, seg.batch);
+  for (int64_t h0 = 0; h0 < p.heads_q; h0 += hc) {
+    const int64_t n = std::min(hc, p.heads_q - h0);
+    cuda::gather_fp32(st, qs, seg.q_start, sq, h0, n, 1, d, q);
+    cuda::gather_fp32(st, ks, seg.k_start, skv, h0, n, group, d, k);
+    cuda::gather_fp32(st, vs, seg.k_start, skv, h0, n, group, d, v);
+    if (skv > 0)
+      cuda::lt_gemm(st, sq, skv, d, p.scale(), RowMajor{q, d, sq * d, false}, RowMajor{k, d, skv * d, true}, s, ld,
+                    sq * ld, n, ws, cuda::kLtWorkspaceBytes);
+    cuda::softmax_rows(st, s, n, sq, skv, ld, p.mask, lse, h0, seg.q_start);
+    if (skv > 0)
+      cuda::lt_gemm(st, sq, d, skv, 1.f, RowMajor{s, ld, sq * ld, false}, RowMajor{v, d, skv * d, false}, o, d, sq * d,
+                    n, ws, cuda::kLtWorkspaceBytes);
+    else
+      RT_CUDA_CHECK(cudaMemsetAsync(o, 0, n * sq * d * 4, st), "clearing O");
+    cuda::scatter_fp32(st, o, seg.q_start, sq, h0, n, d, os, false);
+  }
+}
+
+void backward_segment(const AttnParams& p, const AttnBackwardArgs& a, const cpu::Segment& seg, cudaStream_t st) {
+  const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv, sq = seg.sq, skv = seg.skv;
+  const int64_t ld = round_up(std::max<int64_t>(skv, 1), 4);
+  const int64_t fixed = Carver::bytes({p.heads_kv * skv * d, p.heads_kv * skv * d}) + int64_t{cuda::kLtWorkspaceBytes};
+  const int64_t hc = heads_per_chunk(
+      p, Carver::bytes({sq * ld, sq * ld, sq * d, sq * d, sq * d, sq * d, skv * d, skv * d, skv * d, skv * d}), fixed);
+  cuda::StreamScratch scratch(
+      Carver::bytes({hc * sq * ld, hc * sq * ld, hc * sq * d, hc * sq * d, hc * sq * d, hc * sq * d, hc * skv * d,
+                     hc * skv * d, hc * skv * d, hc * skv * d}) +
+          fixed,
+      st, "the GPU math backward");
+  Carver carve(scratch.bytes());
+  float* s = carve.take(hc * sq * ld);
+  float* dp = carve.take(hc * sq * ld);
+  float* q = carve.take(hc * sq * d);
+  float* o = carve.take(hc * sq * d);
+  float* dout = carve.take(hc * sq * d);
+  float* dq = carve.take(hc * sq * d);
+  float* k = carve.take(hc * skv * d);
+  float* v = carve.take(hc * skv * d);
+  float* dk = carve.take(hc * skv * d);
+  float* dv = carve.take(hc * skv * d);
+  float* dk_acc = carve.take(p.heads_kv * skv * d);
+  float* dv_acc = carve.take(p.heads_kv * skv * d);
+  void* ws = carve.take(cuda::kLtWorkspaceBytes / 4);
+  RT_CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, p.heads_kv * skv * d * 4, st), "clearing dK");
+  RT_CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, p.heads_kv * skv * d * 4, st), "clearing dV");
+
+  const cuda::Strided qs = cuda::strided(cpu::rows_view(p, a.q, seg.batch));
+  const cuda::Strided ks = cuda::strided(cpu::rows_view(p, a.k, seg.batch));
+  const cuda::Strided vs = cuda::strided(cpu::rows_view(p, a.v, seg.batch));
+  const cuda::Strided os = cuda::strided(cpu::rows_view(p, a.o, seg.batch));
+  const cuda::Strided dos = cuda::strided(cpu::rows_view(p, a.dout, seg.batch));
+  const LseRef lse = lse_ref(p, a.lse, seg.batch);
+  const float scale = p.scale();
+  const size_t wsb = cuda::kLtWorkspaceBytes;
+  for (int64_t h0 = 0; h0 < p.heads_q; h0 += hc) {
+    const int64_t n = std::min(hc, p.heads_q - h0);
+    cuda::gather_fp32(st, qs, seg.q_start, sq, h0, n, 1, d, q);
+    cuda::gather_fp32(st, os, seg.q_start, sq, h0, n, 1, d, o);
+    cuda::gather_fp32(st, dos, seg.q_start, sq, h0, n, 1, d, dout);
+    cuda::gather_fp32(st, ks, seg.k_start, skv, h0, n, group, d, k);
+    cuda::gather_fp32(st, vs, seg.k_start, skv, h0, n, group, d, v);
+    if (sq > 0 && skv > 0) {
+      cuda::lt_gemm(st, sq, skv, d, scale, RowMajor{q, d, sq * d, false}, RowMajor{k, d, skv * d, true}, s, ld,
+                    sq * ld, n, ws, wsb);
+      cuda::lt_gemm(st, sq, skv, d, 1.f, RowMajor{dout, d, sq * d, false}, RowMajor{v, d, skv * d, true}, dp, ld,
+                    sq * ld, n, ws, wsb);
+      cuda::backward_rows(st, s, dp, o, dout, n, sq, skv, ld, d, p.mask, lse, h0, seg.q_start);
+      // dV = P^T dO, dQ = scale dS K, dK = scale dS^T Q (dS is in dp now, P in s).
+      cuda::lt_gemm(st, skv, d, sq, 1.f, RowMajor{s, ld, sq * ld, true}, RowMajor{dout, d, sq * d, false}, dv, d,
+                    skv * d, n, ws, wsb);
+      cuda::lt_gemm(st, sq, d, skv, scale, RowMajor{dp, ld, sq * ld, false}, RowMajor{k, d, skv * d, false}, dq, d,
+                    sq * d, n, ws, wsb);
+      cuda::lt_gemm(st, skv, d, sq, scale, RowMajor{dp, ld, sq * ld, true}, RowMajor{q, d, sq * d, false}, dk, d,
+                    skv * d, n, ws, wsb);
+      cuda::add_group_sums(st, dk, h0, n, group, skv, d, dk_acc);
+      cuda::add_group_sums(st, dv, h0, n, group, skv, d, dv_acc);
+    } else {
+      RT_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * sq * d * 4, st), "clearing dQ");
+    }
+    cuda::scatter_fp32(st, dq, seg.q_start, sq, h0, n, d, cuda::strided(cpu::rows_view(p, a.dq, seg.batch)),
+                       a.accumulate);
+  }
+  cuda::scatter_fp32(st, dk_acc, seg.k_start, skv, 0, p.heads_kv, d, cuda::strided(cpu::rows_view(p, a.dk, seg.batch)),
+                     a.accumulate);
+  cuda::scatter_fp32(st, dv_acc, seg.k_start, skv, 0, p.heads_kv, d, cuda::strided(cpu::rows_view(p, a.dv, seg.batch)),
+                     a.accumulate);
+}
+
+class CudaMathBackend final : public Backend {
+ public:
+  BackendId id() const override { return BackendId::Math; }
+  DeviceKind device_kind() const override { return DeviceKind::CUDA; }
+  bool cp_capable() const override { return false; }  // not yet verified under CP on GPUs
+
+  std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {
+    std::vector<std::string> r;
+    if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+      r.push_back(why);
+    } else if (const int arch = cuda_arch(p.device.index); arch != 90) {
+      r.push_back(cat("this build's kernels are for sm_90a (Hopper); ", device_name(p.device),
+                      " has compute capability ", arch / 10, ".", arch % 10));
+    }
+    if (p.dtype != DType::F32 && p.dtype != DType::BF16 && p.dtype != DType::F16)
+      r.push_back(cat("dtype ", dtype_name(p.dtype), " (the GPU math backend reads fp32, bf16 and fp16)"));
+    if (p.seqlen_q * p.seqlen_kv > kMaxScoresPerHead)
+      r.push_back(cat("Sq x Skv = ", p.seqlen_q, " x ", p.seqlen_kv, " exceeds the GPU math backend's limit of 2^30 ",
+                      "fp32 scores per head and sequence (e.g. 32768 x 32768)"));
+    return r;
+  }
+
+  void forward(const AttnParams& p, const AttnForwardArgs& a) const override {
+    cuda::DeviceGuard guard(p.device.index);
+    cudaStream_t st = static_cast<cudaStream_t>(a.stream);
+    for (const cpu::Segment& seg : cuda::device_segments(p, a.cu_seqlens_q, a.cu_seqlens_kv, st))
+      forward_segment(p, a, seg, st);
+  }
+
+  void backward(const AttnParams& p, const AttnBackwardArgs& a) const override {
+    cuda::DeviceGuard guard(p.device.index);
+    cudaStream_t st = static_cast<cudaStream_t>(a.stream);
+    for (const cpu::Segment& seg : cuda::device_segments(p, a.cu_seqlens_q, a.cu_seqlens_kv, st))
+      backward_segment(p, a, seg, st);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_math_backend() { return std::make_unique<CudaMathBackend>(); }
+
+}  // namespace ringtrain::attention

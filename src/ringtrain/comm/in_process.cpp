@@ -1,0 +1,426 @@
+// In-process communicator. All ranks share one Group guarded by a mutex and a condition variable.
+//
+// Collectives are two barrier points: at the first every rank has published its arguments (a Slot) so that
+// each rank can check the calls match and read its peers' send buffers into private scratch; at the second
+// every rank is done reading, so each copies its scratch into its receive buffer (any aliasing of send and
+// receive buffers is therefore safe) and may reuse its send buffer. A barrier point is a per-rank counter:
+// point k is passed when every rank's counter is >= k, and the ranks still below k are the ones to name when
+// it times out. Point-to-point sends copy the data into a mailbox at once (eager), receives wait for it.
+// Every wait gives up at the timeout; any failure (abort, timeout, mismatch) is recorded with its order so
+// that every other rank's pending and later operations throw naming the first failed rank and its error.
+#include "ringtrain/comm/in_process.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace ringtrain::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string reduce_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "max"; }
+
+// What one rank passed to the current collective.
+struct Slot {
+  std::string op;
+  const void* send = nullptr;
+  size_t count = 0;
+  DType dtype = DType::F32;
+  ReduceOp reduce = ReduceOp::Sum;
+  int root = 0;
+
+  std::string describe() const {
+    std::string s = cat(op, "(count=", count, ", dtype=", dtype_name(dtype));
+    if (op == "all_reduce" || op == "reduce_scatter") s += cat(", op=", reduce_op_name(reduce));
+    if (op == "broadcast") s += cat(", root=", root);
+    return s + ")";
+  }
+  bool matches(const Slot& o) const {
+    return op == o.op && count == o.count && dtype == o.dtype && reduce == o.reduce && root == o.root;
+  }
+};
+
+struct Message {
+  std::vector<char> bytes;
+  size_t count = 0;
+  DType dtype = DType::F32;
+};
+
+class Group {
+ public:
+  Group(int world, std::chrono::milliseconds timeout)
+      : world_(world),
+        timeout_(timeout),
+        points_(world, 0),
+        slots_(world),
+        failure_(world),
+        failure_order_(world, -1),
+        mail_(static_cast<size_t>(world) * world),
+        sent_(static_cast<size_t>(world) * world, 0) {}
+
+  int world() const { return world_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Records rank `self` as failed (first record wins) and returns the error for it to throw.
+  CommError fail_locked(int self, const std::string& msg) {
+    if (failure_order_[self] < 0) {
+      failure_[self] = msg;
+      failure_order_[self] = failures_++;
+      cv_.notify_all();
+    }
+    return CommError(msg);
+  }
+
+  void abort(int self, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_locked(self, why);
+  }
+
+  // The rank that failed first, among those with failed[r]; -1 if none.
+  int first_failed(const std::vector<bool>& consider) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int first = -1;
+    for (int r = 0; r < world_; ++r)
+      if (consider[r] && failure_order_[r] >= 0 && (first < 0 || failure_order_[r] < failure_order_[first])) first = r;
+    return first;
+  }
+
+  // Throws when this rank or a peer has failed (lock held).
+  void check_failures_locked(int self, const std::string& what) {
+    if (failure_order_[self] >= 0)
+      throw CommError(cat(what, " on rank ", self, ": this rank was aborted earlier: ", failure_[self]));
+    int first = -1;
+    for (int r = 0; r < world_; ++r)
+      if (failure_order_[r] >= 0 && (first < 0 || failure_order_[r] < failure_order_[first])) first = r;
+    if (first >= 0)
+      throw fail_locked(self, cat(what, " on rank ", self, ": rank ", first, " failed: ", failure_[first]));
+  }
+
+  // Waits until ready() (lock held), failing fast on any failure and at the timeout with pending() named.
+  template <typename Ready, typename Pending>
+  void wait_locked(std::unique_lock<std::mutex>& lock, int self, const std::string& what, Ready&& ready,
+                   Pending&& pending) {
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      check_failures_locked(self, what);
+      if (ready()) return;
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        check_failures_locked(self, what);
+        if (ready()) return;
+        throw fail_locked(self, cat(what, " on rank ", self, " timed out after ", timeout_.count(), " ms waiting for ",
+                                    pending()));
+      }
+    }
+  }
+
+  // A barrier point: returns when every rank has reached this rank's next point.
+  void pass_point_locked(std::unique_lock<std::mutex>& lock, int self, const std::string& what) {
+    const int64_t point = ++points_[self];
+    cv_.notify_all();
+    wait_locked(
+        lock, self, what,
+        [&] {
+          for (int64_t p : points_)
+            if (p < point) return false;
+          return true;
+        },
+        [&] {
+          std::string missing;
+          for (int r = 0; r < world_; ++r)
+            if (points_[r] < point) missing += cat(missing.empty() ? "" : ", ", r);
+          return cat("rank(s) ", missing, " to join");
+        });
+  }
+
+  // Runs one collective: publish `mine`, check all calls match, gather(slots) reads peers' buffers into this
+  // rank's scratch, then after everyone is done reading, finish() writes this rank's outputs.
+  void collective(int self, const std::string& what, const Slot& mine,
+                  const std::function<void(const std::vector<Slot>&)>& gather, const std::function<void()>& finish) {
+    std::vector<Slot> slots;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      check_failures_locked(self, what);
+      slots_[self] = mine;
+      pass_point_locked(lock, self, what);
+      slots = slots_;
+      for (int r = 0; r < world_; ++r) {
+        if (slots[r].matches(slots[0])) continue;
+        std::string calls;
+        for (int q = 0; q < world_; ++q) calls += cat(q ? ", " : "", "rank ", q, " ", slots[q].describe());
+        throw fail_locked(self, cat(what, " on rank ", self, ": the ranks' calls do not match: ", calls));
+      }
+    }
+    gather(slots);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      pass_point_locked(lock, self, what);
+    }
+    finish();
+  }
+
+  void post(int self, int dst, const void* data, size_t count, DType dtype, const std::string& what) {
+    Message m;
+    m.bytes.resize(count * dtype_size(dtype));
+    if (!m.bytes.empty()) std::memcpy(m.bytes.data(), data, m.bytes.size());
+    m.count = count;
+    m.dtype = dtype;
+    std::lock_guard<std::mutex> lock(mu_);
+    check_failures_locked(self, what);
+    const size_t box = static_cast<size_t>(self) * world_ + dst;
+    mail_[box].emplace(sent_[box]++, std::move(m));
+    cv_.notify_all();
+  }
+
+  Message take(int self, int src, int64_t seq, const std::string& what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::map<int64_t, Message>& box = mail_[static_cast<size_t>(src) * world_ + self];
+    wait_locked(
+        lock, self, what, [&] { return box.count(seq) > 0; }, [&] { return cat("rank ", src, "'s send"); });
+    Message m = std::move(box.at(seq));
+    box.erase(seq);
+    return m;
+  }
+
+  CommError fail(int self, const std::string& msg) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fail_locked(self, msg);
+  }
+
+ private:
+  const int world_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int64_t> points_;
+  std::vector<Slot> slots_;
+  std::vector<std::string> failure_;
+  std::vector<int64_t> failure_order_;
+  int64_t failures_ = 0;
+  std::vector<std::map<int64_t, Message>> mail_;  // [src * world + dst]: messages by sequence number
+  std::vector<int64_t> sent_;                     // [src * world + dst]: messages posted so far
+};
+
+// Element-wise reduction of block `block` of every rank's send buffer into out (rank order: deterministic).
+template <typename T>
+void reduce_native(const std::vector<Slot>& slots, size_t block, size_t n, ReduceOp op, T* out) {
+  const T* first = static_cast<const T*>(slots[0].send) + block * n;
+  std::memcpy(out, first, n * sizeof(T));
+  for (size_t r = 1; r < slots.size(); ++r) {
+    const T* in = static_cast<const T*>(slots[r].send) + block * n;
+    if (op == ReduceOp::Sum) {
+      for (size_t i = 0; i < n; ++i) out[i] += in[i];
+    } else {
+      for (size_t i = 0; i < n; ++i) out[i] = in[i] > out[i] ? in[i] : out[i];
+    }
+  }
+}
+
+// 16-bit floats: reduce in double, round once.
+void reduce_half(const std::vector<Slot>& slots, size_t block, size_t n, ReduceOp op, DType dtype, void* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t at = static_cast<int64_t>(block * n + i);
+    double acc = load_as_double(slots[0].send, dtype, at);
+    for (size_t r = 1; r < slots.size(); ++r) {
+      const double x = load_as_double(slots[r].send, dtype, at);
+      acc = op == ReduceOp::Sum ? acc + x : (x > acc ? x : acc);
+    }
+    store_from_double(out, dtype, static_cast<int64_t>(i), acc);
+  }
+}
+
+void reduce_block(const std::vector<Slot>& slots, size_t block, size_t n, ReduceOp op, DType dtype, void* out) {
+  if (n == 0) return;
+  switch (dtype) {
+    case DType::F32: return reduce_native(slots, block, n, op, static_cast<float*>(out));
+    case DType::F64: return reduce_native(slots, block, n, op, static_cast<double*>(out));
+    case DType::I32: return reduce_native(slots, block, n, op, static_cast<int32_t*>(out));
+    case DType::I64: return reduce_native(slots, block, n, op, static_cast<int64_t*>(out));
+    case DType::BF16:
+    case DType::F16: return reduce_half(slots, block, n, op, dtype, out);
+  }
+}
+
+class InProcessRequest final : public Request {
+ public:
+  InProcessRequest(std::shared_ptr<Group> g, int self, int src, int64_t seq, void* recv, size_t count, DType dtype,
+                   std::string what)
+      : g_(std::move(g)), self_(self), src_(src), seq_(seq), recv_(recv), count_(count), dtype_(dtype),
+        what_(std::move(what)) {}
+
+  void wait() override {
+    if (done_) return;
+    Message m = g_->take(self_, src_, seq_, what_);
+    if (m.count != count_ || m.dtype != dtype_)
+      throw g_->fail(self_, cat(what_, " on rank ", self_, ": rank ", src_, " sent ", m.count, " ",
+                                dtype_name(m.dtype), " elements, this rank expected ", count_, " ",
+                                dtype_name(dtype_)));
+    if (!m.bytes.empty()) std::memcpy(recv_, m.bytes.data(), m.bytes.size());
+    done_ = true;
+  }
+
+ private:
+  std::shared_ptr<Group> g_;
+  int self_, src_;
+  int64_t seq_;
+  void* recv_;
+  size_t count_;
+  DType dtype_;
+  std::string what_;
+  bool done_ = false;
+};
+
+class InProcessCommunicator final : public Communicator {
+ public:
+  InProcessCommunicator(std::shared_ptr<Group> g, int rank)
+      : g_(std::move(g)), rank_(rank), received_(g_->world(), 0) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return g_->world(); }
+  Device device() const override { return Device::cpu(); }
+  std::chrono::milliseconds timeout() const override { return g_->timeout(); }
+  Group& group() { return *g_; }
+
+  std::unique_ptr<Request> send_recv(const void* send, int dst, void* recv, int src, size_t count, DType dtype,
+                                     void*) override {
+    const std::string what = cat("send_recv #", ++ops_, " (to rank ", dst, ", from rank ", src, ")");
+    if (dst < 0 || dst >= size() || src < 0 || src >= size())
+      throw g_->fail(rank_, cat(what, " on rank ", rank_, ": peer out of range for a group of ", size()));
+    g_->post(rank_, dst, send, count, dtype, what);
+    return std::make_unique<InProcessRequest>(g_, rank_, src, received_[src]++, recv, count, dtype, what);
+  }
+
+  void all_gather(const void* send, void* recv, size_t count, DType dtype, void*) override {
+    const size_t block = count * dtype_size(dtype);
+    std::vector<char> scratch(block * size());
+    g_->collective(
+        rank_, next("all_gather"), {"all_gather", send, count, dtype},
+        [&](const std::vector<Slot>& s) {
+          for (int r = 0; r < size(); ++r)
+            if (block) std::memcpy(scratch.data() + r * block, s[r].send, block);
+        },
+        [&] {
+          if (!scratch.empty()) std::memcpy(recv, scratch.data(), scratch.size());
+        });
+  }
+
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op, void*) override {
+    std::vector<char> scratch(count * dtype_size(dtype));
+    g_->collective(
+        rank_, next("reduce_scatter"), {"reduce_scatter", send, count, dtype, op},
+        [&](const std::vector<Slot>& s) { reduce_block(s, rank_, count, op, dtype, scratch.data()); },
+        [&] {
+          if (!scratch.empty()) std::memcpy(recv, scratch.data(), scratch.size());
+        });
+  }
+
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, void*) override {
+    std::vector<char> scratch(count * dtype_size(dtype));
+    g_->collective(
+        rank_, next("all_reduce"), {"all_reduce", buf, count, dtype, op},
+        [&](const std::vector<Slot>& s) { reduce_block(s, 0, count, op, dtype, scratch.data()); },
+        [&] {
+          if (!scratch.empty()) std::memcpy(buf, scratch.data(), scratch.size());
+        });
+  }
+
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype, void*) override {
+    const size_t block = count * dtype_size(dtype);
+    std::vector<char> scratch(block * size());
+    g_->collective(
+        rank_, next("all_to_all"), {"all_to_all", send, count, dtype},
+        [&](const std::vector<Slot>& s) {
+          const size_t mine = static_cast<size_t>(rank_) * block;  // this rank's block of everyone's send buffer
+          for (int r = 0; r < size(); ++r)
+            if (block) std::memcpy(scratch.data() + r * block, static_cast<const char*>(s[r].send) + mine, block);
+        },
+        [&] {
+          if (!scratch.empty()) std::memcpy(recv, scratch.data(), scratch.size());
+        });
+  }
+
+  void broadcast(void* buf, size_t count, DType dtype, int root, void*) override {
+    const std::string what = next("broadcast");
+    if (root < 0 || root >= size())
+      throw g_->fail(rank_, cat(what, " on rank ", rank_, ": root ", root, " out of range for a group of ", size()));
+    std::vector<char> scratch(count * dtype_size(dtype));
+    g_->collective(
+        rank_, what, {"broadcast", buf, count, dtype, ReduceOp::Sum, root},
+        [&](const std::vector<Slot>& s) {
+          if (!scratch.empty()) std::memcpy(scratch.data(), s[root].send, scratch.size());
+        },
+        [&] {
+          if (!scratch.empty() && rank_ != root) std::memcpy(buf, scratch.data(), scratch.size());
+        });
+  }
+
+  void barrier() override {
+    g_->collective(
+        rank_, next("barrier"), {"barrier", nullptr, 0, DType::F32}, [](const std::vector<Slot>&) {}, [] {});
+  }
+
+  void abort(const std::string& why) override { g_->abort(rank_, why); }
+
+ private:
+  std::string next(const char* op) { return cat(op, " #", ++ops_); }
+
+  std::shared_ptr<Group> g_;
+  int rank_;
+  int64_t ops_ = 0;                // operations started by this rank (numbers the error messages)
+  std::vector<int64_t> received_;  // receives posted per source rank (matches the sender's sequence)
+};
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_in_process_group(int world, std::chrono::milliseconds timeout) {
+  RT_CHECK(world >= 1, "in-process communicator: world size must be >= 1, got ", world);
+  RT_CHECK(timeout.count() > 0, "in-process communicator: timeout must be > 0 ms, got ", timeout.count());
+  auto group = std::make_shared<Group>(world, timeout);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < world; ++r) comms.push_back(std::make_unique<InProcessCommunicator>(group, r));
+  return comms;
+}
+
+void run_ranks(int world, std::chrono::milliseconds timeout, const std::function<void(Communicator&)>& fn) {
+  auto comms = make_in_process_group(world, timeout);
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(*comms[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+        comms[r]->abort(message_of(errors[r]));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<bool> threw(world);
+  for (int r = 0; r < world; ++r) threw[r] = errors[r] != nullptr;
+  const int root = static_cast<InProcessCommunicator&>(*comms[0]).group().first_failed(threw);
+  if (root < 0) return;
+  try {
+    std::rethrow_exception(errors[root]);
+  } catch (const CommError& e) {
+    throw CommError(cat("rank ", root, ": ", e.what()));
+  } catch (const std::exception& e) {
+    throw Error(cat("rank ", root, ": ", e.what()));
+  } catch (...) {
+    throw Error(cat("rank ", root, ": unknown exception"));
+  }
+}
+
+}  // namespace ringtrain::comm

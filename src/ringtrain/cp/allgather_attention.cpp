@@ -1,0 +1,134 @@
+// All-gather-KV CP. Rank s's local block [chunk s | chunk 2cp-1-s] is gathered in rank order and scattered into
+// a [B, padded_len, Hkv, D] global-order tensor; each local query chunk j (global rows [j*c, j*c + valid)) then
+// attends keys [0, j*c + valid) with bottom-right causal alignment (its last query sees the last key), or all
+// valid keys without a mask. dK/dV of the global tensor (fp32) go back to rank order and are reduce-scattered.
+#include "ringtrain/cp/allgather_attention.h"
+
+#include "ringtrain/attention/selection.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/cp/cp_common.h"
+
+namespace ringtrain::cp {
+
+using attention::AttnBackwardArgs;
+using attention::AttnForwardArgs;
+using attention::AttnParams;
+using attention::MaskType;
+
+namespace {
+
+// Copies between a rank-order block (local layout of rank s) and the global-order tensor, both directions.
+void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global) {
+  const int64_t c = l.chunk_len();
+  copy(rows(global, s * c, c), rows(block, 0, c));
+  copy(rows(global, (2 * l.cp - 1 - s) * c, c), rows(block, c, c));
+}
+void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block) {
+  const int64_t c = l.chunk_len();
+  copy(rows(block, 0, c), rows(global, s * c, c));
+  copy(rows(block, c, c), rows(global, (2 * l.cp - 1 - s) * c, c));
+}
+
+// K and V of the whole (padded) sequence in global order, gathered from every rank.
+KvPack gather_kv(comm::Communicator& comm, const ZigzagLayout& l, const AttnParams& p, const TensorView& k,
+                 const TensorView& v, void* stream) {
+  const Device dev = comm.device();
+  KvPack mine = make_kv_pack(k, l.local_len(), p.dtype, dev, false);
+  copy(mine.k, k);
+  copy(mine.v, v);
+  Tensor gathered = Tensor::empty({static_cast<int64_t>(mine.count()) * l.cp}, p.dtype, dev);
+  comm.all_gather(mine.buf.data(), gathered.data(), mine.count(), p.dtype, stream);
+  KvPack global = make_kv_pack(k, l.padded_len(), p.dtype, dev, false);
+  for (int s = 0; s < l.cp; ++s) {
+    char* base = static_cast<char*>(gathered.data()) + s * mine.count() * dtype_size(p.dtype);
+    const KvPack block = view_kv_pack(base, k, l.local_len(), p.dtype, dev);
+    block_to_global(l, s, block.k, global.k);
+    block_to_global(l, s, block.v, global.v);
+  }
+  return global;
+}
+
+// Local query chunk h (0: chunk r, 1: chunk 2cp-1-r): its valid rows and the keys they attend.
+struct ChunkBlock {
+  int64_t q_start = 0, nq = 0, nk = 0;
+  MaskType mask = MaskType::None;
+};
+
+ChunkBlock chunk_block(const ZigzagLayout& l, bool causal, int h) {
+  const int64_t c = l.chunk_len(), j = h == 0 ? l.rank : 2 * l.cp - 1 - l.rank;
+  const int64_t nq = l.chunk_valid(j);
+  if (!causal) return {h * c, nq, l.global_len, MaskType::None};
+  return {h * c, nq, j * c + nq, MaskType::CausalBottomRight};
+}
+
+}  // namespace
+
+void allgather_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
+                                 int64_t global_len) {
+  const ZigzagLayout l = check_cp_call("all-gather attention forward", comm, p, global_len);
+  attention::validate(p, a);
+  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
+  const Device dev = comm.device();
+  const KvPack kv = gather_kv(comm, l, p, a.k, a.v, a.stream);
+  Tensor o_acc = zeros_like(a.o, DType::F32, dev);
+  Tensor lse_acc = empty_like(a.lse, DType::F32, dev);
+  fill_neg_inf(lse_acc);
+  for (int h = 0; h < 2; ++h) {
+    const ChunkBlock blk = chunk_block(l, is_causal(p), h);
+    if (blk.nq == 0) continue;
+    AttnForwardArgs s;
+    s.q = rows(a.q, blk.q_start, blk.nq);
+    s.k = rows(kv.k, 0, blk.nk);
+    s.v = rows(kv.v, 0, blk.nk);
+    s.o = rows(o_acc, blk.q_start, blk.nq);
+    s.lse = lse_rows(lse_acc, blk.q_start, blk.nq);
+    s.stream = a.stream;
+    attention::forward(block_params(p, blk.nq, blk.nk, blk.mask), s);
+  }
+  copy(a.o, o_acc);
+  copy(a.lse, lse_acc);
+}
+
+void allgather_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
+                                  int64_t global_len) {
+  const ZigzagLayout l = check_cp_call("all-gather attention backward", comm, p, global_len);
+  attention::validate(p, a);
+  RT_CHECK(!a.accumulate, "all-gather attention backward: accumulate=true is not supported under context parallelism");
+  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
+  const Device dev = comm.device();
+  const KvPack kv = gather_kv(comm, l, p, a.k, a.v, a.stream);
+  Tensor dq_acc = zeros_like(a.q, DType::F32, dev);
+  const KvPack dkv = make_kv_pack(a.k, l.padded_len(), DType::F32, dev, true);
+  for (int h = 0; h < 2; ++h) {
+    const ChunkBlock blk = chunk_block(l, is_causal(p), h);
+    if (blk.nq == 0) continue;
+    AttnBackwardArgs s;
+    s.q = rows(a.q, blk.q_start, blk.nq);
+    s.k = rows(kv.k, 0, blk.nk);
+    s.v = rows(kv.v, 0, blk.nk);
+    s.o = rows(a.o, blk.q_start, blk.nq);
+    s.dout = rows(a.dout, blk.q_start, blk.nq);
+    s.lse = lse_rows(a.lse, blk.q_start, blk.nq);
+    s.dq = rows(dq_acc, blk.q_start, blk.nq);
+    s.dk = rows(dkv.k, 0, blk.nk);
+    s.dv = rows(dkv.v, 0, blk.nk);
+    s.accumulate = true;
+    s.stream = a.stream;
+    attention::backward(block_params(p, blk.nq, blk.nk, blk.mask), s);
+  }
+  // Back to rank order (block s = rank s's local layout), then every rank gets the sum of its block.
+  const size_t block_count = 2 * static_cast<size_t>(a.k.shape[0] * l.local_len() * a.k.shape[2] * a.k.shape[3]);
+  Tensor scattered = Tensor::empty({static_cast<int64_t>(block_count) * l.cp}, DType::F32, dev);
+  for (int s = 0; s < l.cp; ++s) {
+    const KvPack block = view_kv_pack(scattered.ptr<float>() + s * block_count, a.k, l.local_len(), DType::F32, dev);
+    global_to_block(l, s, dkv.k, block.k);
+    global_to_block(l, s, dkv.v, block.v);
+  }
+  const KvPack mine = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
+  comm.reduce_scatter(scattered.data(), mine.buf.data(), mine.count(), DType::F32, comm::ReduceOp::Sum, a.stream);
+  copy(a.dq, dq_acc);
+  copy(a.dk, mine.k);
+  copy(a.dv, mine.v);
+}
+
+}  // namespace ringtrain::cp

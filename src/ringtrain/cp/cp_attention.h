@@ -1,0 +1,36 @@
+// Context-parallel attention: one entry point for every way of moving KV between the cp ranks.
+//
+// Each rank calls with its zigzag shard (cp/zigzag.h) of q, k, v (and o, dout, lse for the backward):
+// `local` describes the local tensors (seqlen_q = seqlen_kv = ZigzagLayout::local_len(), mask None or causal
+// over the global sequence), global_len is the unpadded sequence length. Outputs cover the local shard; padding
+// rows get O = 0, LSE = -inf and zero gradients. Every block computation goes through attention::forward /
+// backward inside BackendScope::context_parallel(cp), opened here, so only backends verified under CP run,
+// whatever scopes the caller has open. Buffers live on comm.device().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ringtrain/attention/params.h"
+#include "ringtrain/comm/communicator.h"
+
+namespace ringtrain::cp {
+
+// Ring: pass KV blocks around the ring, overlapped with compute (REFERENCE.md §3).
+// AllGather: gather all KV once, attend with causal offsets, reduce-scatter dK/dV.
+enum class CpComm { Ring, AllGather };
+std::string_view cp_comm_name(CpComm c);
+CpComm parse_cp_comm(std::string_view name);  // "ring", "allgather"
+
+struct CpConfig {
+  CpComm comm = CpComm::Ring;
+};
+
+void attention_forward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
+                       const attention::AttnForwardArgs& a, int64_t global_len);
+// a.o and a.lse are the outputs of attention_forward; accumulate must be false.
+void attention_backward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
+                        const attention::AttnBackwardArgs& a, int64_t global_len);
+
+}  // namespace ringtrain::cp

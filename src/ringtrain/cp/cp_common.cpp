@@ -1,0 +1,114 @@
+#include "ringtrain/cp/cp_common.h"
+
+#include <cmath>
+#include <limits>
+
+#include "ringtrain/core/error.h"
+
+namespace ringtrain::cp {
+
+using attention::AttnParams;
+using attention::MaskType;
+
+ZigzagLayout check_cp_call(const char* what, const comm::Communicator& comm, const AttnParams& p,
+                           int64_t global_len) {
+  RT_CHECK(!p.packed, what, ": packed sequences (THD) under context parallelism are not supported yet (",
+           p.describe(), ")");
+  RT_CHECK(p.device == comm.device(), what, ": tensors are on ", device_name(p.device), " but the communicator's ",
+           "buffers are on ", device_name(comm.device()));
+  ZigzagLayout l(comm.size(), comm.rank(), global_len);
+  RT_CHECK(p.seqlen_q == l.local_len() && p.seqlen_kv == l.local_len(), what, ": local shard has Sq=", p.seqlen_q,
+           " Skv=", p.seqlen_kv, ", expected ", l.local_len(), " (zigzag layout of ", global_len, " tokens over cp=",
+           l.cp, ": 2 chunks of ", l.chunk_len(), ")");
+  return l;
+}
+
+bool is_causal(const AttnParams& p) {
+  // Sq == Skv locally, so top-left and bottom-right alignment are the same global causal mask.
+  return p.mask != MaskType::None;
+}
+
+AttnParams block_params(const AttnParams& local, int64_t sq, int64_t skv, MaskType m) {
+  AttnParams b = local;
+  b.seqlen_q = sq;
+  b.seqlen_kv = skv;
+  b.mask = m;
+  b.softmax_scale = local.scale();
+  return b;
+}
+
+KvPack view_kv_pack(void* data, const TensorView& k_like, int64_t len, DType dtype, Device device) {
+  const int64_t b = k_like.shape[0], h = k_like.shape[2], d = k_like.shape[3];
+  KvPack p;
+  p.k = contiguous_view(data, dtype, device, {b, len, h, d});
+  p.v = contiguous_view(static_cast<char*>(data) + p.k.nbytes(), dtype, device, {b, len, h, d});
+  return p;
+}
+
+KvPack make_kv_pack(const TensorView& k_like, int64_t len, DType dtype, Device device, bool zeroed) {
+  const int64_t n = 2 * k_like.shape[0] * len * k_like.shape[2] * k_like.shape[3];
+  Tensor buf = zeroed ? Tensor::zeros({n}, dtype, device) : Tensor::empty({n}, dtype, device);
+  KvPack p = view_kv_pack(buf.data(), k_like, len, dtype, device);
+  p.buf = std::move(buf);
+  return p;
+}
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void check_host_f32(const char* what, const TensorView& t) {
+  RT_CHECK(t.device.is_cpu(), what, ": ", t.shape_str(), " is device memory; the device version of this step ",
+           "comes with the GPU communicator");
+  RT_CHECK(t.dtype == DType::F32, what, ": expected fp32, got ", t.shape_str());
+}
+
+inline float sigmoid(float x) {
+  if (x >= 0) return 1.f / (1.f + std::exp(-x));
+  const float e = std::exp(x);
+  return e / (1.f + e);
+}
+inline float softplus(float x) { return std::max(x, 0.f) + std::log1p(std::exp(-std::fabs(x))); }
+
+}  // namespace
+
+void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b) {
+  for (const TensorView* t : {&o_a, &lse_a, &o_b, &lse_b}) check_host_f32("CP merge", *t);
+  RT_CHECK(o_a.ndim == 4 && o_b.ndim == 4 && lse_a.ndim == 3 && lse_b.ndim == 3, "CP merge: bad ranks ",
+           o_a.shape_str(), " ", o_b.shape_str());
+  for (int d = 0; d < 4; ++d)
+    RT_CHECK(o_a.shape[d] == o_b.shape[d], "CP merge: ", o_a.shape_str(), " vs ", o_b.shape_str());
+  const int64_t batch = o_a.shape[0], n = o_a.shape[1], heads = o_a.shape[2], dim = o_a.shape[3];
+  RT_CHECK(lse_a.shape[0] == batch && lse_a.shape[1] == heads && lse_a.shape[2] == n && lse_b.shape[2] == n,
+           "CP merge: lse ", lse_a.shape_str(), " does not match ", o_a.shape_str());
+  float* oa = o_a.ptr<float>();
+  const float* ob = o_b.ptr<const float>();
+  float* la = lse_a.ptr<float>();
+  const float* lb = lse_b.ptr<const float>();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        float& l_a = la[b * lse_a.stride[0] + h * lse_a.stride[1] + i * lse_a.stride[2]];
+        const float l_b = lb[b * lse_b.stride[0] + h * lse_b.stride[1] + i * lse_b.stride[2]];
+        if (l_b == kNegInf) continue;  // b saw no key: nothing to add
+        float* ra = oa + b * o_a.stride[0] + i * o_a.stride[1] + h * o_a.stride[2];
+        const float* rb = ob + b * o_b.stride[0] + i * o_b.stride[1] + h * o_b.stride[2];
+        if (l_a == kNegInf) {  // a saw no key yet: take b
+          for (int64_t c = 0; c < dim; ++c) ra[c * o_a.stride[3]] = rb[c * o_b.stride[3]];
+          l_a = l_b;
+          continue;
+        }
+        const float w = sigmoid(l_b - l_a);
+        for (int64_t c = 0; c < dim; ++c) ra[c * o_a.stride[3]] -= w * (ra[c * o_a.stride[3]] - rb[c * o_b.stride[3]]);
+        l_a = l_a + softplus(l_b - l_a);  // = L_a - logsigmoid(L_a - L_b)
+      }
+    }
+  }
+}
+
+void fill_neg_inf(const TensorView& t) {
+  check_host_f32("CP LSE init", t);
+  fill(t, kNegInf);
+}
+
+}  // namespace ringtrain::cp

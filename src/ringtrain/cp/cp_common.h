@@ -1,0 +1,43 @@
+// Pieces shared by the CP algorithms: argument checks, per-block params, packed KV buffers, the merge of
+// partial results.
+#pragma once
+
+#include <cstdint>
+
+#include "ringtrain/attention/params.h"
+#include "ringtrain/comm/communicator.h"
+#include "ringtrain/cp/zigzag.h"
+
+namespace ringtrain::cp {
+
+// Checks a local CP call (not packed, mask none or causal, local shapes, device of the communicator) and returns
+// this rank's layout. `what` names the entry point in errors.
+ZigzagLayout check_cp_call(const char* what, const comm::Communicator& comm, const attention::AttnParams& local,
+                           int64_t global_len);
+bool is_causal(const attention::AttnParams& local);
+
+// The params of one block call: sq queries against skv keys with mask m (the scale made explicit).
+attention::AttnParams block_params(const attention::AttnParams& local, int64_t sq, int64_t skv,
+                                   attention::MaskType m);
+
+// K and V of `len` positions packed in one contiguous buffer [K | V], each [B, len, Hkv, D]: what travels.
+struct KvPack {
+  Tensor buf;
+  TensorView k, v;
+  size_t count() const { return static_cast<size_t>(buf.numel()); }
+};
+KvPack make_kv_pack(const TensorView& k_like, int64_t len, DType dtype, Device device, bool zeroed);
+// Views of a [K | V] block inside a larger buffer (e.g. block s of an all-gather result).
+KvPack view_kv_pack(void* data, const TensorView& k_like, int64_t len, DType dtype, Device device);
+
+// Rows [start, start + n) of a BSHD tensor / of a [B, H, S] LSE.
+inline TensorView rows(const TensorView& t, int64_t start, int64_t n) { return t.slice(1, start, n); }
+inline TensorView lse_rows(const TensorView& t, int64_t start, int64_t n) { return t.slice(2, start, n); }
+
+// Merges a partial result (o_b, lse_b) of the same query rows into the running (o_a, lse_a), all fp32:
+// O = O_a - sigmoid(L_b - L_a) (O_a - O_b), L = L_a - logsigmoid(L_a - L_b); a -inf side contributes nothing.
+void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b);
+// Sets every element of an fp32 view to -inf (the LSE of rows that have seen no key yet).
+void fill_neg_inf(const TensorView& t);
+
+}  // namespace ringtrain::cp

@@ -1,0 +1,153 @@
+// Ring attention on rank r: at step i the rank holds the KV block of source s = (r - i) mod cp and attends the
+// part of its queries that sees that block (ring_block). The next block's send/recv is posted before the step's
+// compute and waited after it (double buffer). Running O and LSE stay fp32 and are merged per step.
+// Backward: same blocks, always with the final O and LSE; dQ accumulates locally in fp32, dK/dV accumulate in an
+// fp32 buffer that travels behind its KV block and is back at its owner after cp hops.
+#include "ringtrain/cp/ring_attention.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "ringtrain/attention/selection.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/cp/cp_common.h"
+
+namespace ringtrain::cp {
+
+using attention::AttnBackwardArgs;
+using attention::AttnForwardArgs;
+using attention::AttnParams;
+using attention::MaskType;
+
+namespace {
+
+// The queries (local rows [q_start, q_start + nq)) that attend the first nk keys of the block from rank src.
+struct RingBlock {
+  int64_t q_start = 0, nq = 0, nk = 0;
+  MaskType mask = MaskType::None;
+  bool empty() const { return nq == 0 || nk == 0; }
+};
+
+RingBlock ring_block(const ZigzagLayout& l, bool causal, int step, int src) {
+  const int64_t c = l.chunk_len(), valid = l.valid_len();
+  if (!causal) return {0, valid, l.valid_len(src), MaskType::None};
+  // Own block: the local concatenation [chunk r, chunk 2cp-1-r] is in global order, so plain causal.
+  if (step == 0) return {0, valid, valid, MaskType::CausalTopLeft};
+  // Earlier source: both local chunks come after its first chunk and before its second one.
+  if (src < l.rank) return {0, valid, std::min(l.valid_len(src), c), MaskType::None};
+  // Later source: only the second local chunk comes after (both of) its chunks.
+  return {c, std::max<int64_t>(valid - c, 0), l.valid_len(src), MaskType::None};
+}
+
+}  // namespace
+
+void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
+                            int64_t global_len) {
+  const ZigzagLayout l = check_cp_call("ring attention forward", comm, p, global_len);
+  attention::validate(p, a);
+  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
+  const Device dev = comm.device();
+  const bool causal = is_causal(p);
+  const int next = (l.rank + 1) % l.cp, prev = (l.rank + l.cp - 1) % l.cp;
+
+  Tensor o_acc = zeros_like(a.o, DType::F32, dev);
+  Tensor lse_acc = empty_like(a.lse, DType::F32, dev);
+  fill_neg_inf(lse_acc);
+  KvPack cur = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
+  KvPack nxt = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
+  copy(cur.k, a.k);
+  copy(cur.v, a.v);
+
+  for (int step = 0; step < l.cp; ++step) {
+    const int src = (l.rank - step + l.cp) % l.cp;
+    std::unique_ptr<comm::Request> kv_req;
+    if (step + 1 < l.cp)
+      kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
+    const RingBlock blk = ring_block(l, causal, step, src);
+    if (!blk.empty()) {
+      AttnForwardArgs s;
+      s.q = rows(a.q, blk.q_start, blk.nq);
+      s.k = rows(cur.k, 0, blk.nk);
+      s.v = rows(cur.v, 0, blk.nk);
+      s.stream = a.stream;
+      const AttnParams bp = block_params(p, blk.nq, blk.nk, blk.mask);
+      const TensorView o_rows = rows(o_acc, blk.q_start, blk.nq), lse_part = lse_rows(lse_acc, blk.q_start, blk.nq);
+      if (step == 0) {  // the first block writes the running result directly
+        s.o = o_rows;
+        s.lse = lse_part;
+        attention::forward(bp, s);
+      } else {
+        Tensor o_step = empty_like(s.q, DType::F32, dev);
+        Tensor lse_step = empty_like(lse_part, DType::F32, dev);
+        s.o = o_step;
+        s.lse = lse_step;
+        attention::forward(bp, s);
+        merge_partial(o_rows, lse_part, o_step, lse_step);
+      }
+    }
+    if (kv_req) {
+      kv_req->wait();
+      std::swap(cur, nxt);
+    }
+  }
+  copy(a.o, o_acc);
+  copy(a.lse, lse_acc);
+}
+
+void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
+                             int64_t global_len) {
+  const ZigzagLayout l = check_cp_call("ring attention backward", comm, p, global_len);
+  attention::validate(p, a);
+  RT_CHECK(!a.accumulate, "ring attention backward: accumulate=true is not supported under context parallelism");
+  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
+  const Device dev = comm.device();
+  const bool causal = is_causal(p);
+  const int next = (l.rank + 1) % l.cp, prev = (l.rank + l.cp - 1) % l.cp;
+
+  Tensor dq_acc = zeros_like(a.q, DType::F32, dev);
+  KvPack cur = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
+  KvPack nxt = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
+  KvPack dkv_cur = make_kv_pack(a.k, l.local_len(), DType::F32, dev, true);  // own block's dK/dV starts at 0
+  KvPack dkv_nxt = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
+  copy(cur.k, a.k);
+  copy(cur.v, a.v);
+
+  for (int step = 0; step < l.cp; ++step) {
+    const int src = (l.rank - step + l.cp) % l.cp;
+    std::unique_ptr<comm::Request> kv_req;
+    if (step + 1 < l.cp)
+      kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
+    const RingBlock blk = ring_block(l, causal, step, src);
+    if (!blk.empty()) {
+      AttnBackwardArgs s;
+      s.q = rows(a.q, blk.q_start, blk.nq);
+      s.k = rows(cur.k, 0, blk.nk);
+      s.v = rows(cur.v, 0, blk.nk);
+      s.o = rows(a.o, blk.q_start, blk.nq);
+      s.dout = rows(a.dout, blk.q_start, blk.nq);
+      s.lse = lse_rows(a.lse, blk.q_start, blk.nq);
+      s.dq = rows(dq_acc, blk.q_start, blk.nq);
+      s.dk = rows(dkv_cur.k, 0, blk.nk);
+      s.dv = rows(dkv_cur.v, 0, blk.nk);
+      s.accumulate = true;
+      s.stream = a.stream;
+      attention::backward(block_params(p, blk.nq, blk.nk, blk.mask), s);
+    }
+    // dK/dV of block src follow it to the next rank; the one arriving is for the block that arrives.
+    auto dkv_req =
+        comm.send_recv(dkv_cur.buf.data(), next, dkv_nxt.buf.data(), prev, dkv_cur.count(), DType::F32, a.stream);
+    dkv_req->wait();
+    std::swap(dkv_cur, dkv_nxt);
+    if (kv_req) {
+      kv_req->wait();
+      std::swap(cur, nxt);
+    }
+  }
+  // After cp hops the buffer that arrived holds this rank's own block with every rank's contribution.
+  copy(a.dq, dq_acc);
+  copy(a.dk, dkv_cur.k);
+  copy(a.dv, dkv_cur.v);
+}
+
+}  // namespace ringtrain::cp

@@ -1,0 +1,14 @@
+// Ring attention with pass-KV over the zigzag layout (REFERENCE.md §3). Use through cp/cp_attention.h.
+#pragma once
+
+#include "ringtrain/attention/params.h"
+#include "ringtrain/comm/communicator.h"
+
+namespace ringtrain::cp {
+
+void ring_attention_forward(comm::Communicator& comm, const attention::AttnParams& local,
+                            const attention::AttnForwardArgs& a, int64_t global_len);
+void ring_attention_backward(comm::Communicator& comm, const attention::AttnParams& local,
+                             const attention::AttnBackwardArgs& a, int64_t global_len);
+
+}  // namespace ringtrain::cp

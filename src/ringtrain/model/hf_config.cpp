@@ -1,0 +1,247 @@
+#include "ringtrain/model/hf_config.h"
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/file_io.h"
+
+namespace ringtrain::model {
+namespace {
+
+using nlohmann::json;
+
+struct Reader {
+  const json& j;
+  const std::string& source;
+
+  bool has(const char* key) const { return j.contains(key) && !j.at(key).is_null(); }
+  [[noreturn]] void bad(const char* key, const std::string& why) const {
+    throw Error(cat(source, ": key '", key, "' = ", j.contains(key) ? j.at(key).dump() : "(missing)", ": ", why));
+  }
+  int64_t integer(const char* key) const {
+    if (!has(key)) bad(key, "required integer is missing");
+    if (!j.at(key).is_number_integer()) bad(key, "expected an integer");
+    return j.at(key).get<int64_t>();
+  }
+  int64_t integer_or(const char* key, int64_t dflt) const { return has(key) ? integer(key) : dflt; }
+  int64_t positive(const char* key) const {
+    const int64_t v = integer(key);
+    if (v <= 0) bad(key, "must be positive");
+    return v;
+  }
+  double number_or(const char* key, double dflt) const {
+    if (!has(key)) return dflt;
+    if (!j.at(key).is_number()) bad(key, "expected a number");
+    return j.at(key).get<double>();
+  }
+  bool boolean_or(const char* key, bool dflt) const {
+    if (!has(key)) return dflt;
+    if (!j.at(key).is_boolean()) bad(key, "expected true or false");
+    return j.at(key).get<bool>();
+  }
+  std::string string_or(const char* key, const std::string& dflt) const {
+    if (!has(key)) return dflt;
+    if (!j.at(key).is_string()) bad(key, "expected a string");
+    return j.at(key).get<std::string>();
+  }
+};
+
+Arch arch_from_json(const Reader& r) {
+  std::string name;
+  if (r.has("architectures")) {
+    const json& a = r.j.at("architectures");
+    if (!a.is_array() || a.size() != 1 || !a[0].is_string()) r.bad("architectures", "expected one class name");
+    name = a[0].get<std::string>();
+    for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Mistral})
+      if (name == arch_class_name(arch)) return arch;
+    r.bad("architectures", "unsupported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
+  }
+  name = r.string_or("model_type", "");
+  for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Mistral})
+    if (name == arch_model_type(arch)) return arch;
+  r.bad("model_type", "unsupported or missing and no 'architectures' (llama, qwen2, qwen3, mistral)");
+}
+
+// RoPE: transformers 5 writes "rope_parameters" {rope_type, rope_theta, ...}; older files "rope_theta" and
+// "rope_scaling" {rope_type|type, ...}.
+RopeConfig rope_from_json(const Reader& r) {
+  RopeConfig rope;
+  const char* obj_key = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  rope.theta = r.number_or("rope_theta", rope.theta);
+  if (!r.has(obj_key)) return rope;
+  const json& s = r.j.at(obj_key);
+  if (!s.is_object()) r.bad(obj_key, "expected an object");
+  const std::string src = cat(r.source, ": ", obj_key);
+  const Reader sr{s, src};
+  rope.theta = sr.number_or("rope_theta", rope.theta);
+  const std::string type = sr.has("rope_type") ? sr.string_or("rope_type", "") : sr.string_or("type", "default");
+  if (sr.number_or("partial_rotary_factor", 1.0) != 1.0) sr.bad("partial_rotary_factor", "only 1.0 is supported");
+  if (type == "default") return rope;
+  if (type != "llama3") sr.bad(sr.has("rope_type") ? "rope_type" : "type", "unsupported (default, llama3)");
+  rope.llama3 = true;
+  rope.factor = sr.number_or("factor", 0);
+  rope.low_freq_factor = sr.number_or("low_freq_factor", 0);
+  rope.high_freq_factor = sr.number_or("high_freq_factor", 0);
+  rope.original_max_position = sr.integer_or("original_max_position_embeddings", 0);
+  if (rope.factor <= 0) sr.bad("factor", "llama3 scaling needs a positive factor");
+  if (rope.low_freq_factor <= 0) sr.bad("low_freq_factor", "llama3 scaling needs a positive value");
+  if (rope.high_freq_factor <= rope.low_freq_factor) sr.bad("high_freq_factor", "must exceed low_freq_factor");
+  if (rope.original_max_position <= 0) sr.bad("original_max_position_embeddings", "must be positive");
+  return rope;
+}
+
+// The window that applies to some layer, or 0. Qwen2/Qwen3 use it only with use_sliding_window (transformers
+// 5 also lists per-layer "layer_types"); Mistral whenever sliding_window is set.
+int64_t sliding_window_from_json(const Reader& r, Arch arch) {
+  if (!r.has("sliding_window")) return 0;
+  const int64_t w = r.integer("sliding_window");
+  if (w <= 0) r.bad("sliding_window", "must be positive or null");
+  if (arch == Arch::Mistral) return w;
+  bool used = r.boolean_or("use_sliding_window", false);
+  if (r.has("layer_types")) {
+    const json& lt = r.j.at("layer_types");
+    if (!lt.is_array()) r.bad("layer_types", "expected a list");
+    for (const json& t : lt) {
+      if (!t.is_string()) r.bad("layer_types", "expected strings");
+      if (t == "sliding_attention") used = true;
+      else if (t != "full_attention") r.bad("layer_types", cat("unsupported layer type ", t.dump()));
+    }
+  }
+  return (arch == Arch::Llama || !used) ? 0 : w;
+}
+
+}  // namespace
+
+std::string arch_class_name(Arch a) {
+  switch (a) {
+    case Arch::Llama: return "LlamaForCausalLM";
+    case Arch::Qwen2: return "Qwen2ForCausalLM";
+    case Arch::Qwen3: return "Qwen3ForCausalLM";
+    case Arch::Mistral: return "MistralForCausalLM";
+  }
+  return "?";
+}
+
+std::string arch_model_type(Arch a) {
+  switch (a) {
+    case Arch::Llama: return "llama";
+    case Arch::Qwen2: return "qwen2";
+    case Arch::Qwen3: return "qwen3";
+    case Arch::Mistral: return "mistral";
+  }
+  return "?";
+}
+
+Arch parse_arch(const std::string& n) {
+  for (Arch a : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Mistral})
+    if (n == arch_model_type(a)) return a;
+  throw Error(cat("unknown architecture '", n, "' (expected llama, qwen2, qwen3 or mistral)"));
+}
+
+ModelConfig parse_config(const json& j, const std::string& source) {
+  RT_CHECK(j.is_object(), source, ": expected a JSON object");
+  const Reader r{j, source};
+  ModelConfig c;
+  c.arch = arch_from_json(r);
+  c.vocab = r.positive("vocab_size");
+  c.hidden = r.positive("hidden_size");
+  c.ffn = r.positive("intermediate_size");
+  c.layers = r.positive("num_hidden_layers");
+  c.heads = r.positive("num_attention_heads");
+  c.kv_heads = r.has("num_key_value_heads") ? r.positive("num_key_value_heads") : c.heads;
+  if (c.heads % c.kv_heads != 0) r.bad("num_key_value_heads", cat("must divide num_attention_heads = ", c.heads));
+  if (r.has("head_dim")) {
+    c.head_dim = r.positive("head_dim");
+  } else {
+    if (c.hidden % c.heads != 0) r.bad("hidden_size", cat("not divisible by num_attention_heads = ", c.heads));
+    c.head_dim = c.hidden / c.heads;
+  }
+  if (c.head_dim % 2 != 0) r.bad("head_dim", "RoPE needs an even head dimension");
+  c.max_positions = r.integer_or("max_position_embeddings", c.max_positions);
+  c.rms_eps = r.number_or("rms_norm_eps", c.rms_eps);
+  if (!(c.rms_eps > 0)) r.bad("rms_norm_eps", "must be positive");
+  c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
+  const std::string act = r.string_or("hidden_act", "silu");
+  if (act != "silu") r.bad("hidden_act", "unsupported (silu)");
+  if (r.boolean_or("mlp_bias", false)) r.bad("mlp_bias", "MLP biases are not supported");
+  if (r.number_or("attention_dropout", 0.0) != 0.0) r.bad("attention_dropout", "dropout is not supported");
+  if (r.integer_or("pretraining_tp", 1) != 1) r.bad("pretraining_tp", "only 1 is supported");
+  const bool attention_bias = r.boolean_or("attention_bias", false);
+  if (c.arch == Arch::Qwen2) {
+    c.qkv_bias = true;
+  } else if (c.arch == Arch::Mistral) {
+    if (attention_bias) r.bad("attention_bias", "MistralForCausalLM has no attention biases");
+  } else {
+    c.qkv_bias = c.o_bias = attention_bias;
+  }
+  c.qk_norm = c.arch == Arch::Qwen3;
+  c.rope = rope_from_json(r);
+  c.sliding_window = sliding_window_from_json(r, c.arch);
+  const char* dtype_key = r.has("dtype") ? "dtype" : "torch_dtype";
+  const std::string dt = r.string_or(dtype_key, "float32");
+  if (dt == "float32") c.dtype = DType::F32;
+  else if (dt == "bfloat16") c.dtype = DType::BF16;
+  else if (dt == "float16") c.dtype = DType::F16;
+  else r.bad(dtype_key, "unsupported (float32, bfloat16, float16)");
+  return c;
+}
+
+ModelConfig load_config(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "config.json";
+  json j;
+  try {
+    j = json::parse(read_file(file));
+  } catch (const json::exception& e) {
+    throw Error(cat(file.string(), ": invalid JSON: ", e.what()));
+  }
+  return parse_config(j, file.string());
+}
+
+json config_to_json(const ModelConfig& c) {
+  json j;
+  j["architectures"] = {arch_class_name(c.arch)};
+  j["model_type"] = arch_model_type(c.arch);
+  j["vocab_size"] = c.vocab;
+  j["hidden_size"] = c.hidden;
+  j["intermediate_size"] = c.ffn;
+  j["num_hidden_layers"] = c.layers;
+  j["num_attention_heads"] = c.heads;
+  j["num_key_value_heads"] = c.kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_positions;
+  j["rms_norm_eps"] = c.rms_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  if (c.arch != Arch::Qwen2 && c.arch != Arch::Mistral) j["attention_bias"] = c.o_bias;
+  j["attention_dropout"] = 0.0;
+  j["torch_dtype"] = c.dtype == DType::BF16 ? "bfloat16" : c.dtype == DType::F16 ? "float16" : "float32";
+  // The legacy keys: transformers 4 reads them and transformers 5 converts them to rope_parameters.
+  j["rope_theta"] = c.rope.theta;
+  if (c.rope.llama3) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope.factor},
+                         {"low_freq_factor", c.rope.low_freq_factor},
+                         {"high_freq_factor", c.rope.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope.original_max_position}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  if (c.arch == Arch::Mistral) {
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  } else if (c.arch != Arch::Llama) {
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  }
+  return j;
+}
+
+void write_config(const std::filesystem::path& dir, const ModelConfig& c) {
+  write_file_atomic(dir / "config.json", config_to_json(c).dump(2) + "\n");
+}
+
+void check_sequence_supported(const ModelConfig& c, int64_t total_tokens) {
+  RT_CHECK(c.sliding_window == 0 || total_tokens <= c.sliding_window, "config key 'sliding_window' = ",
+           c.sliding_window, " is shorter than the sequence (", total_tokens,
+           " tokens): sliding-window masks are not an attention mask the backends offer, so this sequence cannot be "
+           "run exactly");
+}
+
+}  // namespace ringtrain::model

@@ -1,0 +1,53 @@
+// The model configuration read from a Hugging Face `config.json` (Llama, Qwen2, Qwen3, Mistral causal LMs)
+// and written back in a form transformers loads. Anything the model cannot reproduce exactly is rejected
+// with an error naming the key and its value.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "ringtrain/core/dtype.h"
+
+namespace ringtrain::model {
+
+enum class Arch : uint8_t { Llama, Qwen2, Qwen3, Mistral };
+std::string arch_class_name(Arch a);  // "LlamaForCausalLM"
+std::string arch_model_type(Arch a);  // "llama"
+Arch parse_arch(const std::string& short_name);  // llama, qwen2, qwen3, mistral
+
+struct RopeConfig {
+  double theta = 10000.0;
+  bool llama3 = false;  // rope_type "llama3": wavelength-dependent frequency scaling
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+
+struct ModelConfig {
+  Arch arch = Arch::Llama;
+  int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
+  int64_t max_positions = 4096;
+  double rms_eps = 1e-6;
+  RopeConfig rope;
+  bool tie_embeddings = false;
+  bool qkv_bias = false;  // Qwen2 always; Llama/Qwen3 with attention_bias
+  bool o_bias = false;    // Llama/Qwen3 with attention_bias
+  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k before RoPE
+  int64_t sliding_window = 0;  // keys older than this are masked; 0 = no window
+  DType dtype = DType::F32;    // storage dtype of the checkpoint ("torch_dtype" / "dtype")
+};
+
+// Parses and validates; `source` names the file in errors.
+ModelConfig parse_config(const nlohmann::json& j, const std::string& source);
+ModelConfig load_config(const std::filesystem::path& checkpoint_dir);
+nlohmann::json config_to_json(const ModelConfig& c);
+// Writes DIR/config.json through a temporary file and a rename.
+void write_config(const std::filesystem::path& checkpoint_dir, const ModelConfig& c);
+
+// Error unless the model can run a sequence of `total_tokens` exactly (sliding windows are not an attention
+// mask the backends offer; a window at least as long as the sequence masks nothing).
+void check_sequence_supported(const ModelConfig& c, int64_t total_tokens);
+
+}  // namespace ringtrain::model

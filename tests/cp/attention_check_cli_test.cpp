@@ -1,0 +1,56 @@
+// `ringtrain attention-check` end to end: a passing CP run exits 0 with every error printed, and --device cuda
+// where no GPU can be used exits 2 with the reason.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+#include "ringtrain/core/error.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+struct CliResult {
+  int code = -1;
+  std::string output;
+};
+
+CliResult run_cli(const std::string& args) {
+  CliResult r;
+  FILE* pipe = popen((std::string(RINGTRAIN_CLI) + " " + args + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(AttentionCheckCli, RaggedAllGatherRunPassesAndReportsEverything) {
+  const CliResult r = run_cli(cat("attention-check --cp 3 --seq 50 --comm allgather --causal --heads 4 --kv-heads 2 ",
+                                  "--head-dim 32 --seed ", testing::fresh_seed() | 1));
+  EXPECT_EQ(r.code, 0) << r.output;
+  for (const char* want : {"flash      SELECTED", "context-parallel cp=3", "dispatches: flash: fwd 6 bwd 6",
+                           "O    relative", "LSE  relative", "dQ   relative", "dK   relative", "dV   relative",
+                           "attention-check: PASS"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << "missing '" << want << "' in\n" << r.output;
+}
+
+TEST(AttentionCheckCli, NoBackendAllowedExitsTwoWithReasons) {
+  const CliResult r = run_cli("attention-check --cp 2 --seq 16 --backends cudnn,efficient");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("no attention backend can serve the blocks"), std::string::npos) << r.output;
+}
+
+TEST(AttentionCheckCli, CudaWithoutGpuExitsTwo) {
+  const std::string why = cuda_unavailable_reason();
+  if (why.empty()) GTEST_SKIP() << "a GPU is usable here; this test covers machines without one";
+  const CliResult r = run_cli("attention-check --device cuda --cp 1 --seq 64");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace ringtrain

@@ -1,0 +1,133 @@
+// Context-parallel attention (ring and all-gather) against the single-rank fp64 math reference on the unsharded
+// sequence: O, LSE, dQ, dK, dV for cp 1..8, causal and not, MHA/GQA/MQA, head dims 32/64/128, lengths that need
+// padding (whole chunks of padding included), with the CPU flash and math backends as the per-block backend.
+#include <gtest/gtest.h>
+
+#include "ringtrain/attention/cpu/cpu_backends.h"
+#include "ringtrain/attention/selection.h"
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/cp/cp_check.h"
+#include "root_list_guard.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+using attention::BackendId;
+using cp::CpComm;
+
+struct Case {
+  int cp;
+  CpComm comm;
+  bool causal;
+  int64_t batch, seq, heads_q, heads_kv, head_dim;
+  BackendId block_backend;
+  DType dtype = DType::F32;
+};
+
+std::string case_name(const Case& c) {
+  const char* heads = c.heads_kv == c.heads_q ? "mha" : (c.heads_kv == 1 ? "mqa" : "gqa");
+  return cat("cp", c.cp, "_", cp::cp_comm_name(c.comm), c.causal ? "_causal_" : "_full_", heads, "_d", c.head_dim,
+             "_S", c.seq, "_B", c.batch, "_", attention::backend_name(c.block_backend), "_", dtype_name(c.dtype));
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  // The grid, with head dim, length (divisible by 2cp or not), batch and block backend rotating through it.
+  const int64_t dims[3] = {32, 64, 128};
+  const int64_t heads[3][2] = {{4, 4}, {4, 2}, {4, 1}};
+  int n = 0;
+  for (int cp : {1, 2, 3, 4, 8})
+    for (CpComm comm : {CpComm::Ring, CpComm::AllGather})
+      for (bool causal : {true, false})
+        for (const auto& h : heads) {
+          const int64_t seq = n % 2 == 0 ? 2 * cp * 5 : 2 * cp * 4 + 1 + n % 7;
+          out.push_back({cp, comm, causal, 1 + n % 2, seq, h[0], h[1], dims[n % 3],
+                         n % 4 < 2 ? BackendId::Flash : BackendId::Math});
+          ++n;
+        }
+  // Padding edge cases: a long ragged sequence, the last chunk partly padded, whole chunks of padding, and ranks
+  // with no valid token at all.
+  for (CpComm comm : {CpComm::Ring, CpComm::AllGather}) {
+    out.push_back({3, comm, true, 1, 1000, 2, 1, 64, BackendId::Flash});
+    for (bool causal : {true, false}) {
+      out.push_back({8, comm, causal, 2, 37, 4, 2, 32, BackendId::Flash});
+      out.push_back({8, comm, causal, 1, 10, 2, 2, 64, BackendId::Math});
+      out.push_back({8, comm, causal, 1, 3, 2, 1, 32, BackendId::Flash});
+    }
+    // bf16 inputs: the running O/LSE stay fp32, outputs and gradients are rounded to bf16 once.
+    out.push_back({4, comm, true, 1, 90, 4, 2, 64, BackendId::Flash, DType::BF16});
+  }
+  return out;
+}
+
+class CpParity : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpParity, MatchesTheSingleRankReference) {
+  const Case& c = GetParam();
+  const cp::AttnProblem prob{c.batch, c.seq, c.heads_q, c.heads_kv, c.head_dim, c.causal, c.dtype};
+  const cp::AttnInputs in = cp::random_inputs(prob, testing::fresh_seed());
+  const cp::AttnResults ref = cp::reference_attention(prob, in);
+
+  testing::RootListGuard guard;
+  attention::set_root_backends({c.block_backend}, "test");
+  attention::reset_dispatch_counts();
+  cp::CpRunOptions opt;
+  opt.cp = c.cp;
+  opt.config.comm = c.comm;
+  opt.timeout = std::chrono::milliseconds(60000);
+  const cp::AttnResults got = cp::cp_attention_on_ranks(prob, in, opt);
+  const attention::DispatchCounts counts = attention::dispatch_counts();
+
+  // fp32: flash accumulates in fp32 (relative error about sqrt(S) * 2^-24 per dot product, a few 1e-7 here) and
+  // the per-step merges add a few fp32 roundings; 1e-5 leaves an order of magnitude of margin and still catches
+  // any wrong mask, block or merge (those give errors of order 1e-2 or more). bf16: results rounded to 8 mantissa
+  // bits (relative 2^-9 = 2e-3 per element), so 1e-2.
+  const double tol = c.dtype == DType::F32 ? 1e-5 : 1e-2;
+  EXPECT_LE(testing::rel_error(got.o, ref.o), tol) << "O";
+  EXPECT_LE(testing::rel_error(got.lse, ref.lse), tol) << "LSE";
+  EXPECT_LE(testing::rel_error(got.dq, ref.dq), tol) << "dQ";
+  EXPECT_LE(testing::rel_error(got.dk, ref.dk), tol) << "dK";
+  EXPECT_LE(testing::rel_error(got.dv, ref.dv), tol) << "dV";
+  // Every block call went through the selection and ran the one allowed backend.
+  const int chosen = static_cast<int>(c.block_backend);
+  EXPECT_GT(counts.forward[chosen], 0);
+  EXPECT_GT(counts.backward[chosen], 0);
+  EXPECT_EQ(counts.total(), counts.forward[chosen] + counts.backward[chosen]) << format_dispatch_counts(counts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, CpParity, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+// Calls the CP forward on one in-process rank and returns its error message ("" if it ran).
+std::string cp_forward_error(const attention::AttnParams& p, const attention::AttnForwardArgs& a, int64_t global_len) {
+  try {
+    comm::run_ranks(1, std::chrono::milliseconds(5000), [&](comm::Communicator& c) {
+      cp::attention_forward(c, {}, p, a, global_len);
+    });
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CpArguments, PackedAndWrongLengthsAreRejectedClearly) {
+  const Tensor q = Tensor::empty({1, 10, 2, 32}, DType::F32), o = Tensor::empty({1, 10, 2, 32}, DType::F32);
+  const Tensor lse = Tensor::empty({1, 2, 10}, DType::F32);
+  attention::AttnForwardArgs a;
+  a.q = a.k = a.v = q;
+  a.o = o;
+  a.lse = lse;
+  attention::AttnParams p = attention::params_for(q, q, attention::MaskType::CausalTopLeft);
+  // cp = 1 holds 2 chunks of ceil(S / 2): S = 10 needs 10 local rows, S = 7 needs 8.
+  EXPECT_EQ(cp_forward_error(p, a, 10), "");
+  const std::string wrong_len = cp_forward_error(p, a, 7);
+  EXPECT_NE(wrong_len.find("local shard has Sq=10 Skv=10, expected 8"), std::string::npos) << wrong_len;
+  p.packed = true;
+  const std::string packed = cp_forward_error(p, a, 10);
+  EXPECT_NE(packed.find("packed sequences (THD) under context parallelism are not supported yet"), std::string::npos)
+      << packed;
+}
+
+}  // namespace
+}  // namespace ringtrain

@@ -1,0 +1,15 @@
+// Restores the default attention backend allow-list when a test that changed it ends, however it ends.
+#pragma once
+
+#include "ringtrain/attention/selection.h"
+
+namespace ringtrain::testing {
+
+struct RootListGuard {
+  RootListGuard() = default;
+  RootListGuard(const RootListGuard&) = delete;
+  RootListGuard& operator=(const RootListGuard&) = delete;
+  ~RootListGuard() { attention::set_root_backends(attention::default_backends(), "default order"); }
+};
+
+}  // namespace ringtrain::testing

@@ -1,0 +1,280 @@
+// Checkpoint files: safetensors round trips (fp32/bf16/fp16), sharded checkpoints, every malformed-file path
+// (truncation, bad header, bad offsets, missing tensor, wrong shape, unknown dtype), config.json parsing and its
+// errors. Every error must name the file and what is wrong.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "model_test_util.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/file_io.h"
+#include "ringtrain/model/params.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+using model::ModelConfig;
+using nlohmann::json;
+
+class Checkpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           cat("rt_ckpt_", ::getpid(), "_", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+// Runs fn, which must throw an Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& fn, std::initializer_list<std::string> parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Checkpoint, SafetensorsRoundTripAllDtypes) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::normal_distribution<float> n;
+  model::TensorMap t;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    std::vector<float> v(3 * 5);
+    for (float& x : v) x = n(rng);
+    t.emplace(cat("w.", dtype_name(dt)), model::from_float32(v, {3, 5}, dt));
+  }
+  t.emplace("scalar_like", model::from_float32({1.5f}, {1}, DType::F32));
+  const auto file = dir_ / "x.safetensors";
+  model::write_safetensors(file, t);
+  const std::string bytes = model::read_file(file);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
+  EXPECT_EQ((8 + header_len) % 8, 0u) << "data section should be 8-byte aligned";
+  const json header = json::parse(bytes.substr(8, header_len));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  EXPECT_EQ(header["w.bf16"]["dtype"], "BF16");
+  EXPECT_EQ(header["w.bf16"]["shape"], json({3, 5}));
+  const model::TensorMap back = model::read_safetensors(file);
+  ASSERT_EQ(back.size(), t.size());
+  for (const auto& [name, tensor] : t) {
+    EXPECT_EQ(back.at(name).dtype, tensor.dtype) << name;
+    EXPECT_EQ(back.at(name).shape, tensor.shape) << name;
+    EXPECT_EQ(back.at(name).bytes, tensor.bytes) << name;
+  }
+  // bf16 holds the fp32 value rounded to 8 significant bits.
+  const std::vector<float> f = model::to_float32("w.fp32", back.at("w.fp32"));
+  const std::vector<float> b = model::to_float32("w.bf16", back.at("w.bf16"));
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_NE(b[i], 0.f);
+  // No temporary files are left behind.
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST_F(Checkpoint, ModelSaveLoadRoundTrip) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (DType dt : {DType::F32, DType::BF16}) {
+    ModelConfig c = testing::tiny_config(model::Arch::Qwen2);
+    c.dtype = dt;
+    const std::vector<float> p = testing::tiny_params(c, rng);
+    model::save_checkpoint(dir_, c, p);
+    const ModelConfig c2 = model::load_config(dir_);
+    EXPECT_EQ(model::config_to_json(c2), model::config_to_json(c));
+    const std::vector<float> p2 = model::load_checkpoint_params(dir_, c2);
+    ASSERT_EQ(p2.size(), p.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      const float want = dt == DType::F32 ? p[i] : bf16_to_float(float_to_bf16(p[i]));
+      ASSERT_EQ(p2[i], want) << i;
+    }
+  }
+}
+
+TEST_F(Checkpoint, ShardedIndexIsRead) {
+  // The Mistral fixture is three shards with an index, as transformers wrote them.
+  const auto dir = testing::model_fixture_dir("mistral") / "checkpoint";
+  const model::TensorMap t = model::read_checkpoint_tensors(dir);
+  const ModelConfig c = model::load_config(dir);
+  EXPECT_EQ(static_cast<int64_t>(t.size()), static_cast<int64_t>(model::ParamLayout(c).specs().size()));
+  EXPECT_EQ(model::load_checkpoint_params(dir, c).size(), static_cast<size_t>(model::ParamLayout(c).total()));
+  // An index naming a tensor its shard lacks.
+  std::filesystem::copy(dir, dir_ / "ck");
+  json idx = json::parse(model::read_file(dir_ / "ck" / "model.safetensors.index.json"));
+  idx["weight_map"]["model.extra.weight"] = idx["weight_map"]["model.norm.weight"];
+  std::ofstream(dir_ / "ck" / "model.safetensors.index.json") << idx.dump();
+  expect_error([&] { model::read_checkpoint_tensors(dir_ / "ck"); },
+               {"model.safetensors.index.json", "'model.extra.weight'", "does not hold it"});
+}
+
+TEST_F(Checkpoint, MalformedFilesNameFileAndProblem) {
+  model::TensorMap t;
+  t.emplace("a", model::from_float32(std::vector<float>(6, 1.f), {2, 3}, DType::F32));
+  t.emplace("b", model::from_float32(std::vector<float>(4, 2.f), {4}, DType::BF16));
+  const auto good = dir_ / "good.safetensors";
+  model::write_safetensors(good, t);
+  const std::string bytes = model::read_file(good);
+  auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(dir_ / name, std::ios::binary) << content;
+    return (dir_ / name);
+  };
+  // Truncated in the data section, in the header, and before the length.
+  expect_error([&] { model::read_safetensors(write("t1.safetensors", bytes.substr(0, bytes.size() - 3))); },
+               {"t1.safetensors", "truncated"});
+  expect_error([&] { model::read_safetensors(write("t2.safetensors", bytes.substr(0, 20))); },
+               {"t2.safetensors", "exceeds the file size"});
+  expect_error([&] { model::read_safetensors(write("t3.safetensors", bytes.substr(0, 5))); },
+               {"t3.safetensors", "too short"});
+  // A header that is not JSON.
+  std::string bad = bytes;
+  bad[8] = '#';
+  expect_error([&] { model::read_safetensors(write("h.safetensors", bad)); }, {"h.safetensors", "not valid JSON"});
+  // Entries that lie: wrong byte count for the shape, unknown dtype, overlapping data.
+  auto with_header = [&](const json& h, size_t data_bytes) {
+    std::string hs = h.dump(), out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((hs.size() >> (8 * i)) & 0xff);
+    return out + hs + std::string(data_bytes, '\0');
+  };
+  expect_error(
+      [&] {
+        model::read_safetensors(write("s.safetensors", with_header({{"w", {{"dtype", "F32"}, {"shape", {2, 3}},
+                                                                             {"data_offsets", {0, 20}}}}}, 20)));
+      },
+      {"s.safetensors", "tensor 'w'", "20 bytes for shape [2, 3]", "expected 24"});
+  expect_error(
+      [&] {
+        model::read_safetensors(write("d.safetensors", with_header({{"w", {{"dtype", "F8_E4M3"}, {"shape", {4}},
+                                                                             {"data_offsets", {0, 4}}}}}, 4)));
+      },
+      {"d.safetensors", "tensor 'w'", "unsupported dtype \"F8_E4M3\""});
+  expect_error(
+      [&] {
+        model::read_safetensors(write(
+            "o.safetensors",
+            with_header({{"w", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}},
+                         {"v", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {4, 12}}}}},
+                        12)));
+      },
+      {"o.safetensors", "overlaps"});
+  // Missing file.
+  expect_error([&] { model::read_safetensors(dir_ / "nope.safetensors"); }, {"nope.safetensors", "cannot open"});
+}
+
+TEST_F(Checkpoint, MissingTensorWrongShapeAndExtraTensor) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = testing::tiny_config(model::Arch::Llama);
+  const model::ParamLayout layout(c);
+  const std::vector<float> p = testing::tiny_params(c, rng);
+  model::TensorMap t = model::params_to_tensors(layout, p.data(), DType::F32);
+  model::TensorMap missing = t;
+  missing.erase("model.layers.1.mlp.up_proj.weight");
+  expect_error([&] { model::params_from_tensors(layout, c, missing, "ckpt-dir"); },
+               {"ckpt-dir", "missing tensor 'model.layers.1.mlp.up_proj.weight'", "[24, 16]"});
+  model::TensorMap wrong = t;
+  wrong["model.layers.0.self_attn.k_proj.weight"] = model::from_float32(std::vector<float>(16 * 16), {16, 16}, DType::F32);
+  wrong["model.layers.0.self_attn.k_proj.weight"].file = "shard-7.safetensors";
+  expect_error([&] { model::params_from_tensors(layout, c, wrong, "ckpt-dir"); },
+               {"shard-7.safetensors", "'model.layers.0.self_attn.k_proj.weight'", "shape [16, 16]", "expected [8, 16]"});
+  model::TensorMap extra = t;
+  extra["model.layers.0.mlp.gate_proj.bias"] = model::from_float32(std::vector<float>(24), {24}, DType::F32);
+  extra["model.layers.0.mlp.gate_proj.bias"].file = "m.safetensors";
+  expect_error([&] { model::params_from_tensors(layout, c, extra, "ckpt-dir"); },
+               {"m.safetensors", "unexpected tensor 'model.layers.0.mlp.gate_proj.bias'"});
+  // RoPE caches of old checkpoints are ignored; so is lm_head.weight of a tied model.
+  model::TensorMap cache = t;
+  cache["model.layers.0.self_attn.rotary_emb.inv_freq"] = model::from_float32(std::vector<float>(2), {2}, DType::F32);
+  EXPECT_NO_THROW(model::params_from_tensors(layout, c, cache, "ckpt-dir"));
+}
+
+json base_config() {
+  return json{{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 32},      {"hidden_size", 16},
+              {"intermediate_size", 24},                {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},               {"rms_norm_eps", 1e-5},   {"rope_theta", 10000.0}};
+}
+
+TEST(HfConfig, ParsesBothRopeFormats) {
+  json legacy = base_config();
+  legacy["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  legacy["rope_theta"] = 500000.0;
+  json v5 = base_config();
+  v5.erase("rope_theta");
+  v5["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0},
+                           {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 8192}};
+  for (const json& j : {legacy, v5}) {
+    const ModelConfig c = model::parse_config(j, "config.json");
+    EXPECT_TRUE(c.rope.llama3);
+    EXPECT_EQ(c.rope.theta, 500000.0);
+    EXPECT_EQ(c.rope.factor, 8.0);
+    EXPECT_EQ(c.rope.original_max_position, 8192);
+    EXPECT_EQ(c.head_dim, 4);
+  }
+  // Every fixture's config.json (as transformers 5 writes them) parses to what its name says.
+  EXPECT_TRUE(model::load_config(testing::model_fixture_dir("qwen2") / "checkpoint").qkv_bias);
+  const ModelConfig q3 = model::load_config(testing::model_fixture_dir("qwen3") / "checkpoint");
+  EXPECT_TRUE(q3.qk_norm && q3.tie_embeddings);
+  EXPECT_EQ(q3.head_dim, 32);
+  EXPECT_EQ(model::load_config(testing::model_fixture_dir("mistral") / "checkpoint").sliding_window, 4096);
+}
+
+TEST(HfConfig, UnsupportedValuesNameTheKey) {
+  struct Case {
+    const char* key;
+    json value;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"architectures", {"GPT2LMHeadModel"}, "key 'architectures' = [\"GPT2LMHeadModel\"]"},
+      {"hidden_act", "gelu", "key 'hidden_act' = \"gelu\""},
+      {"num_key_value_heads", 3, "key 'num_key_value_heads' = 3"},
+      {"vocab_size", nullptr, "key 'vocab_size'"},
+      {"head_dim", 5, "key 'head_dim' = 5"},
+      {"mlp_bias", true, "key 'mlp_bias' = true"},
+      {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "key 'rope_type' = \"yarn\""},
+      {"rms_norm_eps", -1.0, "key 'rms_norm_eps' = -1.0"},
+      {"torch_dtype", "int8", "key 'torch_dtype' = \"int8\""},
+      {"hidden_size", "64", "key 'hidden_size' = \"64\""},
+  };
+  for (const Case& k : cases) {
+    json j = base_config();
+    j[k.key] = k.value;
+    expect_error([&] { model::parse_config(j, "some/config.json"); }, {"some/config.json", k.expect});
+  }
+  json missing = base_config();
+  missing.erase("num_hidden_layers");
+  expect_error([&] { model::parse_config(missing, "c.json"); }, {"c.json", "'num_hidden_layers'", "missing"});
+}
+
+TEST(HfConfig, SlidingWindowRules) {
+  json m = base_config();
+  m["architectures"] = {"MistralForCausalLM"};
+  m["sliding_window"] = 16;
+  EXPECT_EQ(model::parse_config(m, "c").sliding_window, 16);
+  m["sliding_window"] = nullptr;
+  EXPECT_EQ(model::parse_config(m, "c").sliding_window, 0);
+  json q = base_config();
+  q["architectures"] = {"Qwen2ForCausalLM"};
+  q["sliding_window"] = 16;
+  q["use_sliding_window"] = false;
+  EXPECT_EQ(model::parse_config(q, "c").sliding_window, 0);  // transformers ignores the window then
+  q["use_sliding_window"] = true;
+  const ModelConfig c = model::parse_config(q, "c");
+  EXPECT_EQ(c.sliding_window, 16);
+  EXPECT_NO_THROW(model::check_sequence_supported(c, 16));
+  expect_error([&] { model::check_sequence_supported(c, 17); }, {"'sliding_window' = 16", "17 tokens"});
+  q["use_sliding_window"] = false;
+  q["layer_types"] = {"full_attention", "sliding_attention"};
+  EXPECT_EQ(model::parse_config(q, "c").sliding_window, 16);
+}
+
+}  // namespace
+}  // namespace ringtrain
