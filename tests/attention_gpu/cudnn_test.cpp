@@ -4,8 +4,8 @@
 //
 // Tolerances (relative L2 error): 1e-2 for bf16 (fp16: 5e-3). cuDNN rounds P and dS to the input dtype before
 // its tensor-core products and stores O and the gradients in it (bf16: 2^-9 relative per element), so errors
-// of a few 1e-3 are expected (typical values printed). LSE comes from fp32 scores of the same rounded inputs:
-// max abs 2e-3 (cuDNN folds the scale into exp2, a few ulps of |LSE| < 20 plus fast-exp error).
+// of a few 1e-3 are expected (seen on H200 with cuDNN 9.19: bf16 2e-3 to 3e-3, fp16 3e-4 to 4e-4; printed).
+// LSE comes from fp32 scores of the same rounded inputs: max abs 1e-4 (seen: <= 2e-6 for |LSE| < 20).
 #include "gpu_attention_harness.h"
 
 namespace ringtrain {
@@ -42,7 +42,7 @@ void check_cudnn(const attention::Backend& be, const Case& c, double tol, const 
   const Result ref = against_cpu ? run_cpu(cpu_math(), c, pr) : run_gpu(*gpu_backend(BackendId::Math), ref_case, pr);
   const Errors e = compare(got, ref);
   e.print(what);
-  expect_within(e, tol, 2e-3);
+  expect_within(e, tol, 1e-4);
 }
 
 TEST(Cudnn, MatchesCpuReferenceSmall) {

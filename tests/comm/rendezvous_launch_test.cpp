@@ -1,6 +1,7 @@
 // Rank variables from each launcher, the TCP rendezvous (ranks as threads on loopback), and `ringtrain launch`
 // (real processes: variables set per rank, a failing rank stops the others).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -130,6 +131,21 @@ TEST(Launch, FailingRankStopsTheOthersQuickly) {
   // Rank 1 fails at once with code 7; ranks 0 and 2 would sleep for a minute.
   const int code = launch_local(o, {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 7; fi; sleep 60"});
   EXPECT_EQ(code, 7);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+TEST(Launch, SignalToTheLauncherStopsTheRanks) {
+  LaunchOptions o;
+  o.nproc = 2;
+  o.grace = std::chrono::milliseconds(500);
+  std::thread killer([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // launch_local's handler is installed by then
+    ::kill(::getpid(), SIGTERM);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = launch_local(o, {"sleep", "60"});
+  killer.join();
+  EXPECT_EQ(code, 128 + SIGTERM);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 

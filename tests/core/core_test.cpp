@@ -78,3 +78,41 @@ TEST(TestUtil, NanNeverPasses) {
 
 }  // namespace
 }  // namespace ringtrain
+
+namespace ringtrain {
+namespace {
+
+// The hashed normal fill: deterministic per (seed, index), N(0,1) moments within 5 standard errors, and the same
+// values on a GPU (up to the device's float rounding).
+TEST(HashedNormal, DeterministicWithNormalMoments) {
+  const uint64_t seed = testing::fresh_seed();
+  Tensor a = Tensor::empty({64, 3, 2, 50}, DType::F64), b = Tensor::empty({64, 3, 2, 50}, DType::F64);
+  fill_normal_hashed(a, seed);
+  fill_normal_hashed(b, seed);
+  EXPECT_EQ(testing::max_abs_error(a, b), 0.0);
+  const int64_t n = a.numel();
+  double mean = 0, m2 = 0;
+  for (int64_t i = 0; i < n; ++i) mean += a.ptr<double>()[i];
+  mean /= n;
+  for (int64_t i = 0; i < n; ++i) m2 += (a.ptr<double>()[i] - mean) * (a.ptr<double>()[i] - mean);
+  const double var = m2 / (n - 1);
+  EXPECT_LT(std::fabs(mean), 5.0 / std::sqrt(static_cast<double>(n)));
+  EXPECT_LT(std::fabs(var - 1.0), 5.0 * std::sqrt(2.0 / n));
+  fill_normal_hashed(b, seed + 1);
+  EXPECT_GT(testing::max_abs_error(a, b), 1.0);  // another seed, other values
+}
+
+TEST(HashedNormal, GpuDrawsTheHostValues) {
+  RT_REQUIRE_GPU();
+  const uint64_t seed = testing::fresh_seed();
+  Tensor a = Tensor::empty({64, 3, 2, 50}, DType::F64);
+  fill_normal_hashed(a, seed);
+  Tensor d = Tensor::empty({64, 3, 2, 50}, DType::F32, Device::cuda(0));
+  fill_normal_hashed(d, seed);
+  Tensor back = Tensor::empty({64, 3, 2, 50}, DType::F32);
+  copy(back, d);
+  EXPECT_LE(testing::max_abs_error(back, a), 1e-5);  // fp32 storage of the same deviates
+}
+
+}  // namespace
+}  // namespace ringtrain

@@ -1,6 +1,6 @@
 // `ringtrain attention-check`: runs context-parallel attention forward + backward on random inputs (cp in-process
-// CPU ranks, or one GPU with --device cuda and --cp 1) and the single-rank fp64 math reference on the whole
-// sequence; prints the backend selection, dispatch counts, wall times and the relative errors of O, LSE, dQ, dK,
+// CPU ranks, or one GPU with --device cuda and --cp 1; with --cp > 1 on GPUs see gpu_cp_cmd.cpp) and the
+// single-rank fp64 math reference on the whole sequence; prints the backend selection, dispatch counts, wall times and the relative errors of O, LSE, dQ, dK,
 // dV. Exit code 0 when all are within tolerance, 1 otherwise, 2 when the check cannot run here.
 #include <chrono>
 #include <cstdio>
@@ -123,16 +123,13 @@ void add_attention_check_command(CLI::App& app) {
         std::fprintf(stderr, "ringtrain attention-check: --device cuda cannot run here: %s\n", why.c_str());
         throw Exit{2};
       }
-      if (o->cp > 1) {
-        std::fprintf(stderr,
-                     "ringtrain attention-check: --device cuda with --cp %d needs the NCCL communicator, which this "
-                     "command does not drive yet; use --cp 1 (one GPU) or --device cpu\n",
-                     o->cp);
-        throw Exit{2};
-      }
     }
     if (!o->backends.empty()) attention::set_root_backends(attention::parse_backend_list(o->backends), "--backends");
     if (o->seed == 0) o->seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    if (dev.is_cuda() && o->cp > 1) {  // one process per GPU, parity against one GPU
+      const cp::AttnProblem prob{o->batch, o->seq, o->heads, o->kv_heads, o->head_dim, o->causal, dtype};
+      throw Exit{gpu_cp_attention_check(prob, run.config, o->cp, o->seed, run.timeout)};
+    }
 
     const cp::AttnProblem prob{o->batch, o->seq, o->heads, o->kv_heads, o->head_dim, o->causal, dtype};
     std::printf("attention-check: %s on %s, cp=%d comm=%s, seed %llu, %d host threads\n", prob.describe().c_str(),

@@ -19,7 +19,7 @@
 #ifdef RINGTRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "ringtrain/attention/cuda/random_fill.h"
+#include "ringtrain/core/cuda/tensor_ops.h"
 #endif
 
 namespace ringtrain::cli {
@@ -38,6 +38,7 @@ struct BenchRow {
   double fwd_ms = 0, fwd_tflops = 0, fwdbwd_ms = 0, fwdbwd_tflops = 0;
 };
 
+#ifdef RINGTRAIN_WITH_CUDA
 std::vector<int64_t> parse_int_list(const std::string& s, const char* what) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
@@ -59,7 +60,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-#ifdef RINGTRAIN_WITH_CUDA
 void cuda_ok(cudaError_t e, const char* what) { RT_CHECK(e == cudaSuccess, "bench: ", what, ": ", cudaGetErrorString(e)); }
 
 // Times fn() `iters` times between CUDA events after `warmup` untimed calls; returns the median in ms.
@@ -114,7 +114,7 @@ BenchRow bench_one(const attention::Backend& be, const attention::AttnParams& p,
     b.k = Tensor::empty({B, S, Hk, D}, dt, dev);
     b.v = Tensor::empty({B, S, Hk, D}, dt, dev);
     b.dout = Tensor::empty({B, S, H, D}, dt, dev);
-    for (const Tensor* t : {&b.q, &b.k, &b.v, &b.dout}) attention::cuda::fill_normal_device(nullptr, *t, seed++);
+    for (const Tensor* t : {&b.q, &b.k, &b.v, &b.dout}) cuda_ops::fill_normal(*t, seed++, 1.0, nullptr);
     b.o = Tensor::empty({B, S, H, D}, dt, dev);
     b.lse = Tensor::empty({B, H, S}, DType::F32, dev);
     b.dq = Tensor::empty({B, S, H, D}, dt, dev);

@@ -2,6 +2,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdint>
+
+#include "ringtrain/cp/cp_check.h"
 
 namespace ringtrain::cli {
 
@@ -12,9 +16,14 @@ struct Exit {
 
 void add_backends_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_bench_cp_command(CLI::App& app);  // adds `bench cp` to the `bench` command (after add_bench_command)
 void add_attention_check_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_init_model_command(CLI::App& app);
 void add_logprobs_command(CLI::App& app);
+
+// attention-check on GPUs with cp > 1 (one process per GPU): parity against one GPU; returns the exit code.
+int gpu_cp_attention_check(const cp::AttnProblem& prob, const cp::CpConfig& cfg, int cp, uint64_t seed,
+                           std::chrono::milliseconds timeout);
 
 }  // namespace ringtrain::cli

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ringtrain::cli::add_backends_command(app);
   ringtrain::cli::add_bench_command(app);
+  ringtrain::cli::add_bench_cp_command(app);
   ringtrain::cli::add_attention_check_command(app);
   ringtrain::cli::add_launch_command(app);
   ringtrain::cli::add_init_model_command(app);

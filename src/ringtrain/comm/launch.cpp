@@ -39,6 +39,11 @@ pid_t spawn(const LaunchOptions& o, int rank, const std::vector<std::string>& ar
   ::_exit(127);
 }
 
+// Set by SIGTERM/SIGINT/SIGHUP while ranks run: the launcher then stops them (each rank is its own process group,
+// so a signal to the launcher alone would leave them running).
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
 int exit_code(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -50,6 +55,12 @@ int exit_code(int status) {
 int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
   RT_CHECK(o.nproc >= 1, "launch: --nproc must be at least 1, got ", o.nproc);
   RT_CHECK(!argv.empty(), "launch: no command given (usage: ringtrain launch --nproc N -- COMMAND ...)");
+  struct sigaction sa {}, old_term {}, old_int {}, old_hup {};
+  sa.sa_handler = on_stop_signal;
+  ::sigaction(SIGTERM, &sa, &old_term);
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGHUP, &sa, &old_hup);
+  g_stop_signal = 0;
   std::vector<pid_t> pids;
   for (int r = 0; r < o.nproc; ++r) pids.push_back(spawn(o, r, argv));
   int result = 0, running = o.nproc;
@@ -59,6 +70,14 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid == 0) {
+      if (g_stop_signal && !terminating) {
+        std::fprintf(stderr, "ringtrain launch: signal %d; stopping the ranks\n", static_cast<int>(g_stop_signal));
+        result = 128 + g_stop_signal;
+        terminating = true;
+        for (pid_t p : pids)
+          if (p > 0) ::kill(-p, SIGTERM);
+        kill_after = std::chrono::steady_clock::now() + o.grace;
+      }
       if (terminating && std::chrono::steady_clock::now() >= kill_after) {
         for (pid_t p : pids)
           if (p > 0) ::kill(-p, SIGKILL);
@@ -83,6 +102,9 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
       kill_after = std::chrono::steady_clock::now() + o.grace;
     }
   }
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGHUP, &old_hup, nullptr);
   return result;
 }
 

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/hashed_normal.h"
 
 #ifdef RINGTRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -102,15 +104,25 @@ Tensor Tensor::empty(std::initializer_list<int64_t> shape, DType dtype, Device d
     t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   } else {
 #ifdef RINGTRAIN_WITH_CUDA
+    // Stream-ordered allocation from the device's default pool, which keeps freed memory for reuse: CP and the
+    // model allocate per step, and plain cudaMalloc/cudaFree would synchronize the device every time.
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(device.index);
+    static std::once_flag pool_once[64];
+    std::call_once(pool_once[device.index % 64], [&] {
+      cudaMemPool_t pool;
+      if (cudaDeviceGetDefaultMemPool(&pool, device.index) == cudaSuccess) {
+        uint64_t keep = UINT64_MAX;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      }
+    });
     void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = cudaMallocAsync(&p, bytes, nullptr);
     cudaSetDevice(prev);
-    RT_CHECK(e == cudaSuccess, "cudaMalloc of ", bytes, " bytes failed for ", t.view_.shape_str(), ": ",
+    RT_CHECK(e == cudaSuccess, "GPU allocation of ", bytes, " bytes failed for ", t.view_.shape_str(), ": ",
              cudaGetErrorString(e));
-    t.storage_ = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    t.storage_ = std::shared_ptr<void>(p, [](void* q) { cudaFreeAsync(q, nullptr); });
 #else
     throw Error(cat("cannot allocate ", t.view_.shape_str(), ": this build of ringtrain has no CUDA support"));
 #endif
@@ -201,6 +213,23 @@ void copy(const TensorView& dst, const TensorView& src) {
   copy_with_device(dst, src);
 #else
   throw Error(cat("copy: device memory in a build without CUDA: ", dst.shape_str(), " <- ", src.shape_str()));
+#endif
+}
+
+void fill_normal_hashed(const TensorView& dst, uint64_t seed, double stddev) {
+  if (dst.device.is_cpu()) {
+    int64_t k = 0;  // row-major element number, the same numbering as the device kernel's
+    for_each_offset(dst, dst, [&](int64_t o, int64_t) {
+      store_from_double(dst.data, dst.dtype, o, stddev * hashed_normal(seed, static_cast<uint64_t>(k++)));
+    });
+    return;
+  }
+#ifdef RINGTRAIN_WITH_CUDA
+  cuda_ops::fill_normal(dst, seed, stddev, nullptr);
+  const cudaError_t e = cudaStreamSynchronize(nullptr);
+  RT_CHECK(e == cudaSuccess, "fill_normal_hashed failed for ", dst.shape_str(), ": ", cudaGetErrorString(e));
+#else
+  throw Error(cat("fill_normal_hashed: device memory in a build without CUDA: ", dst.shape_str()));
 #endif
 }
 

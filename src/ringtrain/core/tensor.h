@@ -96,6 +96,10 @@ void for_each_offset(const TensorView& a, const TensorView& b, F&& f) {
 // Copies between views of the same shape: any strides, any dtypes, host or device memory (device memory in CUDA
 // builds; two different GPUs only for contiguous views of one dtype). Complete when it returns.
 void copy(const TensorView& dst, const TensorView& src);
+// Fills a host or device view with N(0, stddev) values computed from (seed, element index) by a counter-based hash,
+// so the result does not depend on the device or on how the work is split (host and device agree up to float
+// rounding). Complete when it returns.
+void fill_normal_hashed(const TensorView& dst, uint64_t seed, double stddev = 1.0);
 // Sets every element of a host or device view to value (used to poison outputs in tests). Complete when it returns.
 void fill(const TensorView& dst, double value);
 

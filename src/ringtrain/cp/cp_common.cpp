@@ -4,6 +4,9 @@
 #include <limits>
 
 #include "ringtrain/core/error.h"
+#ifdef RINGTRAIN_WITH_CUDA
+#include "ringtrain/cp/cuda/merge.h"
+#endif
 
 namespace ringtrain::cp {
 
@@ -57,10 +60,9 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-void check_host_f32(const char* what, const TensorView& t) {
-  RT_CHECK(t.device.is_cpu(), what, ": ", t.shape_str(), " is device memory; the device version of this step ",
-           "comes with the GPU communicator");
-  RT_CHECK(t.dtype == DType::F32, what, ": expected fp32, got ", t.shape_str());
+void check_f32(const char* what, const TensorView& t, Device device) {
+  RT_CHECK(t.dtype == DType::F32 && t.device == device, what, ": expected fp32 on ", device_name(device), ", got ",
+           t.shape_str());
 }
 
 inline float sigmoid(float x) {
@@ -73,7 +75,7 @@ inline float softplus(float x) { return std::max(x, 0.f) + std::log1p(std::exp(-
 }  // namespace
 
 void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b) {
-  for (const TensorView* t : {&o_a, &lse_a, &o_b, &lse_b}) check_host_f32("CP merge", *t);
+  for (const TensorView* t : {&o_a, &lse_a, &o_b, &lse_b}) check_f32("CP merge", *t, o_a.device);
   RT_CHECK(o_a.ndim == 4 && o_b.ndim == 4 && lse_a.ndim == 3 && lse_b.ndim == 3, "CP merge: bad ranks ",
            o_a.shape_str(), " ", o_b.shape_str());
   for (int d = 0; d < 4; ++d)
@@ -81,6 +83,12 @@ void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorV
   const int64_t batch = o_a.shape[0], n = o_a.shape[1], heads = o_a.shape[2], dim = o_a.shape[3];
   RT_CHECK(lse_a.shape[0] == batch && lse_a.shape[1] == heads && lse_a.shape[2] == n && lse_b.shape[2] == n,
            "CP merge: lse ", lse_a.shape_str(), " does not match ", o_a.shape_str());
+  if (o_a.device.is_cuda()) {
+#ifdef RINGTRAIN_WITH_CUDA
+    cuda::merge_partial(o_a, lse_a, o_b, lse_b);
+    return;
+#endif
+  }
   float* oa = o_a.ptr<float>();
   const float* ob = o_b.ptr<const float>();
   float* la = lse_a.ptr<float>();
@@ -107,7 +115,7 @@ void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorV
 }
 
 void fill_neg_inf(const TensorView& t) {
-  check_host_f32("CP LSE init", t);
+  check_f32("CP LSE init", t, t.device);
   fill(t, kNegInf);
 }
 

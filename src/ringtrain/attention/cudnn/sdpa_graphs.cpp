@@ -7,6 +7,7 @@
 
 #include <cudnn_frontend.h>
 
+#include <bit>
 #include <functional>
 #include <map>
 #include <memory>
@@ -53,7 +54,7 @@ std::string describe(const char* name, const Tensor4& t) {
 }
 
 std::string config_key(int device, const SdpaConfig& c) {
-  return cat("cuda:", device, " ", dtype_name(c.dtype), " scale=", c.scale, c.causal_top_left ? " causal_tl" : "",
+  return cat("cuda:", device, " ", dtype_name(c.dtype), " scale=", std::bit_cast<uint32_t>(c.scale), c.causal_top_left ? " causal_tl" : "",
              c.causal_bottom_right ? " causal_br" : "", c.deterministic ? " det" : "", c.seq_len_q ? " padded" : "");
 }
 
@@ -130,11 +131,12 @@ cudnnHandle_t handle_for(PerDevice& pd, int device) {
   return pd.handle;
 }
 
-// Finds or builds the graph for `key`; build() fills a Builder. Called with pd.mu held.
-PerDevice::Entry& graph_for(PerDevice& pd, cudnnHandle_t h, const std::string& key,
+// Finds or builds the graph for `key`; build() fills a Builder. Called with pd.mu held. (A pointer, not a
+// reference: g++ 13 takes a reference returned next to a temporary std::function for a dangling one.)
+const PerDevice::Entry* graph_for(PerDevice& pd, cudnnHandle_t h, const std::string& key,
                             const std::function<std::shared_ptr<fe::graph::Graph>()>& build) {
   auto it = pd.graphs.find(key);
-  if (it != pd.graphs.end()) return it->second;
+  if (it != pd.graphs.end()) return &it->second;
   PerDevice::Entry e;
   try {
     e.graph = build();
@@ -149,10 +151,10 @@ PerDevice::Entry& graph_for(PerDevice& pd, cudnnHandle_t h, const std::string& k
   } catch (const std::exception& ex) {  // the frontend throws std::runtime_error from its loader
     throw Error(cat("cuDNN SDPA: building ", key, ": ", ex.what()));
   }
-  return pd.graphs.emplace(key, std::move(e)).first->second;
+  return &pd.graphs.emplace(key, std::move(e)).first->second;
 }
 
-void execute(PerDevice& pd, cudnnHandle_t h, cudaStream_t stream, const PerDevice::Entry& e,
+void execute(cudnnHandle_t h, cudaStream_t stream, const PerDevice::Entry& e,
              std::unordered_map<int64_t, void*>& pack, const std::string& key) {
   cuda::StreamScratch workspace(static_cast<size_t>(e.workspace), stream, "the cuDNN SDPA workspace");
   cudnnStatus_t st = fe::detail::set_stream(h, stream);
@@ -195,7 +197,7 @@ void sdpa_forward(int device, cudaStream_t stream, const SdpaConfig& c, const Te
   PerDevice& pd = per_device(device);
   std::lock_guard<std::mutex> lock(pd.mu);
   cudnnHandle_t h = handle_for(pd, device);
-  const PerDevice::Entry& e = graph_for(pd, h, key, [&] {
+  const PerDevice::Entry* e = graph_for(pd, h, key, [&] {
     Builder b(c.dtype, q.dim[0]);
     TensorAttr Q = b.input("Q", kQ, q, kRagQ), K = b.input("K", kK, k, kRagK), V = b.input("V", kV, v, kRagV);
     auto opts = fe::graph::SDPA_attributes().set_name("sdpa_forward").set_is_inference(false).set_attn_scale(c.scale);
@@ -217,7 +219,7 @@ void sdpa_forward(int device, cudaStream_t stream, const SdpaConfig& c, const Te
   add_ragged(pack, kRagK, k);
   add_ragged(pack, kRagV, v);
   add_ragged(pack, kRagO, o);
-  execute(pd, h, stream, e, pack, key);
+  execute(h, stream, *e, pack, key);
 }
 
 void sdpa_backward(int device, cudaStream_t stream, const SdpaConfig& c, const Tensor4& q, const Tensor4& k,
@@ -233,7 +235,7 @@ void sdpa_backward(int device, cudaStream_t stream, const SdpaConfig& c, const T
   PerDevice& pd = per_device(device);
   std::lock_guard<std::mutex> lock(pd.mu);
   cudnnHandle_t h = handle_for(pd, device);
-  const PerDevice::Entry& e = graph_for(pd, h, key, [&] {
+  const PerDevice::Entry* e = graph_for(pd, h, key, [&] {
     Builder b(c.dtype, q.dim[0]);
     TensorAttr Q = b.input("Q", kQ, q, kRagQ), K = b.input("K", kK, k, kRagK), V = b.input("V", kV, v, kRagV);
     TensorAttr O = b.input("O", kO, o, kRagO), dO = b.input("dO", kDO, dout, kRagDO);
@@ -264,7 +266,7 @@ void sdpa_backward(int device, cudaStream_t stream, const SdpaConfig& c, const T
   add_ragged(pack, kRagDQ, dq);
   add_ragged(pack, kRagDK, dk);
   add_ragged(pack, kRagDV, dv);
-  execute(pd, h, stream, e, pack, key);
+  execute(h, stream, *e, pack, key);
 }
 
 }  // namespace ringtrain::attention::cudnn

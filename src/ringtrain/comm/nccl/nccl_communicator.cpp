@@ -169,9 +169,15 @@ class NcclCommunicator final : public Communicator {
     std::string what_;
   };
 
+  // Without a caller stream the buffers were written by work on the legacy default stream (where ringtrain's
+  // kernels run when no stream is given): wait for it, then run on the communicator's own non-blocking stream,
+  // which later kernels do not wait for — so a send_recv overlaps with the compute launched after it, and
+  // exchanges already in flight on the own stream are not waited for here.
   cudaStream_t pick(void* stream) {
     RT_CHECK(!aborted_, "nccl communicator on rank ", rank_, " was aborted: ", why_);
-    return stream ? static_cast<cudaStream_t>(stream) : own_stream_;
+    if (stream) return static_cast<cudaStream_t>(stream);
+    check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "waiting for the buffers' producers");
+    return own_stream_;
   }
 
   // Without a caller stream the operation completes before returning.

@@ -1,7 +1,8 @@
 // The NCCL communicator: one process per GPU. Buffers are device memory of this rank's GPU.
 //
 // With a `stream`, an operation is enqueued on it and the call returns once NCCL accepted it (the stream orders
-// what follows); without one, the call returns when the operation is complete. send_recv's Request::wait()
+// what follows); without one, it starts after the work already on the legacy default stream (the buffers'
+// producers) and runs on the communicator's own stream: collectives return when complete, send_recv at once. send_recv's Request::wait()
 // blocks the host until the exchange completes. Every host wait polls with a deadline (the timeout): when it
 // passes, or NCCL reports an asynchronous error (a peer died), the communicator is aborted (ncclCommAbort) and
 // a CommError names the operation and the ranks — never a hang.

@@ -4,6 +4,7 @@
 
 #include "ringtrain/core/cuda/tensor_ops.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/hashed_normal.h"
 
 namespace ringtrain::cuda_ops {
 namespace {
@@ -53,6 +54,18 @@ __global__ void strided_copy_kernel(void* dst, DType dt, const void* src, DType 
   }
 }
 
+__global__ void fill_normal_kernel(void* dst, DType dt, Shape4 s, int64_t n, uint64_t seed, double stddev) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = k, od = 0;
+    for (int d = s.ndim - 1; d >= 0; --d) {
+      od += (rest % s.shape[d]) * s.dst_stride[d];
+      rest /= s.shape[d];
+    }
+    store(dst, dt, od, stddev * hashed_normal(seed, static_cast<uint64_t>(k)));
+  }
+}
+
 Shape4 shape_of(const TensorView& dst, const TensorView& src) {
   Shape4 s{};
   s.ndim = dst.ndim;
@@ -79,6 +92,17 @@ void launch(const TensorView& dst, const TensorView& src, void* stream) {
 }  // namespace
 
 void strided_copy(const TensorView& dst, const TensorView& src, void* stream) { launch(dst, src, stream); }
+
+void fill_normal(const TensorView& dst, uint64_t seed, double stddev, void* stream) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
+  fill_normal_kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(dst.data, dst.dtype,
+                                                                                 shape_of(dst, dst), n, seed, stddev);
+  const cudaError_t e = cudaGetLastError();
+  RT_CHECK(e == cudaSuccess, "fill_normal kernel failed for ", dst.shape_str(), ": ", cudaGetErrorString(e));
+}
 
 void fill(const TensorView& dst, double value, void* stream) {
   // A one-element source broadcast by zero strides.

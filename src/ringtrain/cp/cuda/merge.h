@@ -1,0 +1,12 @@
+// The device version of cp::merge_partial (CUDA builds only): same views, same formula, one warp per row.
+#pragma once
+
+#include "ringtrain/core/tensor.h"
+
+namespace ringtrain::cp::cuda {
+
+// (o_a, lse_a) <- merge of (o_a, lse_a) and (o_b, lse_b); fp32 device views, o [B, n, H, D], lse [B, H, n].
+// Enqueued on the legacy default stream (where the backends run when no stream is given).
+void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b);
+
+}  // namespace ringtrain::cp::cuda
