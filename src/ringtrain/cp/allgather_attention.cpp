@@ -101,20 +101,7 @@ void allgather_attention_backward(comm::Communicator& comm, const AttnParams& p,
   const KvPack dkv = make_kv_pack(a.k, l.padded_len(), DType::F32, dev, true);
   for (int h = 0; h < 2; ++h) {
     const ChunkBlock blk = chunk_block(l, is_causal(p), h);
-    if (blk.nq == 0) continue;
-    AttnBackwardArgs s;
-    s.q = rows(a.q, blk.q_start, blk.nq);
-    s.k = rows(kv.k, 0, blk.nk);
-    s.v = rows(kv.v, 0, blk.nk);
-    s.o = rows(a.o, blk.q_start, blk.nq);
-    s.dout = rows(a.dout, blk.q_start, blk.nq);
-    s.lse = lse_rows(a.lse, blk.q_start, blk.nq);
-    s.dq = rows(dq_acc, blk.q_start, blk.nq);
-    s.dk = rows(dkv.k, 0, blk.nk);
-    s.dv = rows(dkv.v, 0, blk.nk);
-    s.accumulate = true;
-    s.stream = a.stream;
-    attention::backward(block_params(p, blk.nq, blk.nk, blk.mask), s);
+    if (blk.nq > 0) block_backward(p, a, blk.q_start, blk.nq, kv.k, kv.v, blk.nk, blk.mask, dq_acc, dkv.k, dkv.v);
   }
   // Back to rank order (block s = rank s's local layout), then every rank gets the sum of its block.
   const size_t block_count = 2 * static_cast<size_t>(a.k.shape[0] * l.local_len() * a.k.shape[2] * a.k.shape[3]);

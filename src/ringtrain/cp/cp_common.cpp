@@ -1,5 +1,7 @@
 #include "ringtrain/cp/cp_common.h"
 
+#include "ringtrain/attention/selection.h"
+
 #include <cmath>
 #include <limits>
 
@@ -54,6 +56,24 @@ KvPack make_kv_pack(const TensorView& k_like, int64_t len, DType dtype, Device d
   KvPack p = view_kv_pack(buf.data(), k_like, len, dtype, device);
   p.buf = std::move(buf);
   return p;
+}
+
+void block_backward(const AttnParams& local, const attention::AttnBackwardArgs& a, int64_t q_start, int64_t nq,
+                    const TensorView& k, const TensorView& v, int64_t nk, MaskType mask, const TensorView& dq_acc,
+                    const TensorView& dk, const TensorView& dv) {
+  attention::AttnBackwardArgs s;
+  s.q = rows(a.q, q_start, nq);
+  s.k = rows(k, 0, nk);
+  s.v = rows(v, 0, nk);
+  s.o = rows(a.o, q_start, nq);
+  s.dout = rows(a.dout, q_start, nq);
+  s.lse = lse_rows(a.lse, q_start, nq);
+  s.dq = rows(dq_acc, q_start, nq);
+  s.dk = rows(dk, 0, nk);
+  s.dv = rows(dv, 0, nk);
+  s.accumulate = true;
+  s.stream = a.stream;
+  attention::backward(block_params(local, nq, nk, mask), s);
 }
 
 namespace {

@@ -34,6 +34,13 @@ KvPack view_kv_pack(void* data, const TensorView& k_like, int64_t len, DType dty
 inline TensorView rows(const TensorView& t, int64_t start, int64_t n) { return t.slice(1, start, n); }
 inline TensorView lse_rows(const TensorView& t, int64_t start, int64_t n) { return t.slice(2, start, n); }
 
+// One block of a CP backward: local query rows [q_start, q_start + nq) of a (with the final O and LSE) against the
+// first nk keys of (k, v) under `mask`; the gradients are added into fp32 buffers: dq_acc (local rows), dk and dv
+// (the block's rows).
+void block_backward(const attention::AttnParams& local, const attention::AttnBackwardArgs& a, int64_t q_start,
+                    int64_t nq, const TensorView& k, const TensorView& v, int64_t nk, attention::MaskType mask,
+                    const TensorView& dq_acc, const TensorView& dk, const TensorView& dv);
+
 // Merges a partial result (o_b, lse_b) of the same query rows into the running (o_a, lse_a), all fp32:
 // O = O_a - sigmoid(L_b - L_a) (O_a - O_b), L = L_a - logsigmoid(L_a - L_b); a -inf side contributes nothing.
 void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b);

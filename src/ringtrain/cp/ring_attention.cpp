@@ -119,21 +119,8 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
     if (step + 1 < l.cp)
       kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
     const RingBlock blk = ring_block(l, causal, step, src);
-    if (!blk.empty()) {
-      AttnBackwardArgs s;
-      s.q = rows(a.q, blk.q_start, blk.nq);
-      s.k = rows(cur.k, 0, blk.nk);
-      s.v = rows(cur.v, 0, blk.nk);
-      s.o = rows(a.o, blk.q_start, blk.nq);
-      s.dout = rows(a.dout, blk.q_start, blk.nq);
-      s.lse = lse_rows(a.lse, blk.q_start, blk.nq);
-      s.dq = rows(dq_acc, blk.q_start, blk.nq);
-      s.dk = rows(dkv_cur.k, 0, blk.nk);
-      s.dv = rows(dkv_cur.v, 0, blk.nk);
-      s.accumulate = true;
-      s.stream = a.stream;
-      attention::backward(block_params(p, blk.nq, blk.nk, blk.mask), s);
-    }
+    if (!blk.empty())
+      block_backward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, dq_acc, dkv_cur.k, dkv_cur.v);
     // dK/dV of block src follow it to the next rank; the one arriving is for the block that arrives.
     auto dkv_req =
         comm.send_recv(dkv_cur.buf.data(), next, dkv_nxt.buf.data(), prev, dkv_cur.count(), DType::F32, a.stream);
