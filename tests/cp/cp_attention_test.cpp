@@ -1,4 +1,4 @@
-// Context-parallel attention (ring and all-gather) against the single-rank fp64 math reference on the unsharded
+// Context-parallel attention (ring, all-gather and all-to-all) against the single-rank fp64 math reference on the unsharded
 // sequence: O, LSE, dQ, dK, dV for cp 1..8, causal and not, MHA/GQA/MQA, head dims 32/64/128, lengths that need
 // padding (whole chunks of padding included), with the CPU flash and math backends as the per-block backend.
 #include <gtest/gtest.h>
@@ -58,6 +58,15 @@ std::vector<Case> cases() {
     // bf16 inputs: the running O/LSE stay fp32, outputs and gradients are rounded to bf16 once.
     out.push_back({4, comm, true, 1, 90, 4, 2, 64, BackendId::Flash, DType::BF16});
   }
+  // All-to-all (Ulysses): heads split over ranks, so both head counts are multiples of cp; GQA and MHA, padding.
+  for (int cp : {1, 2, 3, 4, 8})
+    for (bool causal : {true, false}) {
+      out.push_back({cp, CpComm::AllToAll, causal, 1 + cp % 2, 2 * cp * 4 + cp % 3, 2 * cp, cp, 32,
+                     cp % 2 ? BackendId::Math : BackendId::Flash});
+      out.push_back({cp, CpComm::AllToAll, causal, 1, 2 * cp * 3, cp, cp, 64, BackendId::Flash});
+    }
+  out.push_back({8, CpComm::AllToAll, true, 1, 10, 8, 8, 32, BackendId::Flash});  // whole chunks of padding
+  out.push_back({4, CpComm::AllToAll, true, 1, 90, 8, 4, 64, BackendId::Flash, DType::BF16});
   return out;
 }
 
@@ -109,6 +118,21 @@ std::string cp_forward_error(const attention::AttnParams& p, const attention::At
     return e.what();
   }
   return "";
+}
+
+TEST(CpArguments, AllToAllNeedsHeadsDivisibleByCp) {
+  try {
+    comm::run_ranks(2, std::chrono::milliseconds(5000), [&](comm::Communicator& c) {
+      const Tensor q = Tensor::empty({1, 4, 4, 32}, DType::F32), kv = Tensor::empty({1, 4, 1, 32}, DType::F32);
+      const Tensor o = Tensor::empty({1, 4, 4, 32}, DType::F32), lse = Tensor::empty({1, 4, 4}, DType::F32);
+      cp::CpConfig cfg;
+      cfg.comm = CpComm::AllToAll;
+      cp::attention_forward(c, cfg, attention::params_for(q, kv, attention::MaskType::None), {q, kv, kv, o, lse}, 8);
+    });
+    FAIL() << "MQA cannot split one kv head over 2 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv heads (1) must both be divisible by cp=2"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CpArguments, PackedAndWrongLengthsAreRejectedClearly) {

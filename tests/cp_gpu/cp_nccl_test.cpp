@@ -1,4 +1,5 @@
-// Context parallelism on two GPUs through NCCL: for every GPU backend, ring and all-gather, causal and not, GQA,
+// Context parallelism on two GPUs through NCCL: for every GPU backend, ring, all-gather and all-to-all, causal and
+// not, GQA,
 // lengths that need padding and one long sequence, CP attention equals the single-GPU result of the same backend on
 // the same inputs (O, LSE, dQ, dK, dV within the bf16 bar). Also the original bug on the GPU: with a model scope
 // listing all four backends inside CP, only CP-capable implementations run.
@@ -57,7 +58,7 @@ TEST(CpRank, EveryGpuBackendMatchesOneGpu) {
   for (BackendId b : attention::kAllBackends) {
     const attention::Backend* impl = attention::find_backend(b, DeviceKind::CUDA);
     if (!impl || !impl->cp_capable()) continue;
-    for (CpComm c : {CpComm::Ring, CpComm::AllGather}) {
+    for (CpComm c : {CpComm::Ring, CpComm::AllGather, CpComm::AllToAll}) {
       // 4099 needs padding. All-gather attends each query chunk with a bottom-right causal mask of Sq=c against
       // Skv=(j+1)c keys, which cuDNN serves only for multiples of 64: cudnn gets 4096 there (its stated limit).
       const int64_t seq = (b == BackendId::Cudnn && c == CpComm::AllGather) ? 4096 : 4099;

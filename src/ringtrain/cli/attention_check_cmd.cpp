@@ -92,7 +92,7 @@ void add_attention_check_command(CLI::App& app) {
       "attention-check", "Run context-parallel attention against the fp64 single-rank reference and report errors");
   cmd->add_option("--device", o->device, "cpu (cp in-process ranks) or cuda (one GPU, --cp 1)")->capture_default_str();
   cmd->add_option("--cp", o->cp, "context-parallel size")->capture_default_str();
-  cmd->add_option("--comm", o->comm, "ring or allgather")->capture_default_str();
+  cmd->add_option("--comm", o->comm, "ring, allgather or a2a (heads divisible by cp)")->capture_default_str();
   cmd->add_option("--batch", o->batch)->capture_default_str();
   cmd->add_option("--seq", o->seq, "sequence length (any; padded to a multiple of 2*cp)")->capture_default_str();
   cmd->add_option("--heads", o->heads, "query heads")->capture_default_str();

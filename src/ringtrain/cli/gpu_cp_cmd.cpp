@@ -113,7 +113,7 @@ void add_bench_cp_command(CLI::App& app) {
   cmd->add_option("--cp", o->cp, "GPUs (ranks)")->capture_default_str();
   cmd->add_option("--seq", o->seqs, "comma-separated sequence lengths")->capture_default_str();
   cmd->add_option("--backends", o->backends, "backends to time, one after the other")->capture_default_str();
-  cmd->add_option("--comm", o->comm, "ring or allgather")->capture_default_str();
+  cmd->add_option("--comm", o->comm, "ring, allgather or a2a (heads divisible by cp)")->capture_default_str();
   cmd->add_option("--batch", o->batch)->capture_default_str();
   cmd->add_option("--heads", o->heads)->capture_default_str();
   cmd->add_option("--kv-heads", o->kv_heads, "default: --heads");

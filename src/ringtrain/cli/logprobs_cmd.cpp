@@ -61,7 +61,7 @@ void add_logprobs_command(CLI::App& app) {
   cmd->add_option("--data", o->data, "JSONL file, one {\"input_ids\": [...]} per line")->required();
   cmd->add_option("--cp", o->cp, "context-parallel size (CPU: ranks are threads of this process)")
       ->capture_default_str();
-  cmd->add_option("--cp-comm", o->cp_comm, "ring or allgather")->capture_default_str();
+  cmd->add_option("--cp-comm", o->cp_comm, "ring, allgather or a2a (heads divisible by cp)")->capture_default_str();
   cmd->add_option("--timeout", o->timeout_s, "seconds a rank waits for the others")->capture_default_str();
   cmd->add_option("--device", o->device, "cpu")->capture_default_str();
   cmd->add_option("--out", o->out, "output JSONL (default: stdout)");

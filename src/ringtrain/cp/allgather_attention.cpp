@@ -17,18 +17,6 @@ using attention::MaskType;
 
 namespace {
 
-// Copies between a rank-order block (local layout of rank s) and the global-order tensor, both directions.
-void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global) {
-  const int64_t c = l.chunk_len();
-  copy(rows(global, s * c, c), rows(block, 0, c));
-  copy(rows(global, (2 * l.cp - 1 - s) * c, c), rows(block, c, c));
-}
-void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block) {
-  const int64_t c = l.chunk_len();
-  copy(rows(block, 0, c), rows(global, s * c, c));
-  copy(rows(block, c, c), rows(global, (2 * l.cp - 1 - s) * c, c));
-}
-
 // K and V of the whole (padded) sequence in global order, gathered from every rank.
 KvPack gather_kv(comm::Communicator& comm, const ZigzagLayout& l, const AttnParams& p, const TensorView& k,
                  const TensorView& v, void* stream) {

@@ -19,9 +19,11 @@ namespace ringtrain::cp {
 
 // Ring: pass KV blocks around the ring, overlapped with compute (REFERENCE.md §3).
 // AllGather: gather all KV once, attend with causal offsets, reduce-scatter dK/dV.
-enum class CpComm { Ring, AllGather };
+// AllToAll (Ulysses): trade sequence shards for head groups, attend the whole sequence for Hq/cp query heads,
+// trade back; needs heads_q and heads_kv divisible by cp.
+enum class CpComm { Ring, AllGather, AllToAll };
 std::string_view cp_comm_name(CpComm c);
-CpComm parse_cp_comm(std::string_view name);  // "ring", "allgather"
+CpComm parse_cp_comm(std::string_view name);  // "ring", "allgather", "a2a"
 
 struct CpConfig {
   CpComm comm = CpComm::Ring;

@@ -58,6 +58,18 @@ KvPack make_kv_pack(const TensorView& k_like, int64_t len, DType dtype, Device d
   return p;
 }
 
+void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global) {
+  const int64_t c = l.chunk_len();
+  copy(rows(global, s * c, c), rows(block, 0, c));
+  copy(rows(global, (2 * l.cp - 1 - s) * c, c), rows(block, c, c));
+}
+
+void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block) {
+  const int64_t c = l.chunk_len();
+  copy(rows(block, 0, c), rows(global, s * c, c));
+  copy(rows(block, c, c), rows(global, (2 * l.cp - 1 - s) * c, c));
+}
+
 void block_backward(const AttnParams& local, const attention::AttnBackwardArgs& a, int64_t q_start, int64_t nq,
                     const TensorView& k, const TensorView& v, int64_t nk, MaskType mask, const TensorView& dq_acc,
                     const TensorView& dk, const TensorView& dv) {

@@ -34,6 +34,11 @@ KvPack view_kv_pack(void* data, const TensorView& k_like, int64_t len, DType dty
 inline TensorView rows(const TensorView& t, int64_t start, int64_t n) { return t.slice(1, start, n); }
 inline TensorView lse_rows(const TensorView& t, int64_t start, int64_t n) { return t.slice(2, start, n); }
 
+// Copies between rank s's local layout [chunk s | chunk 2cp-1-s] (a [B, 2c, ...] view) and the global-order
+// [B, padded_len, ...] view, both directions.
+void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global);
+void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block);
+
 // One block of a CP backward: local query rows [q_start, q_start + nq) of a (with the final O and LSE) against the
 // first nk keys of (k, v) under `mask`; the gradients are added into fp32 buffers: dq_acc (local rows), dk and dv
 // (the block's rows).
