@@ -149,7 +149,7 @@ TEST(CpArguments, PackedAndWrongLengthsAreRejectedClearly) {
   EXPECT_NE(wrong_len.find("local shard has Sq=10 Skv=10, expected 8"), std::string::npos) << wrong_len;
   p.packed = true;
   const std::string packed = cp_forward_error(p, a, 10);
-  EXPECT_NE(packed.find("packed sequences (THD) under context parallelism are not supported yet"), std::string::npos)
+  EXPECT_NE(packed.find("packed sequences (THD) go through cp::packed_attention_forward/backward"), std::string::npos)
       << packed;
 }
 

@@ -1,6 +1,7 @@
 #include "ringtrain/cp/cp_attention.h"
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/cp/zigzag.h"
 #include "ringtrain/cp/allgather_attention.h"
 #include "ringtrain/cp/ring_attention.h"
 #include "ringtrain/cp/ulysses_attention.h"
@@ -38,6 +39,88 @@ void attention_backward(comm::Communicator& comm, const CpConfig& cfg, const att
     case CpComm::Ring: return ring_attention_backward(comm, local, a, global_len);
     case CpComm::AllGather: return allgather_attention_backward(comm, local, a, global_len);
     case CpComm::AllToAll: return ulysses_attention_backward(comm, local, a, global_len);
+  }
+}
+
+namespace {
+
+// Rows [start, start + len) of a THD tensor as a one-sequence BSHD view [1, len, H, D].
+TensorView doc_rows(const TensorView& thd, int64_t start, int64_t len) {
+  const TensorView r = thd.slice(0, start, len);
+  TensorView v = r;
+  v.ndim = 4;
+  v.shape = {1, len, r.shape[1], r.shape[2]};
+  v.stride = {len * r.stride[0], r.stride[0], r.stride[1], r.stride[2]};
+  return v;
+}
+
+// Columns [start, start + len) of a packed LSE [H, T] as [1, H, len].
+TensorView doc_lse(const TensorView& lse, int64_t start, int64_t len) {
+  const TensorView c = lse.slice(1, start, len);
+  TensorView v = c;
+  v.ndim = 3;
+  v.shape = {1, c.shape[0], len};
+  v.stride = {c.shape[0] * c.stride[0], c.stride[0], c.stride[1]};
+  return v;
+}
+
+PackedZigzag check_packed(const char* what, const comm::Communicator& comm, const attention::AttnParams& p,
+                          const TensorView& q, const std::vector<int64_t>& doc_lens) {
+  RT_CHECK(p.packed, what, ": params are not packed (use attention_forward/backward)");
+  RT_CHECK(static_cast<int64_t>(doc_lens.size()) == p.batch, what, ": ", doc_lens.size(), " document lengths for ",
+           p.batch, " sequences");
+  PackedZigzag l(comm.size(), comm.rank(), doc_lens);
+  RT_CHECK(q.ndim == 3 && q.shape[0] == l.local_total(), what, ": local q is ", q.shape_str(), ", expected ",
+           l.local_total(), " rows (the per-document zigzag shards of ", doc_lens.size(), " documents, cp=", l.cp, ")");
+  return l;
+}
+
+// The dense params of document d's local rows.
+attention::AttnParams doc_params(const attention::AttnParams& p, const ZigzagLayout& l) {
+  attention::AttnParams d = p;
+  d.packed = false;
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_kv = l.local_len();
+  return d;
+}
+
+}  // namespace
+
+void packed_attention_forward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
+                              const attention::AttnForwardArgs& a, const std::vector<int64_t>& doc_lens) {
+  const PackedZigzag l = check_packed("packed CP attention forward", comm, local, a.q, doc_lens);
+  for (size_t d = 0; d < doc_lens.size(); ++d) {
+    const ZigzagLayout dl = l.doc(d);
+    const int64_t s = l.local_start(d), n = dl.local_len();
+    attention::AttnForwardArgs f;
+    f.q = doc_rows(a.q, s, n);
+    f.k = doc_rows(a.k, s, n);
+    f.v = doc_rows(a.v, s, n);
+    f.o = doc_rows(a.o, s, n);
+    f.lse = doc_lse(a.lse, s, n);
+    f.stream = a.stream;
+    attention_forward(comm, cfg, doc_params(local, dl), f, doc_lens[d]);
+  }
+}
+
+void packed_attention_backward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
+                               const attention::AttnBackwardArgs& a, const std::vector<int64_t>& doc_lens) {
+  const PackedZigzag l = check_packed("packed CP attention backward", comm, local, a.q, doc_lens);
+  for (size_t d = 0; d < doc_lens.size(); ++d) {
+    const ZigzagLayout dl = l.doc(d);
+    const int64_t s = l.local_start(d), n = dl.local_len();
+    attention::AttnBackwardArgs b;
+    b.q = doc_rows(a.q, s, n);
+    b.k = doc_rows(a.k, s, n);
+    b.v = doc_rows(a.v, s, n);
+    b.o = doc_rows(a.o, s, n);
+    b.dout = doc_rows(a.dout, s, n);
+    b.lse = doc_lse(a.lse, s, n);
+    b.dq = doc_rows(a.dq, s, n);
+    b.dk = doc_rows(a.dk, s, n);
+    b.dv = doc_rows(a.dv, s, n);
+    b.stream = a.stream;
+    attention_backward(comm, cfg, doc_params(local, dl), b, doc_lens[d]);
   }
 }
 

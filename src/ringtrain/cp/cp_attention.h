@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ringtrain/attention/params.h"
 #include "ringtrain/comm/communicator.h"
@@ -34,5 +35,13 @@ void attention_forward(comm::Communicator& comm, const CpConfig& cfg, const atte
 // a.o and a.lse are the outputs of attention_forward; accumulate must be false.
 void attention_backward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
                         const attention::AttnBackwardArgs& a, int64_t global_len);
+
+// Packed documents (THD, `local.packed`): the local tensors hold this rank's per-document zigzag shards
+// (PackedZigzag: 2 * c_d rows for document d, in order; LSE [Hq, T_local]); doc_lens are the global lengths.
+// Every document runs the chosen CP algorithm on its own rows, so no token sees another document.
+void packed_attention_forward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
+                              const attention::AttnForwardArgs& a, const std::vector<int64_t>& doc_lens);
+void packed_attention_backward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
+                               const attention::AttnBackwardArgs& a, const std::vector<int64_t>& doc_lens);
 
 }  // namespace ringtrain::cp

@@ -17,7 +17,7 @@ using attention::MaskType;
 
 ZigzagLayout check_cp_call(const char* what, const comm::Communicator& comm, const AttnParams& p,
                            int64_t global_len) {
-  RT_CHECK(!p.packed, what, ": packed sequences (THD) under context parallelism are not supported yet (",
+  RT_CHECK(!p.packed, what, ": packed sequences (THD) go through cp::packed_attention_forward/backward (",
            p.describe(), ")");
   RT_CHECK(p.device == comm.device(), what, ": tensors are on ", device_name(p.device), " but the communicator's ",
            "buffers are on ", device_name(comm.device()));

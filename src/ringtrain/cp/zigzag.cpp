@@ -1,6 +1,7 @@
 #include "ringtrain/cp/zigzag.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "ringtrain/core/error.h"
 
@@ -30,6 +31,26 @@ int64_t ZigzagLayout::chunk_valid(int64_t chunk) const {
 int64_t ZigzagLayout::valid_len(int r) const {
   const int64_t head = chunk_valid(r);
   return head < chunk_len() ? head : head + chunk_valid(2 * cp - 1 - r);
+}
+
+PackedZigzag::PackedZigzag(int cp_size, int rank_index, std::vector<int64_t> lengths)
+    : cp(cp_size), rank(rank_index), doc_lens(std::move(lengths)) {
+  RT_CHECK(!doc_lens.empty(), "packed zigzag layout: no documents");
+  for (size_t d = 0; d < doc_lens.size(); ++d) (void)doc(d);  // checks every length
+}
+
+int64_t PackedZigzag::local_start(size_t d) const {
+  int64_t start = 0;
+  for (size_t i = 0; i < d; ++i) start += doc(i).local_len();
+  return start;
+}
+
+int64_t PackedZigzag::local_total() const { return local_start(doc_lens.size()); }
+
+int64_t PackedZigzag::global_start(size_t d) const {
+  int64_t start = 0;
+  for (size_t i = 0; i < d; ++i) start += doc_lens[i];
+  return start;
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ringtrain/core/tensor.h"
 
@@ -29,6 +30,20 @@ struct ZigzagLayout {
   // Length of the valid prefix of rank r's local sequence (this rank's by default).
   int64_t valid_len(int r) const;
   int64_t valid_len() const { return valid_len(rank); }
+};
+
+// Packed documents: each document is zigzag-sharded on its own; a rank's local packed (THD) tensor holds its
+// shard of every document (2 * c_d rows for document d), in document order.
+struct PackedZigzag {
+  int cp = 1;
+  int rank = 0;
+  std::vector<int64_t> doc_lens;  // global lengths
+
+  PackedZigzag(int cp_size, int rank_index, std::vector<int64_t> lengths);
+  ZigzagLayout doc(size_t d) const { return ZigzagLayout(cp, rank, doc_lens[d]); }
+  int64_t local_start(size_t d) const;  // first local row of document d
+  int64_t local_total() const;          // rows of the local packed tensor
+  int64_t global_start(size_t d) const; // first row of document d in the global packed tensor
 };
 
 // Copies this rank's tokens out of a full-sequence tensor (global_len along seq_dim) into `local`
