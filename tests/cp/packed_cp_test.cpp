@@ -19,22 +19,6 @@ namespace {
 using attention::BackendId;
 using cp::CpComm;
 
-// Rows [start, start + len) of a THD tensor as [1, len, H, D]; columns of a [H, T] LSE as [1, H, len].
-TensorView doc_rows(const TensorView& thd, int64_t start, int64_t len) {
-  TensorView v = thd.slice(0, start, len);
-  v.ndim = 4;
-  v.shape = {1, len, thd.shape[1], thd.shape[2]};
-  v.stride = {len * thd.stride[0], thd.stride[0], thd.stride[1], thd.stride[2]};
-  return v;
-}
-TensorView doc_lse(const TensorView& lse, int64_t start, int64_t len) {
-  TensorView v = lse.slice(1, start, len);
-  v.ndim = 3;
-  v.shape = {1, lse.shape[0], len};
-  v.stride = {lse.shape[0] * lse.stride[0], lse.stride[0], lse.stride[1]};
-  return v;
-}
-
 struct Packed {
   Tensor q, k, v, dout, o, lse, dq, dk, dv;
   Packed(int64_t t, int64_t hq, int64_t hkv, int64_t d)
@@ -86,7 +70,7 @@ TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
     };
     for_docs([&](const cp::ZigzagLayout& dl, int64_t gs, int64_t n, int64_t ls) {
       for (auto [from, to] : {std::pair{&g.q, &mine.q}, {&g.k, &mine.k}, {&g.v, &mine.v}, {&g.dout, &mine.dout}})
-        cp::shard(doc_rows(*from, gs, n), 1, dl, doc_rows(*to, ls, dl.local_len()));
+        cp::shard(cp::packed_rows(*from, gs, n), 1, dl, cp::packed_rows(*to, ls, dl.local_len()));
     });
     attention::AttnParams lp = p;
     lp.seqlen_q = lp.seqlen_kv = 0;  // per-document lengths come from doc_lens
@@ -97,8 +81,8 @@ TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
         c, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.dout, mine.lse, mine.dq, mine.dk, mine.dv}, lens);
     for_docs([&](const cp::ZigzagLayout& dl, int64_t gs, int64_t n, int64_t ls) {
       for (auto [from, to] : {std::pair{&mine.o, &out.o}, {&mine.dq, &out.dq}, {&mine.dk, &out.dk}, {&mine.dv, &out.dv}})
-        cp::unshard(doc_rows(*from, ls, dl.local_len()), 1, dl, doc_rows(*to, gs, n));
-      cp::unshard(doc_lse(mine.lse, ls, dl.local_len()), 2, dl, doc_lse(out.lse, gs, n));
+        cp::unshard(cp::packed_rows(*from, ls, dl.local_len()), 1, dl, cp::packed_rows(*to, gs, n));
+      cp::unshard(cp::packed_lse(mine.lse, ls, dl.local_len()), 2, dl, cp::packed_lse(out.lse, gs, n));
     });
   });
   EXPECT_LE(testing::rel_error(out.o, g.o), 1e-5) << "O";

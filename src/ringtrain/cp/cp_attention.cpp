@@ -44,26 +44,6 @@ void attention_backward(comm::Communicator& comm, const CpConfig& cfg, const att
 
 namespace {
 
-// Rows [start, start + len) of a THD tensor as a one-sequence BSHD view [1, len, H, D].
-TensorView doc_rows(const TensorView& thd, int64_t start, int64_t len) {
-  const TensorView r = thd.slice(0, start, len);
-  TensorView v = r;
-  v.ndim = 4;
-  v.shape = {1, len, r.shape[1], r.shape[2]};
-  v.stride = {len * r.stride[0], r.stride[0], r.stride[1], r.stride[2]};
-  return v;
-}
-
-// Columns [start, start + len) of a packed LSE [H, T] as [1, H, len].
-TensorView doc_lse(const TensorView& lse, int64_t start, int64_t len) {
-  const TensorView c = lse.slice(1, start, len);
-  TensorView v = c;
-  v.ndim = 3;
-  v.shape = {1, c.shape[0], len};
-  v.stride = {c.shape[0] * c.stride[0], c.stride[0], c.stride[1]};
-  return v;
-}
-
 PackedZigzag check_packed(const char* what, const comm::Communicator& comm, const attention::AttnParams& p,
                           const TensorView& q, const std::vector<int64_t>& doc_lens) {
   RT_CHECK(p.packed, what, ": params are not packed (use attention_forward/backward)");
@@ -93,11 +73,11 @@ void packed_attention_forward(comm::Communicator& comm, const CpConfig& cfg, con
     const ZigzagLayout dl = l.doc(d);
     const int64_t s = l.local_start(d), n = dl.local_len();
     attention::AttnForwardArgs f;
-    f.q = doc_rows(a.q, s, n);
-    f.k = doc_rows(a.k, s, n);
-    f.v = doc_rows(a.v, s, n);
-    f.o = doc_rows(a.o, s, n);
-    f.lse = doc_lse(a.lse, s, n);
+    f.q = packed_rows(a.q, s, n);
+    f.k = packed_rows(a.k, s, n);
+    f.v = packed_rows(a.v, s, n);
+    f.o = packed_rows(a.o, s, n);
+    f.lse = packed_lse(a.lse, s, n);
     f.stream = a.stream;
     attention_forward(comm, cfg, doc_params(local, dl), f, doc_lens[d]);
   }
@@ -110,15 +90,15 @@ void packed_attention_backward(comm::Communicator& comm, const CpConfig& cfg, co
     const ZigzagLayout dl = l.doc(d);
     const int64_t s = l.local_start(d), n = dl.local_len();
     attention::AttnBackwardArgs b;
-    b.q = doc_rows(a.q, s, n);
-    b.k = doc_rows(a.k, s, n);
-    b.v = doc_rows(a.v, s, n);
-    b.o = doc_rows(a.o, s, n);
-    b.dout = doc_rows(a.dout, s, n);
-    b.lse = doc_lse(a.lse, s, n);
-    b.dq = doc_rows(a.dq, s, n);
-    b.dk = doc_rows(a.dk, s, n);
-    b.dv = doc_rows(a.dv, s, n);
+    b.q = packed_rows(a.q, s, n);
+    b.k = packed_rows(a.k, s, n);
+    b.v = packed_rows(a.v, s, n);
+    b.o = packed_rows(a.o, s, n);
+    b.dout = packed_rows(a.dout, s, n);
+    b.lse = packed_lse(a.lse, s, n);
+    b.dq = packed_rows(a.dq, s, n);
+    b.dk = packed_rows(a.dk, s, n);
+    b.dv = packed_rows(a.dv, s, n);
     b.stream = a.stream;
     attention_backward(comm, cfg, doc_params(local, dl), b, doc_lens[d]);
   }

@@ -53,6 +53,22 @@ int64_t PackedZigzag::global_start(size_t d) const {
   return start;
 }
 
+TensorView packed_rows(const TensorView& thd, int64_t start, int64_t len) {
+  TensorView v = thd.slice(0, start, len);
+  v.ndim = 4;
+  v.shape = {1, len, thd.shape[1], thd.shape[2]};
+  v.stride = {len * thd.stride[0], thd.stride[0], thd.stride[1], thd.stride[2]};
+  return v;
+}
+
+TensorView packed_lse(const TensorView& lse, int64_t start, int64_t len) {
+  TensorView v = lse.slice(1, start, len);
+  v.ndim = 3;
+  v.shape = {1, lse.shape[0], len};
+  v.stride = {lse.shape[0] * lse.stride[0], lse.stride[0], lse.stride[1]};
+  return v;
+}
+
 namespace {
 
 void check_seq_dim(const TensorView& t, int seq_dim, int64_t want, const char* what, const ZigzagLayout& l) {

@@ -46,6 +46,11 @@ struct PackedZigzag {
   int64_t global_start(size_t d) const; // first row of document d in the global packed tensor
 };
 
+// Rows [start, start + len) of a packed [T, H, D] tensor as the one-sequence view [1, len, H, D], and columns
+// [start, start + len) of a packed LSE [H, T] as [1, H, len]: a document as a dense call sees it.
+TensorView packed_rows(const TensorView& thd, int64_t start, int64_t len);
+TensorView packed_lse(const TensorView& lse, int64_t start, int64_t len);
+
 // Copies this rank's tokens out of a full-sequence tensor (global_len along seq_dim) into `local`
 // (local_len along seq_dim; other dimensions equal). Padding positions of `local` are set to zero.
 void shard(const TensorView& global, int seq_dim, const ZigzagLayout& layout, const TensorView& local);
