@@ -63,15 +63,9 @@ void allgather_attention_forward(comm::Communicator& comm, const AttnParams& p, 
   fill_neg_inf(lse_acc);
   for (int h = 0; h < 2; ++h) {
     const ChunkBlock blk = chunk_block(l, is_causal(p), h);
-    if (blk.nq == 0) continue;
-    AttnForwardArgs s;
-    s.q = rows(a.q, blk.q_start, blk.nq);
-    s.k = rows(kv.k, 0, blk.nk);
-    s.v = rows(kv.v, 0, blk.nk);
-    s.o = rows(o_acc, blk.q_start, blk.nq);
-    s.lse = lse_rows(lse_acc, blk.q_start, blk.nq);
-    s.stream = a.stream;
-    attention::forward(block_params(p, blk.nq, blk.nk, blk.mask), s);
+    if (blk.nq > 0)
+      block_forward(p, a, blk.q_start, blk.nq, kv.k, kv.v, blk.nk, blk.mask, rows(o_acc, blk.q_start, blk.nq),
+                    lse_rows(lse_acc, blk.q_start, blk.nq));
   }
   copy(a.o, o_acc);
   copy(a.lse, lse_acc);

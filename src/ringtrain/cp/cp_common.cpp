@@ -70,6 +70,19 @@ void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, con
   copy(rows(block, c, c), rows(global, (2 * l.cp - 1 - s) * c, c));
 }
 
+void block_forward(const AttnParams& local, const attention::AttnForwardArgs& a, int64_t q_start, int64_t nq,
+                   const TensorView& k, const TensorView& v, int64_t nk, MaskType mask, const TensorView& o,
+                   const TensorView& lse) {
+  attention::AttnForwardArgs s;
+  s.q = rows(a.q, q_start, nq);
+  s.k = rows(k, 0, nk);
+  s.v = rows(v, 0, nk);
+  s.o = o;
+  s.lse = lse;
+  s.stream = a.stream;
+  attention::forward(block_params(local, nq, nk, mask), s);
+}
+
 void block_backward(const AttnParams& local, const attention::AttnBackwardArgs& a, int64_t q_start, int64_t nq,
                     const TensorView& k, const TensorView& v, int64_t nk, MaskType mask, const TensorView& dq_acc,
                     const TensorView& dk, const TensorView& dv) {

@@ -39,6 +39,12 @@ inline TensorView lse_rows(const TensorView& t, int64_t start, int64_t n) { retu
 void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global);
 void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block);
 
+// One block of a CP forward: local query rows [q_start, q_start + nq) of a against the first nk keys of (k, v) under
+// `mask`, writing the block's O and LSE into o and lse (views of nq rows).
+void block_forward(const attention::AttnParams& local, const attention::AttnForwardArgs& a, int64_t q_start,
+                   int64_t nq, const TensorView& k, const TensorView& v, int64_t nk, attention::MaskType mask,
+                   const TensorView& o, const TensorView& lse);
+
 // One block of a CP backward: local query rows [q_start, q_start + nq) of a (with the final O and LSE) against the
 // first nk keys of (k, v) under `mask`; the gradients are added into fp32 buffers: dq_acc (local rows), dk and dv
 // (the block's rows).

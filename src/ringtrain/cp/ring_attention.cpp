@@ -66,23 +66,13 @@ void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const
       kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
     const RingBlock blk = ring_block(l, causal, step, src);
     if (!blk.empty()) {
-      AttnForwardArgs s;
-      s.q = rows(a.q, blk.q_start, blk.nq);
-      s.k = rows(cur.k, 0, blk.nk);
-      s.v = rows(cur.v, 0, blk.nk);
-      s.stream = a.stream;
-      const AttnParams bp = block_params(p, blk.nq, blk.nk, blk.mask);
       const TensorView o_rows = rows(o_acc, blk.q_start, blk.nq), lse_part = lse_rows(lse_acc, blk.q_start, blk.nq);
       if (step == 0) {  // the first block writes the running result directly
-        s.o = o_rows;
-        s.lse = lse_part;
-        attention::forward(bp, s);
+        block_forward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, o_rows, lse_part);
       } else {
-        Tensor o_step = empty_like(s.q, DType::F32, dev);
+        Tensor o_step = empty_like(o_rows, DType::F32, dev);
         Tensor lse_step = empty_like(lse_part, DType::F32, dev);
-        s.o = o_step;
-        s.lse = lse_step;
-        attention::forward(bp, s);
+        block_forward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, o_step, lse_step);
         merge_partial(o_rows, lse_part, o_step, lse_step);
       }
     }
