@@ -94,6 +94,10 @@ def time_torch(a, batch, s):
     return out
 
 
+# The PyTorch SDPA backend each of ours is compared with (the ratio column); others against FLASH.
+TORCH_PEER = {"cudnn": "CUDNN", "flash": "FLASH", "efficient": "EFFICIENT"}
+
+
 def main():
     a = parse_args()
     shapes = []
@@ -121,8 +125,7 @@ def main():
     for n in ("CUDNN", "FLASH", "EFFICIENT"):
         head += " | %-15s" % ("torch " + n)
     for n in ours_names:
-        ref = "CUDNN" if n == "cudnn" else "FLASH"
-        head += " | %-19s" % ("%s/torch %s" % (n, ref))
+        head += " | %-19s" % ("%s/torch %s" % (n, TORCH_PEER.get(n, "FLASH")))
     print(head)
     print("-" * len(head))
     table = []
@@ -137,7 +140,7 @@ def main():
             r = torch_rows[(b, s)].get(n, {})
             line += " | %6.0f / %6.0f" % (tf(r, "fwd_tflops"), tf(r, "fwdbwd_tflops"))
         for n in ours_names:
-            ref = torch_rows[(b, s)].get("CUDNN_ATTENTION" if n == "cudnn" else "FLASH_ATTENTION", {})
+            ref = torch_rows[(b, s)].get(TORCH_PEER.get(n, "FLASH") + "_ATTENTION", {})
             o = ours.get((b, s, n), {})
             rf = tf(o, "fwd_tflops") / tf(ref, "fwd_tflops") if tf(ref, "fwd_tflops") else 0.0
             rb = tf(o, "fwdbwd_tflops") / tf(ref, "fwdbwd_tflops") if tf(ref, "fwdbwd_tflops") else 0.0

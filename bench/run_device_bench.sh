@@ -10,7 +10,7 @@ out=${OUT:-/tmp}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader || true
 python3 bench/compare_torch.py --ringtrain "$build/ringtrain" --shapes 1x16384,1x32768,4x4096 --heads 32 \
-  --head-dim 128 --causal --dtype bf16 --backends "${BENCH_BACKENDS:-cudnn,flash}" --iters 10 --warmup 3 \
+  --head-dim 128 --causal --dtype bf16 --backends "${BENCH_BACKENDS:-cudnn,flash,efficient}" --iters 10 --warmup 3 \
   --json "$out/bench.json"
 # The GPU reference (materialised fp32 scores): slow by design, timed once for the record.
 "$build/ringtrain" bench attention --backends math --batch 4 --seq 4096 --heads 32 --head-dim 128 --causal \

@@ -5,6 +5,8 @@
 // accumulated over sums of up to a few thousand terms: 1e-5 (seen on H200: 5e-8 to 1.3e-6, printed). With
 // 16-bit outputs the storage rounding dominates (bf16: 2^-9 relative per element; seen 1.6e-3 to 1.8e-3): 1e-2.
 // LSE is fp32 either way: max abs 1e-4 (|LSE| < 20 here, fp32 relative rounding ~1e-7 per step; seen <= 1e-6).
+#include <limits>
+
 #include "gpu_attention_harness.h"
 
 namespace ringtrain {
@@ -94,6 +96,29 @@ TEST(CudaMath, PackedCrossLengthsNoMask) {
   c.q_lens = {5, 300, 129};
   c.kv_lens = {17, 100, 1000};
   check_math(c, 1e-5, "packed Sq != Skv per sequence, no mask");
+}
+
+// An fp32 bias [1, Hq, Sq, Skv] with -inf entries and one fully hidden row (LSE -inf, O 0, no gradient) under the
+// bottom-right mask, against the fp64 CPU reference (same tolerances: fp32 outputs).
+TEST(CudaMath, BiasWithHiddenEntriesMatchesCpu) {
+  RT_REQUIRE_GPU();
+  const attention::Backend* be = gpu_backend(BackendId::Math);
+  ASSERT_NE(be, nullptr);
+  Case c;
+  c.dtype = c.out_dtype = DType::F32;
+  c.batch = 2, c.hq = 4, c.hkv = 2, c.d = 64, c.sq = 300, c.skv = 333;
+  c.mask = MaskType::CausalBottomRight;
+  std::mt19937_64 rng(testing::fresh_seed());
+  Problem pr = make_problem(c, rng);
+  pr.p.has_bias = true;
+  pr.bias = host_tensor({1, c.hq, c.sq, c.skv}, DType::F32);
+  testing::fill_normal(pr.bias, rng);
+  std::uniform_int_distribution<int> pick(0, 9);
+  for (int64_t i = 0; i < pr.bias.numel(); ++i)
+    if (pick(rng) == 0 || (i / c.skv) % c.sq == 7) pr.bias.ptr<float>()[i] = -std::numeric_limits<float>::infinity();
+  const Errors e = compare(run_gpu(*be, c, pr), run_cpu(cpu_math(), c, pr));
+  e.print("fp32 bias [1,H,Sq,Skv] with -inf entries and a hidden row, bottom-right");
+  expect_within(e, 1e-5, 1e-4);
 }
 
 TEST(CudaMath, StatesItsLimits) {

@@ -33,6 +33,7 @@ struct Case {
 struct Problem {
   attention::AttnParams p;
   Tensor q, k, v, dout, cu_q, cu_kv, dq0, dk0, dv0;
+  Tensor bias;  // host; set together with p.has_bias by tests that use one
 };
 
 struct Result {
@@ -145,9 +146,11 @@ inline Result run_cpu(const attention::Backend& be, const Case& c, const Problem
     for (const Tensor* t : {&r.dq, &r.dk, &r.dv}) poison(*t);
   }
   attention::AttnForwardArgs f{pr.q, pr.k, pr.v, r.o, r.lse, pr.cu_q, pr.cu_kv};
+  f.bias = pr.bias;
   attention::validate(p, f);
   be.forward(p, f);
   attention::AttnBackwardArgs b{pr.q, pr.k, pr.v, r.o, pr.dout, r.lse, r.dq, r.dk, r.dv, c.accumulate, pr.cu_q, pr.cu_kv};
+  b.bias = pr.bias;
   attention::validate(p, b);
   be.backward(p, b);
   return r;
@@ -190,8 +193,10 @@ inline Result run_gpu(const attention::Backend& be, const Case& c, const Problem
     dout_storage = upload(pr.dout);
     dout = dout_storage.view();
   }
+  const Tensor bias = p.has_bias ? upload(pr.bias) : Tensor();
   attention::AttnForwardArgs f{q, k, v, o, lse, cu_q, cu_kv};
   attention::AttnBackwardArgs b{q, k, v, o, dout, lse, dq, dk, dv, c.accumulate, cu_q, cu_kv};
+  f.bias = b.bias = bias;
   if (via_selection) {
     attention::forward(p, f);
     attention::backward(p, b);

@@ -28,13 +28,13 @@ float AttnParams::scale() const {
 
 std::string AttnParams::key() const {
   return cat(device_name(device), '|', dtype_name(dtype), '|', batch, '|', heads_q, '|', heads_kv, '|', head_dim, '|',
-             seqlen_q, '|', seqlen_kv, '|', static_cast<int>(mask), '|', packed, '|', deterministic);
+             seqlen_q, '|', seqlen_kv, '|', static_cast<int>(mask), '|', packed, '|', deterministic, '|', has_bias);
 }
 
 std::string AttnParams::describe() const {
   return cat(device_name(device), ' ', dtype_name(dtype), " B=", batch, " Hq=", heads_q, " Hkv=", heads_kv,
              " D=", head_dim, " Sq=", seqlen_q, " Skv=", seqlen_kv, " mask=", mask_name(mask),
-             packed ? " packed" : "", deterministic ? " deterministic" : "");
+             packed ? " packed" : "", deterministic ? " deterministic" : "", has_bias ? " bias" : "");
 }
 
 namespace {
@@ -85,7 +85,33 @@ void check_cu_seqlens(const AttnParams& p, const char* name, const TensorView& c
            ", got ", cu.data ? cu.shape_str() : std::string("none"));
 }
 
+// bias [B|1, Hq|1, Sq, Skv] exactly when the params say so; size-1 batch/head dimensions broadcast.
+void check_bias(const AttnParams& p, const TensorView& bias) {
+  if (!p.has_bias) {
+    RT_CHECK(bias.data == nullptr, "attention: a 'bias' ", bias.shape_str(),
+             " was passed but the params do not say has_bias (set AttnParams::has_bias)");
+    return;
+  }
+  RT_CHECK(!p.packed, "attention: 'bias' is not supported with packed (THD) sequences");
+  RT_CHECK(bias.data != nullptr, "attention: params say has_bias but tensor 'bias' is missing");
+  RT_CHECK(bias.device == p.device, "attention: 'bias' is on ", device_name(bias.device), ", params say ",
+           device_name(p.device));
+  RT_CHECK(is_float(bias.dtype), "attention: 'bias' is ", bias.shape_str(), ", expected a float dtype");
+  const bool shape_ok = bias.ndim == 4 && (bias.shape[0] == p.batch || bias.shape[0] == 1) &&
+                        (bias.shape[1] == p.heads_q || bias.shape[1] == 1) && bias.shape[2] == p.seqlen_q &&
+                        bias.shape[3] == p.seqlen_kv;
+  RT_CHECK(shape_ok, "attention: 'bias' is ", bias.shape_str(), ", expected [", p.batch, " or 1, ", p.heads_q,
+           " or 1, ", p.seqlen_q, ", ", p.seqlen_kv, "]");
+}
+
 }  // namespace
+
+TensorView bias_broadcast_view(const TensorView& bias) {
+  TensorView v = bias;
+  for (int d = 0; d < 2; ++d)
+    if (v.shape[d] == 1) v.stride[d] = 0;
+  return v;
+}
 
 void validate(const AttnParams& p, const AttnForwardArgs& a) {
   check_params(p);
@@ -99,6 +125,7 @@ void validate(const AttnParams& p, const AttnForwardArgs& a) {
   check_lse(p, a.lse, a.q);
   check_cu_seqlens(p, "cu_seqlens_q", a.cu_seqlens_q);
   check_cu_seqlens(p, "cu_seqlens_kv", a.cu_seqlens_kv);
+  check_bias(p, a.bias);
 }
 
 void validate(const AttnParams& p, const AttnBackwardArgs& a) {
@@ -115,6 +142,7 @@ void validate(const AttnParams& p, const AttnBackwardArgs& a) {
   check_lse(p, a.lse, a.q);
   check_cu_seqlens(p, "cu_seqlens_q", a.cu_seqlens_q);
   check_cu_seqlens(p, "cu_seqlens_kv", a.cu_seqlens_kv);
+  check_bias(p, a.bias);
 }
 
 AttnParams params_for(const TensorView& q, const TensorView& k, MaskType mask, float softmax_scale) {

@@ -9,6 +9,10 @@
 //  - GQA/MQA: query head h reads kv head h / (Hq / Hkv); KV is never repeated.
 //  - Causal masks are prefixes: query i sees keys [0, key_limit(i)). Top-left: key_limit = i + 1.
 //    Bottom-right (aligned to the end, as FlashAttention does for Sq != Skv): i + 1 + Skv - Sq.
+//  - Additive bias (PyTorch SDPA attn_mask semantics): score(i, j) = scale * q_i . k_j + bias(b, h, i, j), added
+//    before the causal mask and the softmax; -inf entries hide keys. bias is [B or 1, Hq or 1, Sq, Skv] in any
+//    float dtype; a size-1 (or stride-0) batch/head dimension broadcasts. Dense (BSHD) calls only. The bias is a
+//    constant: no backend produces its gradient.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +39,7 @@ struct AttnParams {
   float softmax_scale = 0.f;  // 0 means 1/sqrt(head_dim)
   bool packed = false;        // THD with cu_seqlens
   bool deterministic = false;
+  bool has_bias = false;      // the call passes an additive bias tensor (see the conventions above)
 
   float scale() const;
   // Everything that can change which backend serves the call (the selection cache key).
@@ -57,6 +62,7 @@ struct AttnForwardArgs {
   TensorView lse;  // fp32
   TensorView cu_seqlens_q, cu_seqlens_kv;  // int32 [B + 1], packed only, on the tensors' device
   void* stream = nullptr;                  // cudaStream_t for GPU backends
+  TensorView bias;                         // [B|1, Hq|1, Sq, Skv], any float dtype; only when params.has_bias
 };
 
 struct AttnBackwardArgs {
@@ -65,11 +71,16 @@ struct AttnBackwardArgs {
   bool accumulate = false;  // add into dq/dk/dv (then fp32) instead of overwriting them
   TensorView cu_seqlens_q, cu_seqlens_kv;
   void* stream = nullptr;
+  TensorView bias;  // the forward's bias (only when params.has_bias); treated as a constant (no gradient)
 };
 
 // Shape/dtype/device checks of the tensors against the params; the error names the tensor and its shape.
 void validate(const AttnParams& p, const AttnForwardArgs& a);
 void validate(const AttnParams& p, const AttnBackwardArgs& a);
+
+// A validated bias with stride 0 in its size-1 batch/head dimensions, so that element (b, h, i, j) is at
+// b*stride[0] + h*stride[1] + i*stride[2] + j*stride[3] for every b < B and h < Hq.
+TensorView bias_broadcast_view(const TensorView& bias);
 
 // Params describing dense BSHD tensors q [B,Sq,Hq,D] and k [B,Skv,Hkv,D].
 AttnParams params_for(const TensorView& q, const TensorView& k, MaskType mask, float softmax_scale = 0.f);

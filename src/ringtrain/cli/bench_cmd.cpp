@@ -26,7 +26,7 @@ namespace ringtrain::cli {
 namespace {
 
 struct BenchOpts {
-  std::string backends = "cudnn,flash,math", seqs = "16384", dtype = "bf16", json;
+  std::string backends = "cudnn,flash,efficient,math", seqs = "16384", dtype = "bf16", json;
   int64_t batch = 1, heads = 32, kv_heads = 0, head_dim = 128;
   bool causal = false;
   int iters = 10, warmup = 3;
@@ -214,7 +214,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   CLI::App* cmd = bench->add_subcommand("attention", "Time attention backends on one GPU (forward, forward+backward)");
-  cmd->add_option("--backends", o->backends, "backends to time, e.g. cudnn,flash,math")->capture_default_str();
+  cmd->add_option("--backends", o->backends, "backends to time, e.g. cudnn,flash,efficient,math")->capture_default_str();
   cmd->add_option("--seq", o->seqs, "sequence lengths, comma-separated (Sq = Skv)")->capture_default_str();
   cmd->add_option("--batch", o->batch)->capture_default_str();
   cmd->add_option("--heads", o->heads, "query heads")->capture_default_str();

@@ -247,4 +247,57 @@ void fill(const TensorView& dst, double value) {
 #endif
 }
 
+namespace {
+void check_same_shape(const char* what, const TensorView& dst, const TensorView& src) {
+  RT_CHECK(dst.ndim == src.ndim, what, ": rank mismatch ", dst.shape_str(), " <- ", src.shape_str());
+  for (int d = 0; d < dst.ndim; ++d)
+    RT_CHECK(dst.shape[d] == src.shape[d], what, ": shape mismatch ", dst.shape_str(), " <- ", src.shape_str());
+}
+
+// Both on one GPU (true), both on the host (false), anything else an error naming the views.
+bool on_one_gpu(const char* what, const TensorView& dst, const TensorView& src) {
+  if (dst.device.is_cpu() && src.device.is_cpu()) return false;
+  RT_CHECK(dst.device == src.device, what, ": views on different devices ", dst.shape_str(), " <- ", src.shape_str());
+  return true;
+}
+}  // namespace
+
+void copy_async(const TensorView& dst, const TensorView& src, void* stream) {
+  check_same_shape("copy_async", dst, src);
+  if (!on_one_gpu("copy_async", dst, src)) return copy(dst, src);
+#ifdef RINGTRAIN_WITH_CUDA
+  cuda_ops::strided_copy(dst, src, stream, false);
+#else
+  (void)stream;
+  throw Error(cat("device memory in a build without CUDA: ", dst.shape_str()));
+#endif
+}
+
+void add_async(const TensorView& dst, const TensorView& src, void* stream) {
+  check_same_shape("add_async", dst, src);
+  if (!on_one_gpu("add_async", dst, src)) {
+    for_each_offset(dst, src, [&](int64_t od, int64_t os) {
+      store_from_double(dst.data, dst.dtype, od,
+                        load_as_double(dst.data, dst.dtype, od) + load_as_double(src.data, src.dtype, os));
+    });
+    return;
+  }
+#ifdef RINGTRAIN_WITH_CUDA
+  cuda_ops::strided_copy(dst, src, stream, true);
+#else
+  (void)stream;
+  throw Error(cat("device memory in a build without CUDA: ", dst.shape_str()));
+#endif
+}
+
+void fill_async(const TensorView& dst, double value, void* stream) {
+  if (dst.device.is_cpu()) return fill(dst, value);
+#ifdef RINGTRAIN_WITH_CUDA
+  cuda_ops::fill(dst, value, stream);
+#else
+  (void)stream;
+  throw Error(cat("device memory in a build without CUDA: ", dst.shape_str()));
+#endif
+}
+
 }  // namespace ringtrain

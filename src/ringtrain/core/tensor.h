@@ -59,6 +59,8 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(std::initializer_list<int64_t> shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(std::initializer_list<int64_t> shape, DType dtype, Device device = Device::cpu());
+  // False for a default-constructed Tensor, which owns nothing (its view is a 0-d shape of one element).
+  bool defined() const { return storage_ != nullptr; }
   const TensorView& view() const { return view_; }
   operator const TensorView&() const { return view_; }  // NOLINT: a Tensor is usable wherever a view is
   void* data() const { return view_.data; }
@@ -102,5 +104,11 @@ void copy(const TensorView& dst, const TensorView& src);
 void fill_normal_hashed(const TensorView& dst, uint64_t seed, double stddev = 1.0);
 // Sets every element of a host or device view to value (used to poison outputs in tests). Complete when it returns.
 void fill(const TensorView& dst, double value);
+
+// Stream-ordered forms for the hot paths (CP steps, the GPU model): device views of one GPU are enqueued on
+// `stream` (a cudaStream_t; nullptr = the legacy default stream) and not waited for; host views are done at once.
+void copy_async(const TensorView& dst, const TensorView& src, void* stream);
+void add_async(const TensorView& dst, const TensorView& src, void* stream);  // dst += src (float dtypes)
+void fill_async(const TensorView& dst, double value, void* stream);
 
 }  // namespace ringtrain

@@ -1,5 +1,6 @@
-// CPU `math` backend: the reference. Materialises each query row's scores, exact softmax, and the textbook
-// backward from the given (final) O and LSE. Accumulates in fp64 by default (set_math_fp64).
+// CPU `math` backend: the reference. Materialises each query row's scores (plus the additive bias, if any),
+// exact softmax, and the textbook backward from the given (final) O and LSE. Accumulates in fp64 by default
+// (set_math_fp64).
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -21,6 +22,20 @@ struct Item {
   int64_t kv_head;
 };
 
+// bias(b, h, i, .) as a row pointer-like accessor; all zeros when the call has no bias.
+struct BiasRow {
+  const TensorView* bias = nullptr;  // broadcast view (bias_broadcast_view)
+  int64_t base = 0;
+  double operator()(int64_t j) const {
+    return bias ? load_as_double(bias->data, bias->dtype, base + j * bias->stride[3]) : 0.0;
+  }
+};
+
+BiasRow bias_row(const TensorView* bias, int64_t b, int64_t h, int64_t i) {
+  if (!bias) return {};
+  return {bias, b * bias->stride[0] + h * bias->stride[1] + i * bias->stride[2]};
+}
+
 std::vector<Item> items(const AttnParams& p, const std::vector<Segment>& segs) {
   std::vector<Item> out;
   for (const Segment& s : segs)
@@ -35,6 +50,7 @@ void forward_item(const AttnParams& p, const AttnForwardArgs& a, const Item& it)
   const Acc scale = static_cast<Acc>(p.scale());
   const TensorView qr = rows_view(p, a.q, s.batch), kr = rows_view(p, a.k, s.batch), vr = rows_view(p, a.v, s.batch);
   const TensorView orow = rows_view(p, a.o, s.batch), lse = lse_view(p, a.lse, s.batch);
+  const TensorView bias = p.has_bias ? bias_broadcast_view(a.bias) : TensorView{};
   std::vector<Acc> q, k, v, o(static_cast<size_t>(s.sq * d)), sc(static_cast<size_t>(s.skv));
   load_head(kr, s.k_start, s.skv, it.kv_head, k);
   load_head(vr, s.k_start, s.skv, it.kv_head, v);
@@ -49,12 +65,17 @@ void forward_item(const AttnParams& p, const AttnForwardArgs& a, const Item& it)
         *lse_i = -std::numeric_limits<float>::infinity();
         continue;
       }
+      const BiasRow bias_i = bias_row(p.has_bias ? &bias : nullptr, s.batch, h, i);
       Acc m = -std::numeric_limits<Acc>::infinity();
       for (int64_t j = 0; j < lim; ++j) {
         Acc dot = 0;
         for (int64_t c = 0; c < d; ++c) dot += q[i * d + c] * k[j * d + c];
-        sc[j] = dot * scale;
+        sc[j] = dot * scale + static_cast<Acc>(bias_i(j));
         m = std::max(m, sc[j]);
+      }
+      if (m == -std::numeric_limits<Acc>::infinity()) {  // the bias hid every visible key
+        *lse_i = -std::numeric_limits<float>::infinity();
+        continue;
       }
       Acc l = 0;
       for (int64_t j = 0; j < lim; ++j) {
@@ -77,6 +98,7 @@ void backward_item(const AttnParams& p, const AttnBackwardArgs& a, const Item& i
   const TensorView qr = rows_view(p, a.q, s.batch), kr = rows_view(p, a.k, s.batch), vr = rows_view(p, a.v, s.batch);
   const TensorView orow = rows_view(p, a.o, s.batch), dor = rows_view(p, a.dout, s.batch);
   const TensorView lse = lse_view(p, a.lse, s.batch);
+  const TensorView bias = p.has_bias ? bias_broadcast_view(a.bias) : TensorView{};
   std::vector<Acc> q, k, v, o, dout, dq(static_cast<size_t>(s.sq * d));
   std::vector<Acc> dk(static_cast<size_t>(s.skv * d), 0), dv(static_cast<size_t>(s.skv * d), 0);
   std::vector<Acc> pr(static_cast<size_t>(s.skv));
@@ -92,6 +114,7 @@ void backward_item(const AttnParams& p, const AttnBackwardArgs& a, const Item& i
       const float lse_i = static_cast<const float*>(lse.data)[h * lse.stride[0] + (s.q_start + i) * lse.stride[1]];
       const int64_t lim = key_limit(p.mask, i, s.sq, s.skv);
       if (lim == 0 || std::isinf(lse_i)) continue;  // a row that saw no key has no gradient
+      const BiasRow bias_i = bias_row(p.has_bias ? &bias : nullptr, s.batch, h, i);
       Acc di = 0;
       for (int64_t c = 0; c < d; ++c) di += dout[i * d + c] * o[i * d + c];
       for (int64_t j = 0; j < lim; ++j) {
@@ -100,7 +123,7 @@ void backward_item(const AttnParams& p, const AttnBackwardArgs& a, const Item& i
           dot += q[i * d + c] * k[j * d + c];
           dp += dout[i * d + c] * v[j * d + c];
         }
-        const Acc pij = std::exp(dot * scale - static_cast<Acc>(lse_i));
+        const Acc pij = std::exp(dot * scale + static_cast<Acc>(bias_i(j)) - static_cast<Acc>(lse_i));
         const Acc ds = pij * (dp - di) * scale;
         for (int64_t c = 0; c < d; ++c) {
           dv[j * d + c] += pij * dout[i * d + c];

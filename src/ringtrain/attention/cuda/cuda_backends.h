@@ -10,6 +10,8 @@ namespace ringtrain::attention {
 
 // `flash`: the hand-written Hopper kernels (cuda/flash_*).
 std::unique_ptr<Backend> make_cuda_flash_backend();
+// `efficient`: the general kernels (fp32, head dims up to 256, additive bias, any strides; cuda/efficient_*).
+std::unique_ptr<Backend> make_cuda_efficient_backend();
 // `math`: the GPU reference (materialised scores through cuBLASLt, fp32 softmax; cuda/math_backend.cu).
 std::unique_ptr<Backend> make_cuda_math_backend();
 // `cudnn`: cuDNN 9 SDPA through the frontend graph API (cudnn/); built only when the frontend headers are

@@ -1,9 +1,9 @@
 // GPU `math` backend: the GPU reference. Per sequence and per chunk of query heads it gathers Q, K, V into
 // dense fp32 scratch (GQA: each query head gets its kv head), materialises the scores S = scale Q K^T with
-// cuBLASLt in true fp32, takes an exact row softmax (fp32, masked entries 0) and O = P V. The backward
-// recomputes P from the given (final) LSE and follows the textbook formulas; dK/dV of a kv head are summed
-// over its query heads in fp32 before they are written. Slow and memory-hungry by design: it exists to check
-// the fast backends on the GPU, at lengths where the CPU reference is too slow.
+// cuBLASLt in true fp32, adds the bias (if any), takes an exact row softmax (fp32, masked entries 0) and
+// O = P V. The backward recomputes P from the given (final) LSE and follows the textbook formulas; dK/dV of a
+// kv head are summed over its query heads in fp32 before they are written. Slow and memory-hungry by design: it
+// exists to check the fast backends on the GPU, at lengths where the CPU reference is too slow.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -80,6 +80,7 @@ void forward_segment(const AttnParams& p, const AttnForwardArgs& a, const cpu::S
   const cuda::Strided vs = cuda::strided(cpu::rows_view(p, a.v, seg.batch));
   const cuda::Strided os = cuda::strided(cpu::rows_view(p, a.o, seg.batch));
   const LseRef lse = lse_ref(p, a.lse, seg.batch);
+  const TensorView bias = p.has_bias ? bias_broadcast_view(a.bias) : TensorView{};
   for (int64_t h0 = 0; h0 < p.heads_q; h0 += hc) {
     const int64_t n = std::min(hc, p.heads_q - h0);
     cuda::gather_fp32(st, qs, seg.q_start, sq, h0, n, 1, d, q);
@@ -88,6 +89,7 @@ void forward_segment(const AttnParams& p, const AttnForwardArgs& a, const cpu::S
     if (skv > 0)
       cuda::lt_gemm(st, sq, skv, d, p.scale(), RowMajor{q, d, sq * d, false}, RowMajor{k, d, skv * d, true}, s, ld,
                     sq * ld, n, ws, cuda::kLtWorkspaceBytes);
+    if (p.has_bias) cuda::add_bias(st, s, n, sq, skv, ld, bias, seg.batch, h0);
     cuda::softmax_rows(st, s, n, sq, skv, ld, p.mask, lse, h0, seg.q_start);
     if (skv > 0)
       cuda::lt_gemm(st, sq, d, skv, 1.f, RowMajor{s, ld, sq * ld, false}, RowMajor{v, d, skv * d, false}, o, d, sq * d,
@@ -132,6 +134,7 @@ void backward_segment(const AttnParams& p, const AttnBackwardArgs& a, const cpu:
   const cuda::Strided os = cuda::strided(cpu::rows_view(p, a.o, seg.batch));
   const cuda::Strided dos = cuda::strided(cpu::rows_view(p, a.dout, seg.batch));
   const LseRef lse = lse_ref(p, a.lse, seg.batch);
+  const TensorView bias = p.has_bias ? bias_broadcast_view(a.bias) : TensorView{};
   const float scale = p.scale();
   const size_t wsb = cuda::kLtWorkspaceBytes;
   for (int64_t h0 = 0; h0 < p.heads_q; h0 += hc) {
@@ -146,6 +149,7 @@ void backward_segment(const AttnParams& p, const AttnBackwardArgs& a, const cpu:
                     sq * ld, n, ws, wsb);
       cuda::lt_gemm(st, sq, skv, d, 1.f, RowMajor{dout, d, sq * d, false}, RowMajor{v, d, skv * d, true}, dp, ld,
                     sq * ld, n, ws, wsb);
+      if (p.has_bias) cuda::add_bias(st, s, n, sq, skv, ld, bias, seg.batch, h0);
       cuda::backward_rows(st, s, dp, o, dout, n, sq, skv, ld, d, p.mask, lse, h0, seg.q_start);
       // dV = P^T dO, dQ = scale dS K, dK = scale dS^T Q (dS is in dp now, P in s).
       cuda::lt_gemm(st, skv, d, sq, 1.f, RowMajor{s, ld, sq * ld, true}, RowMajor{dout, d, sq * d, false}, dv, d,

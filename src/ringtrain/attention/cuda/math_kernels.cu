@@ -15,6 +15,7 @@ constexpr int kThreads = 256;
 __device__ inline float to_float(float x) { return x; }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ inline float to_float(__half x) { return __half2float(x); }
+__device__ inline float to_float(double x) { return static_cast<float>(x); }
 template <typename T>
 __device__ inline T from_float(float x);
 template <>
@@ -102,8 +103,10 @@ __global__ void softmax_kernel(float* scores, int64_t sq, int64_t skv, int64_t l
   m = -INFINITY;
   l = 0.f;
   for (int w = 0; w < kThreads / 32; ++w) merge_max_sum(m, l, sm_m[w], sm_l[w]);
-  const float row_lse = lim > 0 ? m + logf(l) : -INFINITY;
-  for (int64_t j = threadIdx.x; j < skv; j += kThreads) s[j] = j < lim ? expf(s[j] - row_lse) : 0.f;
+  // A row whose visible scores are all -inf (hidden by the bias) has l = 0: LSE = -inf and P = 0 like an empty row.
+  const float row_lse = lim > 0 && l > 0.f ? m + logf(l) : -INFINITY;
+  const int64_t p_lim = row_lse == -INFINITY ? 0 : lim;
+  for (int64_t j = threadIdx.x; j < skv; j += kThreads) s[j] = j < p_lim ? expf(s[j] - row_lse) : 0.f;
   if (threadIdx.x == 0) lse.data[(head0 + h) * lse.head_stride + (row0 + i) * lse.row_stride] = row_lse;
 }
 
@@ -124,6 +127,19 @@ __global__ void backward_rows_kernel(float* scores, float* dp, const float* o, c
     const float p = j < lim ? expf(s[j] - row_lse) : 0.f;
     s[j] = p;
     g[j] = p * (g[j] - di);
+  }
+}
+
+// scores[h, i, j] += bias(batch, head0 + h, i, j) for the first skv columns (bias: broadcast view, see params.h).
+template <typename T>
+__global__ void add_bias_kernel(float* scores, int64_t sq, int64_t skv, int64_t ld, const T* bias, int64_t bias_base,
+                                int64_t head_stride, int64_t row_stride, int64_t col_stride, int64_t head0,
+                                int64_t total) {
+  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = idx % skv, i = (idx / skv) % sq, h = idx / (skv * sq);
+    scores[(h * sq + i) * ld + j] +=
+        to_float(bias[bias_base + (head0 + h) * head_stride + i * row_stride + j * col_stride]);
   }
 }
 
@@ -194,6 +210,25 @@ void add_group_sums(cudaStream_t s, const float* src, int64_t head0, int64_t hea
   if (n * d == 0) return;
   group_sum_kernel<<<grid_for(total), kThreads, 0, s>>>(src, head0, heads, group, kv_lo, n * d, acc, total);
   check_launch("group_sum_kernel");
+}
+
+void add_bias(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld,
+              const TensorView& bias, int64_t batch, int64_t head0) {
+  const int64_t total = heads * sq * skv;
+  if (total == 0) return;
+  const int64_t base = batch * bias.stride[0];
+  auto run = [&](auto* typed) {
+    add_bias_kernel<<<grid_for(total), kThreads, 0, s>>>(scores, sq, skv, ld, typed, base, bias.stride[1],
+                                                         bias.stride[2], bias.stride[3], head0, total);
+  };
+  switch (bias.dtype) {
+    case DType::F32: run(static_cast<const float*>(bias.data)); break;
+    case DType::BF16: run(static_cast<const __nv_bfloat16*>(bias.data)); break;
+    case DType::F16: run(static_cast<const __half*>(bias.data)); break;
+    case DType::F64: run(static_cast<const double*>(bias.data)); break;
+    default: throw Error(cat("GPU math backend: cannot read a ", dtype_name(bias.dtype), " bias"));
+  }
+  check_launch("add_bias_kernel");
 }
 
 void softmax_rows(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld, MaskType mask,

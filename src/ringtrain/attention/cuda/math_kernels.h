@@ -34,6 +34,11 @@ struct LseRef {
   int64_t head_stride, row_stride;
 };
 
+// scores[h, i, j] += bias(batch, head0 + h, i, j) for h < heads, i < sq, j < skv; bias is a broadcast view
+// (attention::bias_broadcast_view) of any float dtype.
+void add_bias(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld,
+              const TensorView& bias, int64_t batch, int64_t head0);
+
 // Softmax over each row of scores [heads, sq, ld] (the first skv columns used) under the mask: P in place
 // (masked entries 0) and lse(head0 + h, row0 + i). A row with no visible key gets LSE = -inf and P = 0.
 void softmax_rows(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld, MaskType mask,

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ringtrain/attention/cpu/head_io.h"
-#include "ringtrain/attention/cuda/convert.h"
+#include "ringtrain/core/cuda/tensor_ops.h"
 #include "ringtrain/attention/cuda/cuda_backends.h"
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cudnn/ragged.h"
@@ -46,7 +46,7 @@ class Temps {
   TensorView usable(const TensorView& t, DType dtype, bool need_contiguous, const char* what) {
     if (t.dtype == dtype && (!need_contiguous || t.is_contiguous())) return t;
     TensorView c = make(t, dtype, what);
-    cuda::convert_copy(stream_, c, t);
+    cuda_ops::strided_copy(c, t, stream_);
     return c;
   }
 
@@ -174,6 +174,7 @@ class CudnnBackend final : public Backend {
     }
     if (p.packed && p.batch * p.seqlen_q * p.heads_q * p.head_dim >= (int64_t{1} << 31))
       r.push_back("packed tensors beyond 2^31 elements (cuDNN's int32 ragged offsets)");
+    if (p.has_bias) r.push_back("additive bias (not wired into this backend's cuDNN graphs)");
     return r;
   }
 
@@ -204,7 +205,7 @@ class CudnnBackend final : public Backend {
     }
     cudnn::sdpa_forward(p.device.index, st, c, tensor4(p, q, p.seqlen_q, rg.off_q), tensor4(p, k, p.seqlen_kv, rg.off_kv),
                         tensor4(p, v, p.seqlen_kv, rg.off_kv), tensor4(p, o, p.seqlen_q, rg.off_q), stats);
-    if (!o_direct) cuda::convert_copy(st, a.o, o);
+    if (!o_direct) cuda_ops::strided_copy(a.o, o, st);
     if (p.packed) {
       const TensorView lse = cpu::lse_view(p, a.lse, 0);
       cudnn::stats_to_lse(st, padded, a.cu_seqlens_q.ptr<const int32_t>(), p.batch, p.heads_q, p.seqlen_q,
@@ -233,7 +234,7 @@ class CudnnBackend final : public Backend {
     if (dout.dtype != p.dtype || !same_strides(dout, o)) {
       if (!o.is_contiguous()) o = temps.usable(o, p.dtype, true, "o");
       dout = temps.make(a.dout, p.dtype, "dO");
-      cuda::convert_copy(st, dout, a.dout);
+      cuda_ops::strided_copy(dout, a.dout, st);
     }
     Tensor4 stats;
     if (p.packed) {
@@ -256,9 +257,9 @@ class CudnnBackend final : public Backend {
                          tensor4(p, v, p.seqlen_kv, rg.off_kv), tensor4(p, o, p.seqlen_q, rg.off_q),
                          tensor4(p, dout, p.seqlen_q, rg.off_q), stats, tensor4(p, dq, p.seqlen_q, rg.off_q),
                          tensor4(p, dk, p.seqlen_kv, rg.off_kv), tensor4(p, dv, p.seqlen_kv, rg.off_kv));
-    if (dq.data != a.dq.data) cuda::convert_copy(st, a.dq, dq, a.accumulate);
-    if (dk.data != a.dk.data) cuda::convert_copy(st, a.dk, dk, a.accumulate);
-    if (dv.data != a.dv.data) cuda::convert_copy(st, a.dv, dv, a.accumulate);
+    if (dq.data != a.dq.data) cuda_ops::strided_copy(a.dq, dq, st, a.accumulate);
+    if (dk.data != a.dk.data) cuda_ops::strided_copy(a.dk, dk, st, a.accumulate);
+    if (dv.data != a.dv.data) cuda_ops::strided_copy(a.dv, dv, st, a.accumulate);
   }
 };
 
