@@ -22,6 +22,11 @@ step timeout 240 "$bin/ringtrain" bench cp --cp 2 --seq 32768,131072 --backends 
   --json "$out/ours_cp.json"
 step timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=2 bench/compare_torch_cp.py \
   --seq 32768,131072 --ours "$out/ours_cp.json"
+# The other ways to move KV, with our best backend (scaling efficiency comes from the ring rows above).
+for comm in allgather a2a; do
+  step timeout 200 "$bin/ringtrain" bench cp --cp 2 --seq 32768,131072 --backends cudnn --comm "$comm" --causal \
+    --no-single
+done
 step timeout 200 "$bin/ringtrain" bench cp --cp 2 --seq 262144 --backends cudnn,flash --causal --iters 2 \
   --warmup 1 --no-single
 exit $status

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <random>
 
 #include "ringtrain/attention/selection.h"
@@ -15,7 +16,9 @@
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_NCCL
 #include "ringtrain/comm/nccl/nccl_communicator.h"
+#include "ringtrain/cp/cp_common.h"
 #include "ringtrain/cp/device_run.h"
+#include "ringtrain/cp/zigzag.h"
 #endif
 
 namespace ringtrain::cp {
@@ -65,7 +68,7 @@ TEST(CpRank, EveryGpuBackendMatchesOneGpu) {
     }
   }
   ASSERT_FALSE(cases.empty()) << "no GPU backend is declared CP-capable";
-  for (BackendId b : {BackendId::Flash, BackendId::Cudnn}) {
+  for (BackendId b : {BackendId::Flash, BackendId::Cudnn, BackendId::Efficient}) {
     const attention::Backend* impl = attention::find_backend(b, DeviceKind::CUDA);
     if (impl && impl->cp_capable()) cases.push_back({b, CpComm::Ring, true, 131072, 8, 8});
   }
@@ -90,6 +93,112 @@ TEST(CpRank, EveryGpuBackendMatchesOneGpu) {
     const int i = static_cast<int>(c.backend);
     EXPECT_GT(r.dispatches.forward[i], 0) << what;
     EXPECT_EQ(r.dispatches.total(), r.dispatches.forward[i] + r.dispatches.backward[i]) << what;
+  }
+}
+
+// Packed documents under CP on two GPUs: per-document zigzag, each CP algorithm per document, against the same
+// backend's single-GPU call on the whole packed batch (THD with cu_seqlens). Odd document lengths need padding;
+// cudnn's all-gather blocks need chunk lengths that are multiples of 64, so cudnn runs ring and a2a here.
+TEST(CpRank, PackedDocumentsMatchOneGpu) {
+  if (!inside_rank()) GTEST_SKIP() << "runs inside a rank started by the parent test";
+  auto comm = comm::make_nccl_communicator(comm::rank_info_from_environment(), std::chrono::seconds(120));
+  const Device dev = comm->device();
+  const std::vector<int64_t> lens = {1000, 37, 4099, 513, 2048};
+  const int64_t hq = 8, hkv = 2, d = 128;
+  int64_t total = 0;
+  std::vector<int32_t> cu_host = {0};
+  for (int64_t n : lens) cu_host.push_back(static_cast<int32_t>(total += n));
+  Tensor cu = Tensor::empty({static_cast<int64_t>(cu_host.size())}, DType::I32, dev);
+  copy(cu, contiguous_view(cu_host.data(), DType::I32, Device::cpu(), {cu.numel()}));
+  auto thd = [&](int64_t t, int64_t h) { return Tensor::empty({t, h, d}, DType::BF16, dev); };
+  const uint64_t seed = std::strtoull(std::getenv("MASTER_PORT"), nullptr, 10);  // the same on both ranks
+  const Tensor q = thd(total, hq), k = thd(total, hkv), v = thd(total, hkv), dout = thd(total, hq);
+  uint64_t s = seed;
+  for (const Tensor* t : {&q, &k, &v, &dout}) fill_normal_hashed(*t, s++);
+
+  const cp::PackedZigzag l(comm->size(), comm->rank(), lens);
+  const int64_t lt = l.local_total();
+  auto for_docs = [&](auto&& f) {
+    for (size_t i = 0; i < lens.size(); ++i) f(l.doc(i), l.global_start(i), lens[i], l.local_start(i));
+  };
+  // This rank's shard of a global packed tensor.
+  auto shard_of = [&](const Tensor& g, int64_t h, DType dt) {
+    Tensor m = Tensor::empty({lt, h, d}, dt, dev);
+    for_docs([&](const ZigzagLayout& dl, int64_t gs, int64_t n, int64_t ls) {
+      shard(packed_rows(g, gs, n), 1, dl, packed_rows(m, ls, dl.local_len()));
+    });
+    return m;
+  };
+  auto host = [](const TensorView& t) {
+    Tensor h = Tensor::empty({t.numel()}, t.dtype == DType::BF16 ? DType::F32 : t.dtype);
+    TensorView hv = t;
+    hv.data = h.data();
+    hv.device = Device::cpu();
+    hv.dtype = h.dtype();
+    int64_t st = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) hv.stride[i] = st, st *= t.shape[i];
+    copy(hv, t);
+    return std::pair{std::move(h), hv};
+  };
+
+  attention::AttnParams p;
+  p.device = dev;
+  p.dtype = DType::BF16;
+  p.batch = static_cast<int64_t>(lens.size());
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.head_dim = d;
+  p.seqlen_q = p.seqlen_kv = 4099;
+  p.mask = attention::MaskType::CausalTopLeft;
+  p.packed = true;
+  for (BackendId b : {BackendId::Flash, BackendId::Cudnn, BackendId::Efficient}) {
+    const attention::Backend* impl = attention::find_backend(b, DeviceKind::CUDA);
+    if (!impl || !impl->cp_capable()) continue;
+    attention::set_root_backends({b}, "test");
+    // The reference: one GPU, the whole packed batch.
+    const Tensor o = thd(total, hq), dq = thd(total, hq), dk = thd(total, hkv), dv = thd(total, hkv);
+    const Tensor lse = Tensor::empty({hq, total}, DType::F32, dev);
+    attention::forward(p, {q, k, v, o, lse, cu, cu});
+    attention::backward(p, {q, k, v, o, dout, lse, dq, dk, dv, false, cu, cu});
+    const Tensor mq = shard_of(q, hq, DType::BF16), mk = shard_of(k, hkv, DType::BF16),
+                 mv = shard_of(v, hkv, DType::BF16), mdout = shard_of(dout, hq, DType::BF16);
+    for (CpComm c : {CpComm::Ring, CpComm::AllGather, CpComm::AllToAll}) {
+      if (b == BackendId::Cudnn && c == CpComm::AllGather) continue;
+      const Tensor mo = thd(lt, hq), mdq = thd(lt, hq), mdk = thd(lt, hkv), mdv = thd(lt, hkv);
+      const Tensor mlse = Tensor::empty({hq, lt}, DType::F32, dev);
+      for (const Tensor* t : {&mo, &mdq, &mdk, &mdv, &mlse}) fill(*t, std::numeric_limits<double>::quiet_NaN());
+      attention::AttnParams lp = p;
+      lp.seqlen_q = lp.seqlen_kv = 0;
+      CpConfig cfg;
+      cfg.comm = c;
+      packed_attention_forward(*comm, cfg, lp, {mq, mk, mv, mo, mlse}, lens);
+      packed_attention_backward(*comm, cfg, lp, {mq, mk, mv, mo, mdout, mlse, mdq, mdk, mdv}, lens);
+      // Compare each document's valid rows (a prefix of its local rows) with the same rows of the sharded reference.
+      const std::string what = cat(attention::backend_name(b), " packed ", cp_comm_name(c), " rank ", comm->rank());
+      double worst[5] = {0, 0, 0, 0, 0};
+      const Tensor ro = shard_of(o, hq, DType::BF16), rdq = shard_of(dq, hq, DType::BF16),
+                   rdk = shard_of(dk, hkv, DType::BF16), rdv = shard_of(dv, hkv, DType::BF16);
+      for_docs([&](const ZigzagLayout& dl, int64_t gs, int64_t, int64_t ls) {
+        const int64_t nv = dl.valid_len();
+        if (nv == 0) return;
+        const std::pair<const Tensor*, const Tensor*> pairs[] = {{&mo, &ro}, {&mdq, &rdq}, {&mdk, &rdk}, {&mdv, &rdv}};
+        for (int j = 0; j < 4; ++j) {
+          auto [a, ah] = host(packed_rows(*pairs[j].first, ls, nv));
+          auto [r, rh] = host(packed_rows(*pairs[j].second, ls, nv));
+          worst[j] = std::max(worst[j], testing::rel_error(ah, rh));
+        }
+        // LSE: this rank's valid rows of the document are the global rows of its zigzag chunks.
+        Tensor ref_lse = Tensor::empty({1, hq, dl.local_len()}, DType::F32, dev);
+        shard(packed_lse(lse, gs, dl.global_len), 2, dl, ref_lse);
+        auto [a, ah] = host(packed_lse(mlse, ls, nv));
+        auto [r, rh] = host(lse_rows(ref_lse, 0, nv));
+        worst[4] = std::max(worst[4], testing::rel_error(ah, rh));
+      });
+      std::printf("%s: O %.2e dQ %.2e dK %.2e dV %.2e LSE %.2e\n", what.c_str(), worst[0], worst[1], worst[2],
+                  worst[3], worst[4]);
+      const char* names[] = {"O", "dQ", "dK", "dV", "LSE"};
+      for (int j = 0; j < 5; ++j) EXPECT_LE(worst[j], kBf16Tol) << what << " " << names[j];
+    }
   }
 }
 

@@ -22,16 +22,16 @@ KvPack gather_kv(comm::Communicator& comm, const ZigzagLayout& l, const AttnPara
                  const TensorView& v, void* stream) {
   const Device dev = comm.device();
   KvPack mine = make_kv_pack(k, l.local_len(), p.dtype, dev, false);
-  copy(mine.k, k);
-  copy(mine.v, v);
+  copy_async(mine.k, k, stream);
+  copy_async(mine.v, v, stream);
   Tensor gathered = Tensor::empty({static_cast<int64_t>(mine.count()) * l.cp}, p.dtype, dev);
   comm.all_gather(mine.buf.data(), gathered.data(), mine.count(), p.dtype, stream);
   KvPack global = make_kv_pack(k, l.padded_len(), p.dtype, dev, false);
   for (int s = 0; s < l.cp; ++s) {
     char* base = static_cast<char*>(gathered.data()) + s * mine.count() * dtype_size(p.dtype);
     const KvPack block = view_kv_pack(base, k, l.local_len(), p.dtype, dev);
-    block_to_global(l, s, block.k, global.k);
-    block_to_global(l, s, block.v, global.v);
+    block_to_global(l, s, block.k, global.k, stream);
+    block_to_global(l, s, block.v, global.v, stream);
   }
   return global;
 }
@@ -60,15 +60,15 @@ void allgather_attention_forward(comm::Communicator& comm, const AttnParams& p, 
   const KvPack kv = gather_kv(comm, l, p, a.k, a.v, a.stream);
   Tensor o_acc = zeros_like(a.o, DType::F32, dev);
   Tensor lse_acc = empty_like(a.lse, DType::F32, dev);
-  fill_neg_inf(lse_acc);
+  fill_neg_inf(lse_acc, a.stream);
   for (int h = 0; h < 2; ++h) {
     const ChunkBlock blk = chunk_block(l, is_causal(p), h);
     if (blk.nq > 0)
       block_forward(p, a, blk.q_start, blk.nq, kv.k, kv.v, blk.nk, blk.mask, rows(o_acc, blk.q_start, blk.nq),
                     lse_rows(lse_acc, blk.q_start, blk.nq));
   }
-  copy(a.o, o_acc);
-  copy(a.lse, lse_acc);
+  copy_async(a.o, o_acc, a.stream);
+  copy_async(a.lse, lse_acc, a.stream);
 }
 
 void allgather_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
@@ -90,14 +90,14 @@ void allgather_attention_backward(comm::Communicator& comm, const AttnParams& p,
   Tensor scattered = Tensor::empty({static_cast<int64_t>(block_count) * l.cp}, DType::F32, dev);
   for (int s = 0; s < l.cp; ++s) {
     const KvPack block = view_kv_pack(scattered.ptr<float>() + s * block_count, a.k, l.local_len(), DType::F32, dev);
-    global_to_block(l, s, dkv.k, block.k);
-    global_to_block(l, s, dkv.v, block.v);
+    global_to_block(l, s, dkv.k, block.k, a.stream);
+    global_to_block(l, s, dkv.v, block.v, a.stream);
   }
   const KvPack mine = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
   comm.reduce_scatter(scattered.data(), mine.buf.data(), mine.count(), DType::F32, comm::ReduceOp::Sum, a.stream);
-  copy(a.dq, dq_acc);
-  copy(a.dk, mine.k);
-  copy(a.dv, mine.v);
+  copy_async(a.dq, dq_acc, a.stream);
+  copy_async(a.dk, mine.k, a.stream);
+  copy_async(a.dv, mine.v, a.stream);
 }
 
 }  // namespace ringtrain::cp

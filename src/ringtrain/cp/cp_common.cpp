@@ -58,16 +58,16 @@ KvPack make_kv_pack(const TensorView& k_like, int64_t len, DType dtype, Device d
   return p;
 }
 
-void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global) {
+void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global, void* stream) {
   const int64_t c = l.chunk_len();
-  copy(rows(global, s * c, c), rows(block, 0, c));
-  copy(rows(global, (2 * l.cp - 1 - s) * c, c), rows(block, c, c));
+  copy_async(rows(global, s * c, c), rows(block, 0, c), stream);
+  copy_async(rows(global, (2 * l.cp - 1 - s) * c, c), rows(block, c, c), stream);
 }
 
-void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block) {
+void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block, void* stream) {
   const int64_t c = l.chunk_len();
-  copy(rows(block, 0, c), rows(global, s * c, c));
-  copy(rows(block, c, c), rows(global, (2 * l.cp - 1 - s) * c, c));
+  copy_async(rows(block, 0, c), rows(global, s * c, c), stream);
+  copy_async(rows(block, c, c), rows(global, (2 * l.cp - 1 - s) * c, c), stream);
 }
 
 void block_forward(const AttnParams& local, const attention::AttnForwardArgs& a, int64_t q_start, int64_t nq,
@@ -119,7 +119,8 @@ inline float softplus(float x) { return std::max(x, 0.f) + std::log1p(std::exp(-
 
 }  // namespace
 
-void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b) {
+void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b,
+                   void* stream) {
   for (const TensorView* t : {&o_a, &lse_a, &o_b, &lse_b}) check_f32("CP merge", *t, o_a.device);
   RT_CHECK(o_a.ndim == 4 && o_b.ndim == 4 && lse_a.ndim == 3 && lse_b.ndim == 3, "CP merge: bad ranks ",
            o_a.shape_str(), " ", o_b.shape_str());
@@ -130,7 +131,7 @@ void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorV
            "CP merge: lse ", lse_a.shape_str(), " does not match ", o_a.shape_str());
   if (o_a.device.is_cuda()) {
 #ifdef RINGTRAIN_WITH_CUDA
-    cuda::merge_partial(o_a, lse_a, o_b, lse_b);
+    cuda::merge_partial(o_a, lse_a, o_b, lse_b, stream);
     return;
 #endif
   }
@@ -159,9 +160,9 @@ void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorV
   }
 }
 
-void fill_neg_inf(const TensorView& t) {
+void fill_neg_inf(const TensorView& t, void* stream) {
   check_f32("CP LSE init", t, t.device);
-  fill(t, kNegInf);
+  fill_async(t, kNegInf, stream);
 }
 
 }  // namespace ringtrain::cp

@@ -35,9 +35,9 @@ inline TensorView rows(const TensorView& t, int64_t start, int64_t n) { return t
 inline TensorView lse_rows(const TensorView& t, int64_t start, int64_t n) { return t.slice(2, start, n); }
 
 // Copies between rank s's local layout [chunk s | chunk 2cp-1-s] (a [B, 2c, ...] view) and the global-order
-// [B, padded_len, ...] view, both directions.
-void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global);
-void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block);
+// [B, padded_len, ...] view, both directions, enqueued on `stream` (core's copy_async).
+void block_to_global(const ZigzagLayout& l, int s, const TensorView& block, const TensorView& global, void* stream);
+void global_to_block(const ZigzagLayout& l, int s, const TensorView& global, const TensorView& block, void* stream);
 
 // One block of a CP forward: local query rows [q_start, q_start + nq) of a against the first nk keys of (k, v) under
 // `mask`, writing the block's O and LSE into o and lse (views of nq rows).
@@ -54,8 +54,10 @@ void block_backward(const attention::AttnParams& local, const attention::AttnBac
 
 // Merges a partial result (o_b, lse_b) of the same query rows into the running (o_a, lse_a), all fp32:
 // O = O_a - sigmoid(L_b - L_a) (O_a - O_b), L = L_a - logsigmoid(L_a - L_b); a -inf side contributes nothing.
-void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b);
+// Enqueued on `stream` for device views.
+void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b,
+                   void* stream);
 // Sets every element of an fp32 view to -inf (the LSE of rows that have seen no key yet).
-void fill_neg_inf(const TensorView& t);
+void fill_neg_inf(const TensorView& t, void* stream);
 
 }  // namespace ringtrain::cp

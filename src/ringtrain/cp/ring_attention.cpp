@@ -1,8 +1,9 @@
 // Ring attention on rank r: at step i the rank holds the KV block of source s = (r - i) mod cp and attends the
 // part of its queries that sees that block (ring_block). The next block's send/recv is posted before the step's
 // compute and waited after it (double buffer). Running O and LSE stay fp32 and are merged per step.
-// Backward: same blocks, always with the final O and LSE; dQ accumulates locally in fp32, dK/dV accumulate in an
-// fp32 buffer that travels behind its KV block and is back at its owner after cp hops.
+// Backward: same blocks, always with the final O and LSE; dQ accumulates locally in fp32; each step's dK/dV share is
+// computed while the fp32 sum of the earlier shares of the same block arrives from the previous rank, then added
+// and sent on, so the sum is back at its owner after cp hops of which only the last is not overlapped.
 #include "ringtrain/cp/ring_attention.h"
 
 #include <algorithm>
@@ -53,11 +54,11 @@ void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const
 
   Tensor o_acc = zeros_like(a.o, DType::F32, dev);
   Tensor lse_acc = empty_like(a.lse, DType::F32, dev);
-  fill_neg_inf(lse_acc);
+  fill_neg_inf(lse_acc, a.stream);
   KvPack cur = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
   KvPack nxt = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
-  copy(cur.k, a.k);
-  copy(cur.v, a.v);
+  copy_async(cur.k, a.k, a.stream);
+  copy_async(cur.v, a.v, a.stream);
 
   for (int step = 0; step < l.cp; ++step) {
     const int src = (l.rank - step + l.cp) % l.cp;
@@ -73,7 +74,7 @@ void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const
         Tensor o_step = empty_like(o_rows, DType::F32, dev);
         Tensor lse_step = empty_like(lse_part, DType::F32, dev);
         block_forward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, o_step, lse_step);
-        merge_partial(o_rows, lse_part, o_step, lse_step);
+        merge_partial(o_rows, lse_part, o_step, lse_step, a.stream);
       }
     }
     if (kv_req) {
@@ -81,8 +82,8 @@ void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const
       std::swap(cur, nxt);
     }
   }
-  copy(a.o, o_acc);
-  copy(a.lse, lse_acc);
+  copy_async(a.o, o_acc, a.stream);
+  copy_async(a.lse, lse_acc, a.stream);
 }
 
 void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
@@ -98,33 +99,50 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
   Tensor dq_acc = zeros_like(a.q, DType::F32, dev);
   KvPack cur = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
   KvPack nxt = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
-  KvPack dkv_cur = make_kv_pack(a.k, l.local_len(), DType::F32, dev, true);  // own block's dK/dV starts at 0
-  KvPack dkv_nxt = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
-  copy(cur.k, a.k);
-  copy(cur.v, a.v);
+  copy_async(cur.k, a.k, a.stream);
+  copy_async(cur.v, a.v, a.stream);
+  // dK/dV of the block held at a step: this step's share (step), the sum of the earlier ranks' shares arriving
+  // meanwhile (in), and the previous block's finished sum travelling on (out). Computing the share while the
+  // sums travel keeps the fp32 dK/dV exchange off the critical path but for the last hop.
+  KvPack dkv_step = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
+  KvPack dkv_in = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
+  KvPack dkv_out = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
 
   for (int step = 0; step < l.cp; ++step) {
     const int src = (l.rank - step + l.cp) % l.cp;
-    std::unique_ptr<comm::Request> kv_req;
+    std::unique_ptr<comm::Request> kv_req, dkv_req;
     if (step + 1 < l.cp)
       kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
+    if (step > 0)
+      dkv_req = comm.send_recv(dkv_out.buf.data(), next, dkv_in.buf.data(), prev, dkv_out.count(), DType::F32,
+                               a.stream);
+    fill_async(dkv_step.buf, 0.0, a.stream);
     const RingBlock blk = ring_block(l, causal, step, src);
     if (!blk.empty())
-      block_backward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, dq_acc, dkv_cur.k, dkv_cur.v);
-    // dK/dV of block src follow it to the next rank; the one arriving is for the block that arrives.
-    auto dkv_req =
-        comm.send_recv(dkv_cur.buf.data(), next, dkv_nxt.buf.data(), prev, dkv_cur.count(), DType::F32, a.stream);
-    dkv_req->wait();
-    std::swap(dkv_cur, dkv_nxt);
+      block_backward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, dq_acc, dkv_step.k, dkv_step.v);
+    if (dkv_req) {
+      dkv_req->wait();
+      add_async(dkv_step.buf, dkv_in.buf, a.stream);
+    }
+    std::swap(dkv_out, dkv_step);  // block src's sum so far leaves at the next step; the sent buffer is free again
     if (kv_req) {
       kv_req->wait();
       std::swap(cur, nxt);
     }
   }
-  // After cp hops the buffer that arrived holds this rank's own block with every rank's contribution.
-  copy(a.dq, dq_acc);
-  copy(a.dk, dkv_cur.k);
-  copy(a.dv, dkv_cur.v);
+  // The last block's sum goes to its owner, the next rank, and what arrives is this rank's own block, complete.
+  // Nothing is added to it any more, so it travels in the output dtype (rounded by the sender instead of the owner:
+  // the same values, half the bytes of fp32 for bf16 outputs).
+  const DType out_dtype = a.dk.dtype == a.dv.dtype ? a.dk.dtype : DType::F32;
+  // The step and arrival buffers are free by now (stream order) and large enough to hold the hop.
+  const KvPack send = view_kv_pack(dkv_step.buf.data(), a.k, l.local_len(), out_dtype, dev);
+  const KvPack recv = view_kv_pack(dkv_in.buf.data(), a.k, l.local_len(), out_dtype, dev);
+  copy_async(send.k, dkv_out.k, a.stream);
+  copy_async(send.v, dkv_out.v, a.stream);
+  comm.send_recv(dkv_step.buf.data(), next, dkv_in.buf.data(), prev, dkv_out.count(), out_dtype, a.stream)->wait();
+  copy_async(a.dq, dq_acc, a.stream);
+  copy_async(a.dk, recv.k, a.stream);
+  copy_async(a.dv, recv.v, a.stream);
 }
 
 }  // namespace ringtrain::cp

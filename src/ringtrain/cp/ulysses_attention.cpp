@@ -39,9 +39,9 @@ void heads_to_sequence(comm::Communicator& comm, const ZigzagLayout& l, const Te
   const int64_t block = local.shape[0] * len * g * local.shape[3];
   Tensor send = Tensor::empty({block * l.cp}, local.dtype, comm.device());
   Tensor recv = Tensor::empty({block * l.cp}, local.dtype, comm.device());
-  for (int j = 0; j < l.cp; ++j) copy(block_view(send, j * block, local, len, g), local.slice(2, j * g, g));
+  for (int j = 0; j < l.cp; ++j) copy_async(block_view(send, j * block, local, len, g), local.slice(2, j * g, g), stream);
   comm.all_to_all(send.data(), recv.data(), static_cast<size_t>(block), local.dtype, stream);
-  for (int s = 0; s < l.cp; ++s) block_to_global(l, s, block_view(recv, s * block, local, len, g), global);
+  for (int s = 0; s < l.cp; ++s) block_to_global(l, s, block_view(recv, s * block, local, len, g), global, stream);
 }
 
 // The reverse: this rank's group in global order ([B, padded_len, H/cp, d]) back to the ranks, and every rank's
@@ -52,9 +52,9 @@ void sequence_to_heads(comm::Communicator& comm, const ZigzagLayout& l, const Te
   const int64_t block = local.shape[0] * len * g * local.shape[3];
   Tensor send = Tensor::empty({block * l.cp}, global.dtype, comm.device());
   Tensor recv = Tensor::empty({block * l.cp}, global.dtype, comm.device());
-  for (int s = 0; s < l.cp; ++s) global_to_block(l, s, global, block_view(send, s * block, local, len, g));
+  for (int s = 0; s < l.cp; ++s) global_to_block(l, s, global, block_view(send, s * block, local, len, g), stream);
   comm.all_to_all(send.data(), recv.data(), static_cast<size_t>(block), global.dtype, stream);
-  for (int j = 0; j < l.cp; ++j) copy(local.slice(2, j * g, g), block_view(recv, j * block, local, len, g));
+  for (int j = 0; j < l.cp; ++j) copy_async(local.slice(2, j * g, g), block_view(recv, j * block, local, len, g), stream);
 }
 
 // The whole-sequence tensor of this rank's head group, shaped like `local` with H/cp heads and padded_len rows.
@@ -97,7 +97,7 @@ void ulysses_attention_forward(comm::Communicator& comm, const AttnParams& p, co
   heads_to_sequence(comm, l, a.v, v, a.stream);
   // Padding rows (beyond the valid prefix) keep O = 0 and LSE = -inf, the convention for rows that see nothing.
   const Tensor o = group_tensor(l, a.o, a.o.dtype, dev), lse = group_lse(l, p, dev);
-  fill_neg_inf(lse);
+  fill_neg_inf(lse, a.stream);
   AttnForwardArgs s;
   s.q = rows(q, 0, n);
   s.k = rows(k, 0, n);

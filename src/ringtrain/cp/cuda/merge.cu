@@ -44,12 +44,13 @@ View3 v3(const TensorView& t) { return {t.ptr<float>(), {t.stride[0], t.stride[1
 
 }  // namespace
 
-void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b) {
+void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b,
+                   void* stream) {
   const int64_t batch = o_a.shape[0], n = o_a.shape[1], heads = o_a.shape[2], dim = o_a.shape[3];
   const int64_t threads = batch * n * heads * 32;
   if (threads == 0) return;
   const int block = 256;
-  merge_kernel<<<static_cast<unsigned>((threads + block - 1) / block), block>>>(v4(o_a), v3(lse_a), v4(o_b), v3(lse_b),
+  merge_kernel<<<static_cast<unsigned>((threads + block - 1) / block), block, 0, static_cast<cudaStream_t>(stream)>>>(v4(o_a), v3(lse_a), v4(o_b), v3(lse_b),
                                                                                batch, n, heads, dim);
   const cudaError_t e = cudaGetLastError();
   RT_CHECK(e == cudaSuccess, "CP merge kernel failed for ", o_a.shape_str(), ": ", cudaGetErrorString(e));

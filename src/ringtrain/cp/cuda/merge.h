@@ -6,7 +6,8 @@
 namespace ringtrain::cp::cuda {
 
 // (o_a, lse_a) <- merge of (o_a, lse_a) and (o_b, lse_b); fp32 device views, o [B, n, H, D], lse [B, H, n].
-// Enqueued on the legacy default stream (where the backends run when no stream is given).
-void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b);
+// Enqueued on `stream` (a cudaStream_t; nullptr = the legacy default stream).
+void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b,
+                   void* stream);
 
 }  // namespace ringtrain::cp::cuda
