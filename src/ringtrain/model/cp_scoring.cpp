@@ -35,15 +35,15 @@ class CpAttention final : public SequenceAttention {
   int64_t global_len_;
 };
 
-// This rank's rows: tokens at their global positions, the global next token as target (-1 for the last token
-// and for padding; padding rows carry token 0).
-struct Shard {
-  std::vector<int32_t> tokens, positions, targets;
-  std::vector<int64_t> global;  // global index of each local row
-};
+}  // namespace
 
-Shard make_shard(const cp::ZigzagLayout& layout, const std::vector<int32_t>& ids) {
-  Shard s;
+std::unique_ptr<SequenceAttention> make_cp_attention(comm::Communicator& comm, cp::CpConfig config,
+                                                     int64_t global_len) {
+  return std::make_unique<CpAttention>(comm, config, global_len);
+}
+
+CpShard make_cp_shard(const cp::ZigzagLayout& layout, const std::vector<int32_t>& ids) {
+  CpShard s;
   const int64_t n = layout.local_len(), S = static_cast<int64_t>(ids.size());
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = layout.global_index(i);
@@ -55,11 +55,29 @@ Shard make_shard(const cp::ZigzagLayout& layout, const std::vector<int32_t>& ids
   return s;
 }
 
-}  // namespace
+template <typename T>
+std::vector<T> cp_rows_to_tokens(const std::vector<T>& gathered, int cp, int64_t seq_len) {
+  const int64_t n = static_cast<int64_t>(gathered.size()) / cp;
+  std::vector<T> out(static_cast<size_t>(seq_len), T(0));  // the row at global index g scores token g + 1
+  for (int r = 0; r < cp; ++r) {
+    const cp::ZigzagLayout lr(cp, r, seq_len);
+    RT_CHECK(lr.local_len() == n, "logprobs: ", gathered.size(), " gathered rows for ", cp, " ranks of ",
+             lr.local_len());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t g = lr.global_index(i);
+      if (g + 1 < seq_len) out[g + 1] = gathered[r * n + i];
+    }
+  }
+  return out;
+}
 
-std::unique_ptr<SequenceAttention> make_cp_attention(comm::Communicator& comm, cp::CpConfig config,
-                                                     int64_t global_len) {
-  return std::make_unique<CpAttention>(comm, config, global_len);
+template <typename T>
+std::vector<T> cp_row_grads(const CpShard& shard, const std::vector<T>& d_logprobs) {
+  const int64_t S = static_cast<int64_t>(d_logprobs.size());
+  std::vector<T> d_rows(shard.global.size(), T(0));
+  for (size_t i = 0; i < d_rows.size(); ++i)
+    if (shard.global[i] + 1 < S) d_rows[i] = d_logprobs[shard.global[i] + 1];
+  return d_rows;
 }
 
 template <typename T>
@@ -68,22 +86,14 @@ std::vector<T> cp_sequence_logprobs(Model<T>& model, comm::Communicator& comm, c
   RT_CHECK(!ids.empty(), "logprobs: empty sequence");
   const int64_t S = static_cast<int64_t>(ids.size());
   const cp::ZigzagLayout layout(comm.size(), comm.rank(), S);
-  const Shard shard = make_shard(layout, ids);
+  const CpShard shard = make_cp_shard(layout, ids);
   auto attention = make_cp_attention(comm, config, S);
   const int64_t n = layout.local_len();
   std::vector<T> rows = model_row_logprobs(model, shard.tokens.data(), shard.positions.data(), shard.targets.data(),
                                            1, n, *attention, chunk_tokens, for_backward);
   std::vector<T> all(static_cast<size_t>(n * comm.size()));
   comm.all_gather(rows.data(), all.data(), static_cast<size_t>(n), std::is_same_v<T, double> ? DType::F64 : DType::F32);
-  std::vector<T> out(ids.size(), T(0));  // the row at global index g scores token g + 1
-  for (int r = 0; r < comm.size(); ++r) {
-    const cp::ZigzagLayout lr(comm.size(), r, S);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t g = lr.global_index(i);
-      if (g + 1 < S) out[g + 1] = all[r * n + i];
-    }
-  }
-  return out;
+  return cp_rows_to_tokens(all, comm.size(), S);
 }
 
 template <typename T>
@@ -94,15 +104,15 @@ void cp_sequence_logprobs_backward(Model<T>& model, comm::Communicator& comm, co
            " tokens");
   const int64_t S = static_cast<int64_t>(ids.size());
   const cp::ZigzagLayout layout(comm.size(), comm.rank(), S);
-  const Shard shard = make_shard(layout, ids);
+  const CpShard shard = make_cp_shard(layout, ids);
   auto attention = make_cp_attention(comm, config, S);
-  std::vector<T> d_rows(shard.global.size(), T(0));
-  for (size_t i = 0; i < d_rows.size(); ++i)
-    if (shard.global[i] + 1 < S) d_rows[i] = d_logprobs[shard.global[i] + 1];
+  const std::vector<T> d_rows = cp_row_grads(shard, d_logprobs);
   model_row_logprobs_backward(model, shard.targets.data(), d_rows.data(), *attention, chunk_tokens);
 }
 
 #define RT_INSTANTIATE(T)                                                                                          \
+  template std::vector<T> cp_rows_to_tokens<T>(const std::vector<T>&, int, int64_t);                              \
+  template std::vector<T> cp_row_grads<T>(const CpShard&, const std::vector<T>&);                                 \
   template std::vector<T> cp_sequence_logprobs<T>(Model<T>&, comm::Communicator&, const cp::CpConfig&,            \
                                                   const std::vector<int32_t>&, int64_t, bool);                     \
   template void cp_sequence_logprobs_backward<T>(Model<T>&, comm::Communicator&, const cp::CpConfig&,             \

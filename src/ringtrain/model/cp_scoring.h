@@ -9,6 +9,7 @@
 
 #include "ringtrain/comm/communicator.h"
 #include "ringtrain/cp/cp_attention.h"
+#include "ringtrain/cp/zigzag.h"
 #include "ringtrain/model/logprobs.h"
 #include "ringtrain/model/sequence_attention.h"
 
@@ -17,6 +18,21 @@ namespace ringtrain::model {
 // Causal attention of this rank's zigzag shard of a global_len-token sequence.
 std::unique_ptr<SequenceAttention> make_cp_attention(comm::Communicator& comm, cp::CpConfig config,
                                                      int64_t global_len);
+
+// This rank's rows of a sharded sequence: tokens at their global positions, the global next token as target (-1 for
+// the last token and for padding; padding rows carry token 0). Shared by the CPU and GPU models.
+struct CpShard {
+  std::vector<int32_t> tokens, positions, targets;
+  std::vector<int64_t> global;  // global index of each local row
+};
+CpShard make_cp_shard(const cp::ZigzagLayout& layout, const std::vector<int32_t>& ids);
+// The whole [seq_len] log-probabilities in token order (position 0 = 0) from every rank's row results, gathered as
+// cp blocks of local_len rows (block r from rank r).
+template <typename T>
+std::vector<T> cp_rows_to_tokens(const std::vector<T>& gathered, int cp, int64_t seq_len);
+// d(loss)/d(row result) for this rank's rows, from d(loss)/d(logprob[p]) in token order.
+template <typename T>
+std::vector<T> cp_row_grads(const CpShard& shard, const std::vector<T>& d_logprobs);
 
 // Called on every rank with the whole sequence: returns the whole [S] log-probabilities in token order
 // (position 0 = 0) on every rank, gathered from the shards.

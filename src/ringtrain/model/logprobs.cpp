@@ -92,24 +92,23 @@ void model_row_logprobs_backward(Model<T>& model, const int32_t* targets, const 
   model.backward(d_hidden.data(), attention);
 }
 
-namespace {
-std::vector<int32_t> next_tokens(const std::vector<int32_t>& ids) {
+std::vector<int32_t> next_token_targets(const std::vector<int32_t>& ids) {
   std::vector<int32_t> t(ids.size(), -1);
   for (size_t i = 0; i + 1 < ids.size(); ++i) t[i] = ids[i + 1];
   return t;
 }
+
 std::vector<int32_t> iota_positions(size_t n) {
   std::vector<int32_t> p(n);
   for (size_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(i);
   return p;
 }
-}  // namespace
 
 template <typename T>
 std::vector<T> sequence_logprobs(Model<T>& model, const std::vector<int32_t>& ids, SequenceAttention& attention,
                                  int64_t chunk_tokens, bool for_backward) {
   RT_CHECK(!ids.empty(), "logprobs: empty sequence");
-  const std::vector<int32_t> targets = next_tokens(ids), positions = iota_positions(ids.size());
+  const std::vector<int32_t> targets = next_token_targets(ids), positions = iota_positions(ids.size());
   const int64_t S = static_cast<int64_t>(ids.size());
   const std::vector<T> rows = model_row_logprobs(model, ids.data(), positions.data(), targets.data(), 1, S, attention,
                                                  chunk_tokens, for_backward);
@@ -123,7 +122,7 @@ void sequence_logprobs_backward(Model<T>& model, const std::vector<int32_t>& ids
                                 SequenceAttention& attention, int64_t chunk_tokens) {
   RT_CHECK(d_logprobs.size() == ids.size(), "logprobs backward: ", d_logprobs.size(), " gradients for ", ids.size(),
            " tokens");
-  const std::vector<int32_t> targets = next_tokens(ids);
+  const std::vector<int32_t> targets = next_token_targets(ids);
   std::vector<T> d_rows(ids.size(), T(0));
   for (size_t i = 0; i + 1 < ids.size(); ++i) d_rows[i] = d_logprobs[i + 1];
   model_row_logprobs_backward(model, targets.data(), d_rows.data(), attention, chunk_tokens);

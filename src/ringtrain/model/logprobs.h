@@ -34,6 +34,10 @@ template <typename T>
 void model_row_logprobs_backward(Model<T>& model, const int32_t* targets, const T* d_rows,
                                  SequenceAttention& attention, int64_t chunk_tokens);
 
+// Row i of a whole sequence scores token i + 1: targets ids[i + 1], -1 for the last row; positions 0..n-1.
+std::vector<int32_t> next_token_targets(const std::vector<int32_t>& ids);
+std::vector<int32_t> iota_positions(size_t n);
+
 // One sequence on one rank, in token order: result[0] = 0, result[p] = log P(ids[p] | ids[<p]).
 template <typename T>
 std::vector<T> sequence_logprobs(Model<T>& model, const std::vector<int32_t>& ids, SequenceAttention& attention,

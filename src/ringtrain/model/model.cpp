@@ -5,14 +5,11 @@
 #include "ringtrain/model/layers.h"
 
 namespace ringtrain::model {
-namespace {
 
-std::vector<attention::BackendId> allow_list(const ModelOptions& o) {
-  if (!o.attention_backends.empty()) return o.attention_backends;
+std::vector<attention::BackendId> ModelOptions::allowed_backends() const {
+  if (!attention_backends.empty()) return attention_backends;
   return {std::begin(attention::kAllBackends), std::end(attention::kAllBackends)};
 }
-
-}  // namespace
 
 template <typename T>
 Model<T>::Model(ModelConfig config, const std::vector<float>& params, ModelOptions options)
@@ -54,7 +51,7 @@ const std::vector<T>& Model<T>::forward(const int32_t* tokens, const int32_t* po
   positions_.assign(positions, positions + N);
   batch_ = batch, seqlen_ = seqlen;
   acts_.resize(for_backward ? config_.layers : 1);
-  attention::BackendScope scope("model", allow_list(options_));
+  attention::BackendScope scope("model", options_.allowed_backends());
 
   std::vector<T> x(N * H);
   embedding_forward(x.data(), tokens, params_.data() + layout_.embed, N, H, config_.vocab);
@@ -79,7 +76,7 @@ void Model<T>::backward(const T* d_hidden, SequenceAttention& attention) {
   have_activations_ = false;
   if (grads_.empty()) zero_grads();
   const int64_t N = batch_ * seqlen_, H = config_.hidden;
-  attention::BackendScope scope("model", allow_list(options_));
+  attention::BackendScope scope("model", options_.allowed_backends());
   std::vector<T> dx(N * H, T(0));
   rmsnorm_backward(dx.data(), grads_.data() + layout_.final_norm, d_hidden, final_in_.data(),
                    params_.data() + layout_.final_norm, final_rstd_.data(), N, H);

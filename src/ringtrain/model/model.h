@@ -25,6 +25,8 @@ struct ModelOptions {
   // when checkpoint_layers[i] is true (layers past the end of the list are not checkpointed).
   std::vector<bool> checkpoint_layers;
   static std::vector<bool> checkpoint_all(int64_t layers) { return std::vector<bool>(static_cast<size_t>(layers), true); }
+  // The list the model's BackendScope opens with: attention_backends, or every backend when it is empty.
+  std::vector<attention::BackendId> allowed_backends() const;
 };
 
 template <typename T>

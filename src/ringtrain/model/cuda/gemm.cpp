@@ -1,0 +1,254 @@
+// cuBLASLt is column-major. A row-major M[r, c] is, in the same memory, the column-major M^T[c, r] with leading
+// dimension c, so each row-major product is computed on those transposed views:
+//   y = x w^T      ->  y^T[out, n]   = op(w^T = [in, out] stored, transposed) · x^T[in, n]
+//   dx = dy w      ->  dx^T[in, n]   = w^T[in, out] · dy^T[out, n]
+//   dw += dy^T x   ->  dw^T[in, out] = x^T[in, n] · op(dy^T[out, n] stored, transposed)
+// Operands are bf16, the accumulation fp32 (CUBLAS_COMPUTE_32F runs bf16 tensor cores with fp32 sums), results bf16
+// or fp32. The bias of the forward is cuBLASLt's BIAS epilogue (added in fp32 before the single rounding).
+#include "ringtrain/model/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <string>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/cuda/bias_grad.cuh"
+
+#define RT_LT_CHECK(expr, ...)                                                                                  \
+  do {                                                                                                          \
+    const cublasStatus_t rt_lt_status_ = (expr);                                                                \
+    if (rt_lt_status_ != CUBLAS_STATUS_SUCCESS)                                                                 \
+      throw ::ringtrain::Error(::ringtrain::cat("cuBLASLt: ", #expr, " failed (",                               \
+                                                cublasLtGetStatusString(rt_lt_status_), ") at ", __FILE__, ":", \
+                                                __LINE__, " for ", __VA_ARGS__));                               \
+  } while (0)
+
+#define RT_GEMM_CUDA_CHECK(expr, ...)                                                                          \
+  do {                                                                                                         \
+    const cudaError_t rt_gemm_err_ = (expr);                                                                   \
+    if (rt_gemm_err_ != cudaSuccess)                                                                           \
+      throw ::ringtrain::Error(::ringtrain::cat(#expr, " failed (", cudaGetErrorString(rt_gemm_err_), ") at ", \
+                                                __FILE__, ":", __LINE__, " for ", __VA_ARGS__));               \
+  } while (0)
+
+namespace ringtrain::model::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+enum class Product { Forward, ForwardF32, DataGrad, WeightGrad };
+
+// A matrix as cuBLASLt sees it: column-major rows x cols with leading dimension ld (elements).
+struct ColMajor {
+  uint64_t rows, cols;
+  int64_t ld;
+};
+
+// A packed column-major matrix: the leading dimension is the row count.
+ColMajor col_major(int64_t rows, int64_t cols) {
+  return {static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), rows};
+}
+
+// One product: D = op(A) · op(B) with D's element type.
+struct Spec {
+  cublasOperation_t trans_a, trans_b;
+  ColMajor a, b, d;
+  cudaDataType_t d_type;
+};
+
+// What a plan depends on: the shape, the epilogue and the operands' alignments (which algorithms may run).
+struct PlanKey {
+  Product product;
+  int64_t n, in, out;
+  bool bias;
+  uint32_t align_a, align_b, align_d;
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+std::string describe(const PlanKey& k) {
+  switch (k.product) {
+    case Product::Forward:
+      return cat("y[", k.n, ", ", k.out, "] bf16 = x[", k.n, ", ", k.in, "] · w[", k.out, ", ", k.in, "]^T",
+                 k.bias ? " + bias" : "");
+    case Product::ForwardF32:
+      return cat("y[", k.n, ", ", k.out, "] fp32 = x[", k.n, ", ", k.in, "] · w[", k.out, ", ", k.in, "]^T");
+    case Product::DataGrad:
+      return cat("dx[", k.n, ", ", k.in, "] bf16 = dy[", k.n, ", ", k.out, "] · w[", k.out, ", ", k.in, "]");
+    case Product::WeightGrad:
+      return cat("dw[", k.out, ", ", k.in, "] fp32 += dy[", k.n, ", ", k.out, "]^T · x[", k.n, ", ", k.in, "]");
+  }
+  return "an unknown product";
+}
+
+// The largest power of two up to 16 dividing both the address and the row pitch in bytes.
+uint32_t alignment_of(const void* p, int64_t ld, size_t elem_bytes) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(p) | (static_cast<uint64_t>(ld) * elem_bytes);
+  uint32_t a = 16;
+  while (a > 1 && bits % a) a /= 2;
+  return a;
+}
+
+// The descriptors and the chosen algorithm of one PlanKey.
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Preference() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  }
+};
+
+void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const auto& value,
+              const PlanKey& key) {
+  RT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), describe(key));
+}
+
+}  // namespace
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  void* aligned_bias = nullptr;  // a 16-byte aligned copy of a bias the epilogue could not read in place
+  int64_t aligned_bias_capacity = 0;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+
+  ~Impl() {
+    plans.clear();
+    if (handle) cublasLtDestroy(handle);
+    if (workspace) cudaFree(workspace);
+    if (aligned_bias) cudaFree(aligned_bias);
+  }
+
+  const Plan& plan(const PlanKey& key, const Spec& s) {
+    auto it = plans.find(key);
+    if (it != plans.end()) return *it->second;
+    auto p = std::make_unique<Plan>();
+    RT_LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), describe(key));
+    RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &s.trans_a, sizeof(s.trans_a)),
+                describe(key));
+    RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &s.trans_b, sizeof(s.trans_b)),
+                describe(key));
+    if (key.bias) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bias_type = CUDA_R_16BF;
+      RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+                  describe(key));
+      RT_LT_CHECK(
+          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+          describe(key));
+    }
+    RT_LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.a.rows, s.a.cols, s.a.ld), describe(key));
+    RT_LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, s.b.rows, s.b.cols, s.b.ld), describe(key));
+    RT_LT_CHECK(cublasLtMatrixLayoutCreate(&p->d, s.d_type, s.d.rows, s.d.cols, s.d.ld), describe(key));
+
+    Preference pr;
+    RT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pr.pref), describe(key));
+    set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes}, key);
+    set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a, key);
+    set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b, key);
+    set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d, key);
+    set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d, key);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    RT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref, 1, &result, &found),
+                describe(key));
+    RT_CHECK(found > 0, "cuBLASLt has no algorithm for ", describe(key), " (alignments A ", key.align_a, " B ",
+             key.align_b, " D ", key.align_d, " bytes)");
+    p->algo = result.algo;
+    return *plans.emplace(key, std::move(p)).first->second;
+  }
+
+  // D = op(A) · op(B) + beta * D on the stream.
+  void run(cudaStream_t stream, const PlanKey& key, const Spec& s, const void* a, const void* b, void* d, float beta,
+           const bf16* bias) {
+    const Plan& p = plan(key, s);
+    if (bias)
+      RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                  describe(key));
+    const float alpha = 1.f;
+    RT_LT_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo, workspace,
+                               kWorkspaceBytes, stream),
+                describe(key));
+  }
+
+  // The epilogue reads the bias with vector loads: one not 16-byte aligned (e.g. an odd offset in a flat parameter
+  // buffer) is first copied, on the stream, into an aligned buffer.
+  const bf16* epilogue_bias(cudaStream_t stream, const bf16* bias, int64_t out) {
+    if (!bias || reinterpret_cast<uintptr_t>(bias) % 16 == 0) return bias;
+    if (aligned_bias_capacity < out) {
+      // The old buffer may still be read by queued GEMMs.
+      RT_GEMM_CUDA_CHECK(cudaStreamSynchronize(stream), "growing the aligned bias buffer to ", out);
+      if (aligned_bias) RT_GEMM_CUDA_CHECK(cudaFree(aligned_bias), "growing the aligned bias buffer to ", out);
+      aligned_bias = nullptr, aligned_bias_capacity = 0;
+      RT_GEMM_CUDA_CHECK(cudaMalloc(&aligned_bias, static_cast<size_t>(out) * sizeof(bf16)),
+                         "the aligned bias buffer of ", out, " values");
+      aligned_bias_capacity = out;
+    }
+    RT_GEMM_CUDA_CHECK(
+        cudaMemcpyAsync(aligned_bias, bias, static_cast<size_t>(out) * sizeof(bf16), cudaMemcpyDeviceToDevice, stream),
+        "copying a bias of ", out, " values");
+    return static_cast<const bf16*>(aligned_bias);
+  }
+};
+
+Gemm::Gemm(cudaStream_t stream) : impl_(std::make_unique<Impl>()), stream_(stream) {
+  RT_LT_CHECK(cublasLtCreate(&impl_->handle), "a new Gemm");
+  RT_GEMM_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes), "the ", kWorkspaceBytes, "-byte GEMM workspace");
+}
+
+Gemm::~Gemm() {
+  cudaStreamSynchronize(stream_);  // queued GEMMs may still use the workspace
+}
+
+void Gemm::linear_forward(bf16* y, const bf16* x, const bf16* w, const bf16* bias, int64_t n, int64_t in, int64_t out) {
+  if (n == 0 || out == 0) return;
+  RT_CHECK(in > 0, "linear_forward: empty inner dimension (n=", n, " in=", in, " out=", out, ")");
+  const PlanKey key{Product::Forward, n, in, out, bias != nullptr,
+                    alignment_of(w, in, 2), alignment_of(x, in, 2), alignment_of(y, out, 2)};
+  const Spec s{CUBLAS_OP_T, CUBLAS_OP_N, col_major(in, out), col_major(in, n), col_major(out, n), CUDA_R_16BF};
+  impl_->run(stream_, key, s, w, x, y, 0.f, impl_->epilogue_bias(stream_, bias, out));
+}
+
+void Gemm::linear_forward_f32(float* y, const bf16* x, const bf16* w, int64_t n, int64_t in, int64_t out) {
+  if (n == 0 || out == 0) return;
+  RT_CHECK(in > 0, "linear_forward_f32: empty inner dimension (n=", n, " in=", in, " out=", out, ")");
+  const PlanKey key{Product::ForwardF32, n, in, out, false,
+                    alignment_of(w, in, 2), alignment_of(x, in, 2), alignment_of(y, out, 4)};
+  const Spec s{CUBLAS_OP_T, CUBLAS_OP_N, col_major(in, out), col_major(in, n), col_major(out, n), CUDA_R_32F};
+  impl_->run(stream_, key, s, w, x, y, 0.f, nullptr);
+}
+
+void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, float* db, const bf16* dy, const bf16* x,
+                           const bf16* w, int64_t n, int64_t in, int64_t out) {
+  RT_CHECK(dw != nullptr, "linear_backward: dw is required (n=", n, " in=", in, " out=", out, ")");
+  if (n == 0 || in == 0 || out == 0) return;
+  if (dx) {
+    const PlanKey key{Product::DataGrad, n, in, out, false,
+                      alignment_of(w, in, 2), alignment_of(dy, out, 2), alignment_of(dx, in, 2)};
+    const Spec s{CUBLAS_OP_N, CUBLAS_OP_N, col_major(in, out), col_major(out, n), col_major(in, n), CUDA_R_16BF};
+    impl_->run(stream_, key, s, w, dy, dx, accumulate_dx ? 1.f : 0.f, nullptr);
+  }
+  const PlanKey key{Product::WeightGrad, n, in, out, false,
+                    alignment_of(x, in, 2), alignment_of(dy, out, 2), alignment_of(dw, in, 4)};
+  const Spec s{CUBLAS_OP_N, CUBLAS_OP_T, col_major(in, n), col_major(out, n), col_major(in, out), CUDA_R_32F};
+  impl_->run(stream_, key, s, x, dy, dw, 1.f, nullptr);
+  if (db) bias_grad_add(stream_, db, dy, n, out);
+}
+
+}  // namespace ringtrain::model::cuda

@@ -1,0 +1,40 @@
+// The model's matrix products through cuBLASLt: bf16 operands, fp32 accumulation (CUBLAS_COMPUTE_32F), in the
+// row-major Hugging Face conventions of model/layers.h (weights [out, in]). One Gemm per stream: it owns the
+// cuBLASLt handle, a workspace and a cache of matmul descriptors/heuristics per shape.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace ringtrain::model::cuda {
+
+class Gemm {
+ public:
+  explicit Gemm(cudaStream_t stream);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y[n, out] = x[n, in] · w[out, in]^T (+ bias[out] when non-null), bf16 result.
+  void linear_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                      int64_t n, int64_t in, int64_t out);
+  // The same product with an fp32 result (the LM head's logits).
+  void linear_forward_f32(float* y, const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n, int64_t in,
+                          int64_t out);
+  // dx[n, in] = (accumulate_dx ? dx : 0) + dy · w   (skipped when dx is null);
+  // dw[out, in] += dy^T · x in fp32;  db[out] += sum over rows of dy in fp32 (skipped when db is null).
+  void linear_backward(__nv_bfloat16* dx, bool accumulate_dx, float* dw, float* db, const __nv_bfloat16* dy,
+                       const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n, int64_t in, int64_t out);
+
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  cudaStream_t stream_;
+};
+
+}  // namespace ringtrain::model::cuda

@@ -1,0 +1,160 @@
+#include "ringtrain/model/cuda/gpu_logprobs.h"
+
+#include <algorithm>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/cp_scoring.h"
+#include "ringtrain/model/logprobs.h"
+
+namespace ringtrain::model::cuda {
+namespace {
+
+void check_targets(const int32_t* targets, int64_t n, int64_t vocab) {
+  for (int64_t i = 0; i < n; ++i)
+    RT_CHECK(targets[i] < vocab, "logprobs: target token id ", targets[i], " at row ", i,
+             " is outside the vocabulary [0, ", vocab, ")");
+}
+
+Tensor upload_i32(const int32_t* host, int64_t n, Device device) {
+  Tensor t = Tensor::empty({n}, DType::I32, device);
+  copy(t, contiguous_view(const_cast<int32_t*>(host), DType::I32, Device::cpu(), {n}));
+  return t;
+}
+
+}  // namespace
+
+int64_t default_logprob_chunk(int64_t vocab) {
+  RT_CHECK(vocab > 0, "logprobs: vocabulary size must be positive, got ", vocab);
+  constexpr int64_t kBytesPerEntry = sizeof(float) + sizeof(bf16);  // fp32 logits + bf16 dlogits
+  const int64_t rows = std::max<int64_t>(1, kLogprobChunkBytes / (kBytesPerEntry * vocab));
+  return rows > 64 ? rows / 64 * 64 : rows;
+}
+
+void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_head, const int32_t* targets,
+                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens) {
+  RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
+  const int64_t rows = std::min(n, chunk_tokens);
+  int device = 0;
+  cudaGetDevice(&device);
+  const Tensor logits = Tensor::empty({rows, vocab}, DType::F32, Device::cuda(device));
+  const Tensor lse = Tensor::empty({rows}, DType::F32, Device::cuda(device));
+  for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
+    const int64_t m = std::min(chunk_tokens, n - c0);
+    gemm.linear_forward_f32(logits.ptr<float>(), hidden + c0 * hidden_dim, lm_head, m, hidden_dim, vocab);
+    logprob_rows(gemm.stream(), out + c0, lse.ptr<float>(), logits.ptr<float>(), targets + c0, m, vocab);
+  }
+}
+
+void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, float* d_lm_head, const float* d_logprobs,
+                             const bf16* hidden, const bf16* lm_head, const int32_t* targets, int64_t n,
+                             int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* logprobs) {
+  RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
+  const int64_t rows = std::min(n, chunk_tokens);
+  int device = 0;
+  cudaGetDevice(&device);
+  const Device dev = Device::cuda(device);
+  const Tensor logits = Tensor::empty({rows, vocab}, DType::F32, dev);
+  const Tensor dlogits = Tensor::empty({rows, vocab}, DType::BF16, dev);
+  const Tensor lse = Tensor::empty({rows}, DType::F32, dev);
+  const Tensor chunk_logprobs = logprobs ? Tensor() : Tensor::empty({rows}, DType::F32, dev);
+  for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
+    const int64_t m = std::min(chunk_tokens, n - c0);
+    const bf16* h = hidden + c0 * hidden_dim;
+    gemm.linear_forward_f32(logits.ptr<float>(), h, lm_head, m, hidden_dim, vocab);
+    logprob_rows(gemm.stream(), logprobs ? logprobs + c0 : chunk_logprobs.ptr<float>(), lse.ptr<float>(),
+                 logits.ptr<float>(), targets + c0, m, vocab);
+    logprob_rows_backward(gemm.stream(), dlogits.ptr<bf16>(), logits.ptr<float>(), lse.ptr<float>(), targets + c0,
+                          d_logprobs + c0, m, vocab);
+    gemm.linear_backward(d_hidden + c0 * hidden_dim, /*accumulate_dx=*/false, d_lm_head, nullptr,
+                         dlogits.ptr<bf16>(), h, lm_head, m, hidden_dim, vocab);
+  }
+}
+
+std::vector<float> model_row_logprobs(GpuModel& model, const int32_t* tokens, const int32_t* positions,
+                                      const int32_t* targets, int64_t batch, int64_t seqlen,
+                                      SequenceAttention& attention, int64_t chunk_tokens, bool for_backward) {
+  const ModelConfig& c = model.config();
+  const int64_t n = batch * seqlen;
+  check_targets(targets, n, c.vocab);
+  const bf16* hidden = model.forward(tokens, positions, batch, seqlen, attention, for_backward);
+  const Tensor targets_dev = upload_i32(targets, n, model.device());
+  const Tensor rows = Tensor::empty({n}, DType::F32, model.device());
+  token_logprobs(model.gemm(), rows.ptr<float>(), hidden, model.lm_head(), targets_dev.ptr<int32_t>(), n, c.hidden,
+                 c.vocab, chunk_tokens);
+  std::vector<float> out(static_cast<size_t>(n));
+  copy(contiguous_view(out.data(), DType::F32, Device::cpu(), {n}), rows);
+  return out;
+}
+
+void model_row_logprobs_backward(GpuModel& model, const int32_t* targets, const float* d_rows,
+                                 SequenceAttention& attention, int64_t chunk_tokens) {
+  const ModelConfig& c = model.config();
+  const int64_t n = model.tokens();
+  check_targets(targets, n, c.vocab);
+  const Tensor targets_dev = upload_i32(targets, n, model.device());
+  const Tensor d_rows_dev = Tensor::empty({n}, DType::F32, model.device());
+  copy(d_rows_dev, contiguous_view(const_cast<float*>(d_rows), DType::F32, Device::cpu(), {n}));
+  const Tensor d_hidden = Tensor::empty({n, c.hidden}, DType::BF16, model.device());
+  float* d_lm_head = model.lm_head_grad();
+  token_logprobs_backward(model.gemm(), d_hidden.ptr<bf16>(), d_lm_head, d_rows_dev.ptr<float>(), model.hidden(),
+                          model.lm_head(), targets_dev.ptr<int32_t>(), n, c.hidden, c.vocab, chunk_tokens);
+  model.backward(d_hidden.ptr<bf16>(), attention);
+}
+
+std::vector<float> sequence_logprobs(GpuModel& model, const std::vector<int32_t>& ids, SequenceAttention& attention,
+                                     int64_t chunk_tokens, bool for_backward) {
+  RT_CHECK(!ids.empty(), "logprobs: empty sequence");
+  const std::vector<int32_t> targets = next_token_targets(ids), positions = iota_positions(ids.size());
+  const int64_t S = static_cast<int64_t>(ids.size());
+  const std::vector<float> rows = model_row_logprobs(model, ids.data(), positions.data(), targets.data(), 1, S,
+                                                     attention, chunk_tokens, for_backward);
+  std::vector<float> out(ids.size(), 0.f);  // row i scores token i + 1
+  for (int64_t i = 0; i + 1 < S; ++i) out[i + 1] = rows[i];
+  return out;
+}
+
+void sequence_logprobs_backward(GpuModel& model, const std::vector<int32_t>& ids, const std::vector<float>& d_logprobs,
+                                SequenceAttention& attention, int64_t chunk_tokens) {
+  RT_CHECK(d_logprobs.size() == ids.size(), "logprobs backward: ", d_logprobs.size(), " gradients for ", ids.size(),
+           " tokens");
+  const std::vector<int32_t> targets = next_token_targets(ids);
+  std::vector<float> d_rows(ids.size(), 0.f);
+  for (size_t i = 0; i + 1 < ids.size(); ++i) d_rows[i] = d_logprobs[i + 1];
+  model_row_logprobs_backward(model, targets.data(), d_rows.data(), attention, chunk_tokens);
+}
+
+std::vector<float> cp_sequence_logprobs(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
+                                        const std::vector<int32_t>& ids, int64_t chunk_tokens, bool for_backward) {
+  RT_CHECK(!ids.empty(), "logprobs: empty sequence");
+  const int64_t S = static_cast<int64_t>(ids.size());
+  const cp::ZigzagLayout layout(comm.size(), comm.rank(), S);
+  const CpShard shard = make_cp_shard(layout, ids);
+  auto attention = make_cp_attention(comm, config, S);
+  const int64_t n = layout.local_len();
+  const std::vector<float> rows = model_row_logprobs(model, shard.tokens.data(), shard.positions.data(),
+                                                     shard.targets.data(), 1, n, *attention, chunk_tokens,
+                                                     for_backward);
+  // The gather runs in the communicator's memory (device memory for NCCL).
+  const Tensor mine = Tensor::empty({n}, DType::F32, comm.device());
+  const Tensor all = Tensor::empty({comm.size() * n}, DType::F32, comm.device());
+  copy(mine, contiguous_view(const_cast<float*>(rows.data()), DType::F32, Device::cpu(), {n}));
+  comm.all_gather(mine.data(), all.data(), static_cast<size_t>(n), DType::F32);
+  std::vector<float> gathered(static_cast<size_t>(comm.size() * n));
+  copy(contiguous_view(gathered.data(), DType::F32, Device::cpu(), {comm.size() * n}), all);
+  return cp_rows_to_tokens(gathered, comm.size(), S);
+}
+
+void cp_sequence_logprobs_backward(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
+                                   const std::vector<int32_t>& ids, const std::vector<float>& d_logprobs,
+                                   int64_t chunk_tokens) {
+  RT_CHECK(d_logprobs.size() == ids.size(), "logprobs backward: ", d_logprobs.size(), " gradients for ", ids.size(),
+           " tokens");
+  const int64_t S = static_cast<int64_t>(ids.size());
+  const cp::ZigzagLayout layout(comm.size(), comm.rank(), S);
+  const CpShard shard = make_cp_shard(layout, ids);
+  auto attention = make_cp_attention(comm, config, S);
+  const std::vector<float> d_rows = cp_row_grads(shard, d_logprobs);
+  model_row_logprobs_backward(model, shard.targets.data(), d_rows.data(), *attention, chunk_tokens);
+}
+
+}  // namespace ringtrain::model::cuda

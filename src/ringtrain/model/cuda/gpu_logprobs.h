@@ -1,0 +1,63 @@
+// Token log-probabilities on the GPU: the LM head (bf16 GEMM, fp32 logits) and log-softmax at the targets in fp32,
+// chunked over tokens so that only [chunk x vocab] logits exist at a time, and the backward of a loss given
+// d(loss)/d(logprob) (logits recomputed per chunk, dlogits rounded to bf16 for the LM-head backward GEMMs, the
+// lm_head gradient accumulated in fp32). The model-level functions mirror model/logprobs.h and
+// model/cp_scoring.h for GpuModel.
+//
+// Memory: one chunk holds fp32 logits and bf16 dlogits, 6 bytes per (row, vocabulary entry), plus a few floats
+// per row. default_logprob_chunk() keeps that under kLogprobChunkBytes = 896 MiB: at vocab 151,936 that is
+// 1,024 rows (1,024 x 151,936 x 6 B = 890 MiB), at vocab 128,256 1,216 rows: under the 1 GiB bar for any number
+// of tokens (32,768 tokens x 151,936 unchunked would be 18.5 GiB of fp32 logits).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ringtrain/comm/communicator.h"
+#include "ringtrain/cp/cp_attention.h"
+#include "ringtrain/model/cuda/gpu_model.h"
+
+namespace ringtrain::model::cuda {
+
+constexpr int64_t kLogprobChunkBytes = int64_t(896) << 20;
+// Rows per chunk for this vocabulary: the most (a multiple of 64 when over 64, GEMM-friendly) within the budget.
+int64_t default_logprob_chunk(int64_t vocab);
+
+// Device pointers, enqueued on gemm.stream(). out[i] = log P(targets[i] | row i) for rows [n, hidden_dim]; 0 where
+// targets[i] < 0. Targets must lie below vocab (checked on the host by the callers below).
+void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_head, const int32_t* targets,
+                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens);
+// d_hidden [n, hidden_dim] overwritten with d(loss)/d(hidden); d(loss)/d(lm_head) added into the fp32 d_lm_head.
+// The logprobs are recomputed on the way; when `logprobs` is non-null they are written there too, so that a loss
+// whose gradient does not depend on them (NLL: d_logprobs known in advance) needs no separate token_logprobs.
+void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, float* d_lm_head, const float* d_logprobs,
+                             const bf16* hidden, const bf16* lm_head, const int32_t* targets, int64_t n,
+                             int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* logprobs = nullptr);
+
+// Whole model, host in and out: runs forward and returns log P(targets[i] | tokens up to row i) for the
+// [batch * seqlen] rows (this rank's rows under CP).
+std::vector<float> model_row_logprobs(GpuModel& model, const int32_t* tokens, const int32_t* positions,
+                                      const int32_t* targets, int64_t batch, int64_t seqlen,
+                                      SequenceAttention& attention, int64_t chunk_tokens, bool for_backward);
+// After model_row_logprobs(..., for_backward = true): adds every weight gradient of a loss with
+// d(loss)/d(row logprob) = d_rows (host [batch * seqlen]).
+void model_row_logprobs_backward(GpuModel& model, const int32_t* targets, const float* d_rows,
+                                 SequenceAttention& attention, int64_t chunk_tokens);
+
+// One sequence on one GPU, in token order: result[0] = 0, result[p] = log P(ids[p] | ids[<p]).
+std::vector<float> sequence_logprobs(GpuModel& model, const std::vector<int32_t>& ids, SequenceAttention& attention,
+                                     int64_t chunk_tokens, bool for_backward = false);
+void sequence_logprobs_backward(GpuModel& model, const std::vector<int32_t>& ids, const std::vector<float>& d_logprobs,
+                                SequenceAttention& attention, int64_t chunk_tokens);
+
+// Context parallelism (every rank calls with the whole sequence; see model/cp_scoring.h): each rank scores its
+// zigzag shard; the rows are all-gathered over comm and returned in token order on every rank.
+std::vector<float> cp_sequence_logprobs(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
+                                        const std::vector<int32_t>& ids, int64_t chunk_tokens,
+                                        bool for_backward = false);
+// Adds this rank's share of the weight gradients (the sum over the cp group is the gradient).
+void cp_sequence_logprobs_backward(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
+                                   const std::vector<int32_t>& ids, const std::vector<float>& d_logprobs,
+                                   int64_t chunk_tokens);
+
+}  // namespace ringtrain::model::cuda

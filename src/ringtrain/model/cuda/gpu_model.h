@@ -1,0 +1,132 @@
+// The causal-LM policy model on one GPU: the same computation as model/model.h (embedding, pre-norm decoder
+// layers, final RMSNorm; the LM head is applied by gpu_logprobs.h in chunks) in bf16 with fp32 accumulation.
+//
+// What is fp32: RMSNorm statistics (rstd), the attention LSE, RoPE frequencies, the LM-head logits and
+// log-softmax (gpu_logprobs.h), and every weight gradient (the master gradients). Weights and activations are bf16.
+//
+// Weights live in one bf16 device buffer, gradients in one fp32 device buffer of the same layout, which groups
+// each layer's q/k/v projections into one [(hq + 2 hkv) d, hidden] matrix (and their biases into one vector) and
+// gate/up into one [2 ffn, hidden] matrix, the fused layouts of layer_kernels.h. Every Hugging Face tensor is still
+// one contiguous slice of those buffers, so gradients read back by name.
+//
+// Everything runs on the legacy default stream, where the attention backends and CP run when given no stream.
+// Attention goes through a SequenceAttention (make_local_attention, or make_cp_attention over an NCCL
+// communicator) on dense BSHD device views, inside BackendScope("model", allow-list) as the CPU model does.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/core/tensor.h"
+#include "ringtrain/model/cuda/gemm.h"
+#include "ringtrain/model/cuda/layer_kernels.h"
+#include "ringtrain/model/model.h"
+
+namespace ringtrain::model::cuda {
+
+// Offsets (elements) of one layer's weights in the device buffers; -1 where the architecture has none.
+struct GpuLayerOffsets {
+  int64_t input_norm = -1, qkv = -1, qkv_bias = -1, o_w = -1, o_b = -1, q_norm = -1, k_norm = -1;
+  int64_t post_norm = -1, gate_up = -1, down = -1;
+};
+
+// Where every Hugging Face tensor of a ParamLayout lives in the device buffers.
+class GpuParamLayout {
+ public:
+  explicit GpuParamLayout(const ParamLayout& host);
+  int64_t total() const { return total_; }
+  // device_offset[i] is where host.specs()[i] starts.
+  const std::vector<int64_t>& device_offsets() const { return device_offset_; }
+  int64_t embed = -1, final_norm = -1, lm_head = -1;  // lm_head == embed when tied
+  std::vector<GpuLayerOffsets> layers;
+
+ private:
+  int64_t place(const ParamLayout& host, int64_t host_offset, bool new_group = true);
+  std::vector<int64_t> device_offset_;
+  int64_t total_ = 0;
+};
+
+// Device buffers of one decoder layer's forward (bf16 unless marked fp32), for N = batch * seqlen tokens.
+struct GpuLayerActs {
+  Tensor norm1, rstd1;       // input RMSNorm [N, hidden], fp32 [N]
+  Tensor qkv;                // fused projection [N, (hq + 2 hkv) d] before norm/RoPE (qkv_split_backward reads it)
+  Tensor rstd_q, rstd_k;     // fp32 [N, hq], [N, hkv]: Qwen3's per-head norms
+  Tensor q, k, v;            // attention inputs [N, heads, d] after norm and RoPE
+  Tensor attn, lse;          // attention output [N, hq d], fp32 LSE [B, hq, S]
+  Tensor mid, norm2, rstd2;  // after the attention residual; post-attention RMSNorm
+  Tensor gate_up, act;       // MLP [N, 2 ffn], [N, ffn]
+  void allocate(const ModelConfig& c, int64_t batch, int64_t seqlen, Device device);
+};
+
+class GpuModel {
+ public:
+  // params: host fp32 values in ParamLayout order (as Model<float> holds them), converted to bf16 on upload.
+  // Every constructor makes `device` the calling thread's current CUDA device: the model's kernels run there.
+  GpuModel(ModelConfig config, const std::vector<float>& params, ModelOptions options = {}, int device = 0);
+  // Weights drawn on the device as transformers initialises causal LMs (N(0, 0.02) matrices, unit norms, zero
+  // biases), from `seed` with fill_normal_hashed: for benchmarks, where a host copy of 1B values is waste.
+  static GpuModel random(ModelConfig config, uint64_t seed, ModelOptions options = {}, int device = 0);
+  static GpuModel load(const std::filesystem::path& dir, ModelOptions options = {}, int device = 0);
+
+  const ModelConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+  Device device() const { return device_; }
+  cudaStream_t stream() const { return nullptr; }
+  Gemm& gemm() { return *gemm_; }
+
+  const bf16* lm_head() const { return weights_.ptr<bf16>() + dev_.lm_head; }
+  float* lm_head_grad();
+  // Zeroes the fp32 gradients (allocated by the first call or the first backward).
+  void zero_grads();
+  // Every gradient as host fp32 in ParamLayout order (the CPU model's grads() layout); complete when it returns.
+  std::vector<float> grads() const;
+  // One gradient by its Hugging Face name; an unknown name is an error naming it.
+  std::vector<float> grad(const std::string& name) const;
+  // Bytes of the weights and gradients (what the benchmark counts as "weights").
+  size_t weight_bytes() const;
+
+  // tokens/positions: host [batch * seqlen] (this rank's tokens under CP, at their true positions). Returns the
+  // final-normed hidden states [batch * seqlen, hidden] on the device (valid until the next forward). With
+  // for_backward, what backward() needs is kept: every layer's activations, or only the input of a checkpointed
+  // layer. Enqueued on stream(); tokens are checked against the vocabulary on the host.
+  const bf16* forward(const int32_t* tokens, const int32_t* positions, int64_t batch, int64_t seqlen,
+                      SequenceAttention& attention, bool for_backward);
+  // d_hidden: device bf16 [batch * seqlen, hidden], d(loss)/d(forward's result). Adds every weight gradient.
+  void backward(const bf16* d_hidden, SequenceAttention& attention);
+  // The last forward's final-normed hidden states [tokens(), hidden] on the device.
+  const bf16* hidden() const { return hidden_.ptr<bf16>(); }
+  int64_t tokens() const { return batch_ * seqlen_; }
+
+ private:
+  GpuModel(ModelConfig config, ModelOptions options, int device);
+  bool checkpointed(size_t layer) const;
+  void prepare(int64_t batch, int64_t seqlen, bool for_backward);
+  bf16* layer_input(size_t layer);
+  void layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf16* x_out, SequenceAttention& attention);
+  void layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x_in, SequenceAttention& attention);
+  void release_buffers();
+
+  ModelConfig config_;
+  ParamLayout layout_;
+  GpuParamLayout dev_;
+  ModelOptions options_;
+  Device device_;
+  std::unique_ptr<Gemm> gemm_;
+  Tensor weights_, grads_, inv_freq_;  // bf16, fp32, fp32 [head_dim / 2]
+
+  // The shape the buffers below were allocated for, and what the last forward kept.
+  int64_t batch_ = 0, seqlen_ = 0;
+  bool sized_for_backward_ = false, have_activations_ = false;
+  Tensor tokens_, positions_;   // int32 [N]
+  std::vector<Tensor> inputs_;  // layer inputs: one per layer with for_backward, else two used in turn
+  Tensor final_in_, final_rstd_, hidden_;
+  std::vector<GpuLayerActs> saved_;  // per layer when for_backward and not checkpointed (else empty tensors)
+  GpuLayerActs scratch_;             // the activations of scoring and of checkpointed layers
+  // Backward work buffers, shared by all layers: dx_ carries d(loss)/d(residual stream) down the layers.
+  Tensor dx_, d_norm_, d_act_, d_gate_up_, d_attn_, dq_, dk_, dv_, d_qkv_;
+};
+
+}  // namespace ringtrain::model::cuda

@@ -1,0 +1,136 @@
+// Token log-probabilities from fp32 logits, one block per row: a single pass keeps a running (max, sum of
+// exp(z - max)) per thread, merged across the block; lse = max + log(sum). The backward recomputes softmax from the
+// saved lse. Rows are read as float4 when vocab % 4 == 0 and the base is 16-byte aligned.
+#include <algorithm>
+#include <cmath>
+
+#include "ringtrain/model/cuda/kernel_util.cuh"
+#include "ringtrain/model/cuda/layer_kernels.h"
+
+namespace ringtrain::model::cuda {
+namespace {
+
+constexpr int kRowThreads = 512, kRowWarps = kRowThreads / 32;
+constexpr int kThreads = 256;
+
+template <int V>
+__device__ inline void load_f32(const float* p, float (&out)[V]) {
+  if constexpr (V == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    out[0] = f.x, out[1] = f.y, out[2] = f.z, out[3] = f.w;
+  } else {
+    static_assert(V == 1, "packs of 1 or 4 floats");
+    out[0] = *p;
+  }
+}
+
+// (max, sum) <- the pair describing both sets of values; a set of -inf logits only is (-inf, anything) and adds
+// nothing. A NaN max is taken over (fmaxf would drop it) so that NaN logits give a NaN lse.
+__device__ inline void merge_exp_sum(float& max, float& sum, float other_max, float other_sum) {
+  if (other_max == -INFINITY) return;
+  if (max == -INFINITY || isnan(other_max)) {
+    max = other_max, sum = other_sum;
+    return;
+  }
+  const float m = fmaxf(max, other_max);
+  sum = sum * expf(max - m) + other_sum * expf(other_max - m);
+  max = m;
+}
+
+template <int V>
+__global__ void logprob_rows_kernel(float* logprob, float* lse, const float* logits, const int32_t* targets,
+                                    int64_t vocab) {
+  __shared__ float warp_max_s[kRowWarps], warp_sum_s[kRowWarps];
+  const int64_t row = blockIdx.x;
+  const float* z = logits + row * vocab;
+  float max = -INFINITY, sum = 0.f;
+  // Unrolled so that several loads are in flight before the (max, sum) chain needs them.
+#pragma unroll 4
+  for (int64_t c = threadIdx.x * V; c < vocab; c += kRowThreads * V) {
+    float v[V];
+    load_f32<V>(z + c, v);
+    float pack_max = v[0];
+#pragma unroll
+    for (int i = 1; i < V; ++i) pack_max = fmaxf(pack_max, v[i]);
+    float pack_sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i) pack_sum += expf(v[i] - pack_max);
+    merge_exp_sum(max, sum, pack_max, pack_sum);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, max, offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
+    merge_exp_sum(max, sum, other_max, other_sum);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_max_s[warp] = max, warp_sum_s[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kRowWarps; ++w) merge_exp_sum(max, sum, warp_max_s[w], warp_sum_s[w]);
+    const float row_lse = max + logf(sum);
+    const int32_t t = targets[row];
+    lse[row] = row_lse;
+    logprob[row] = t >= 0 ? z[t] - row_lse : 0.f;
+  }
+}
+
+// Rows along grid.y (striding past 65535), packs of a row along grid.x: no per-element division by the row length.
+template <int V>
+__global__ void logprob_rows_backward_kernel(bf16* dlogits, const float* logits, const float* lse,
+                                             const int32_t* targets, const float* d_logprob, int64_t rows,
+                                             int64_t vocab) {
+  const int64_t packs_per_row = vocab / V;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const int32_t t = targets[row];
+    const float g = t < 0 ? 0.f : d_logprob[row], row_lse = lse[row];
+    for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < packs_per_row;
+         p += int64_t{gridDim.x} * blockDim.x) {
+      const int64_t col = p * V;
+      float out[V];
+      if (t < 0) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = 0.f;
+      } else {
+        float z[V];
+        load_f32<V>(logits + row * vocab + col, z);
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = g * ((col + i == t ? 1.f : 0.f) - expf(z[i] - row_lse));
+      }
+      store_bf16<V>(dlogits + row * vocab + col, out);
+    }
+  }
+}
+
+}  // namespace
+
+void logprob_rows(cudaStream_t s, float* logprob, float* lse, const float* logits, const int32_t* targets, int64_t rows,
+                  int64_t vocab) {
+  if (rows == 0) return;
+  RT_CHECK(vocab > 0, "logprob_rows: vocab must be positive, got ", vocab);
+  RT_CHECK(rows < (int64_t{1} << 31), "logprob_rows: ", rows, " rows exceed one grid");
+  if (vocab % 4 == 0 && all_aligned(16, logits)) {
+    logprob_rows_kernel<4><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(logprob, lse, logits, targets, vocab);
+  } else {
+    logprob_rows_kernel<1><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(logprob, lse, logits, targets, vocab);
+  }
+  RT_KERNEL_CHECK("logprob_rows_kernel", "rows=", rows, " vocab=", vocab);
+}
+
+void logprob_rows_backward(cudaStream_t s, bf16* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                           const float* d_logprob, int64_t rows, int64_t vocab) {
+  if (rows == 0) return;
+  RT_CHECK(vocab > 0, "logprob_rows_backward: vocab must be positive, got ", vocab);
+  const bool packed = vocab % 4 == 0 && all_aligned(16, logits) && all_aligned(8, dlogits);
+  const int64_t packs_per_row = packed ? vocab / 4 : vocab;
+  const dim3 grid(std::min<unsigned>(grid_for(packs_per_row, kThreads), 1024),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  if (packed) {
+    logprob_rows_backward_kernel<4><<<grid, kThreads, 0, s>>>(dlogits, logits, lse, targets, d_logprob, rows, vocab);
+  } else {
+    logprob_rows_backward_kernel<1><<<grid, kThreads, 0, s>>>(dlogits, logits, lse, targets, d_logprob, rows, vocab);
+  }
+  RT_KERNEL_CHECK("logprob_rows_backward_kernel", "rows=", rows, " vocab=", vocab);
+}
+
+}  // namespace ringtrain::model::cuda
