@@ -1,6 +1,7 @@
 // From the fused q/k/v projection to the attention inputs: per-head RMSNorm (Qwen3) and rotate-half RoPE on q and
 // k, a plain copy for v; and the transpose for the backward. One block per token (blocks walk tokens with a grid
-// stride), one warp per head. The token's cos/sin table is computed once per block in shared memory: the angle is
+// stride); with per-head norms one warp per head (the norm is a per-head reduction), without them the block's
+// threads sweep the token's values as one flat list. The token's cos/sin table is computed once per block in shared memory: the angle is
 // the fp32 product position * inv_freq[i] (as transformers and model/rope.cpp form it), cos/sin in fp32.
 // Lanes move packs of 2 bf16 when head_dim % 4 == 0 (both halves then stay 4-byte aligned), else single values.
 #include <algorithm>
@@ -187,6 +188,59 @@ __global__ void qkv_split_backward_kernel(QkvShape sh, bf16* dqkv, float* dq_nor
   }
 }
 
+// Without per-head norms (Llama, Qwen2, Mistral) the block's threads sweep the token's rotation pairs and v values
+// as one flat list of V-packs, so every lane has work at any head dim (a warp per head leaves half of its lanes idle
+// at d = 64). Forward (kForward): qkv -> rotated q, k and v; backward: dq, dk (un-rotated) and dv -> dqkv.
+template <int V, bool kForward>
+__global__ void rope_flat_kernel(QkvShape sh, bf16* q, bf16* k, bf16* v, bf16* qkv, const int32_t* positions,
+                                 const float* inv_freq) {
+  extern __shared__ float rope_table[];  // cos [half], then sin [half]
+  const int64_t d = sh.head_dim, half = d / 2, hq = sh.heads_q, hkv = sh.heads_kv, heads = hq + 2 * hkv;
+  const int64_t packs = half / V, rot_items = (hq + hkv) * packs, items = rot_items + hkv * d / V;
+  float *cos_t = rope_table, *sin_t = rope_table + half;
+  for (int64_t t = blockIdx.x; t < sh.n; t += gridDim.x) {
+    __syncthreads();  // every thread is done with the previous token's table
+    fill_rope_table(cos_t, sin_t, positions[t], inv_freq, half);
+    __syncthreads();
+    bf16* row = qkv + t * heads * d;
+    for (int64_t p = threadIdx.x; p < items; p += kThreads) {
+      if (p >= rot_items) {  // v: a copy
+        const int64_t e = (p - rot_items) * V;
+        float x[V];
+        if constexpr (kForward) {
+          load_bf16<V>(row + (hq + hkv) * d + e, x);
+          store_bf16<V>(v + t * hkv * d + e, x);
+        } else {
+          load_bf16<V>(v + t * hkv * d + e, x);
+          store_bf16<V>(row + (hq + hkv) * d + e, x);
+        }
+        continue;
+      }
+      const int64_t h = p / packs, i = (p % packs) * V;
+      bf16* head = row + h * d;
+      bf16* qk = h < hq ? q + (t * hq + h) * d : k + (t * hkv + h - hq) * d;
+      if constexpr (kForward) {
+        float a[V], b[V], out_a[V], out_b[V];
+        load_bf16<V>(head + i, a);
+        load_bf16<V>(head + half + i, b);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float c = cos_t[i + j], sn = sin_t[i + j];
+          out_a[j] = a[j] * c - b[j] * sn;
+          out_b[j] = b[j] * c + a[j] * sn;
+        }
+        store_bf16<V>(qk + i, out_a);
+        store_bf16<V>(qk + half + i, out_b);
+      } else {
+        float ga[V], gb[V];
+        unrotate<V>(qk, i, half, cos_t, sin_t, ga, gb);
+        store_bf16<V>(head + i, ga);
+        store_bf16<V>(head + half + i, gb);
+      }
+    }
+  }
+}
+
 void check_shape(const QkvShape& sh, const char* what) {
   RT_CHECK(sh.head_dim > 0 && sh.head_dim % 2 == 0, what, ": RoPE needs an even head_dim, got ", sh.head_dim);
   RT_CHECK(sh.heads_q > 0 && sh.heads_kv > 0, what, ": head counts must be positive, got q ", sh.heads_q, " kv ",
@@ -205,7 +259,14 @@ void qkv_split_forward(cudaStream_t s, const QkvShape& sh, bf16* q, bf16* k, bf1
   RT_CHECK((!q_norm || rstd_q) && (!k_norm || rstd_k), "qkv_split_forward: a per-head norm needs its rstd buffer");
   if (sh.n == 0) return;
   const size_t shared = static_cast<size_t>(sh.head_dim) * sizeof(float);
-  if (sh.head_dim % 4 == 0 && all_aligned(4, q, k, v, qkv, q_norm, k_norm)) {
+  if (!q_norm && !k_norm) {  // one kernel serves both directions: in the forward it only reads qkv
+    if (sh.head_dim % 4 == 0 && all_aligned(4, q, k, v, qkv))
+      rope_flat_kernel<2, true><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, const_cast<bf16*>(qkv),
+                                                                             positions, inv_freq);
+    else
+      rope_flat_kernel<1, true><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, const_cast<bf16*>(qkv),
+                                                                             positions, inv_freq);
+  } else if (sh.head_dim % 4 == 0 && all_aligned(4, q, k, v, qkv, q_norm, k_norm)) {
     qkv_split_forward_kernel<2><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, rstd_q, rstd_k, qkv, q_norm,
                                                                              k_norm, positions, inv_freq);
   } else {
@@ -224,7 +285,18 @@ void qkv_split_backward(cudaStream_t s, const QkvShape& sh, bf16* dqkv, float* d
            "qkv_split_backward: a per-head norm needs its saved rstd and its weight-gradient buffer");
   if (sh.n == 0) return;
   const size_t shared = 3 * static_cast<size_t>(sh.head_dim) * sizeof(float);
-  if (sh.head_dim % 4 == 0 && all_aligned(4, dqkv, dq, dk, dv, qkv, q_norm, k_norm)) {
+  if (!q_norm && !k_norm) {
+    // In the backward the flat kernel only reads its q/k/v pointers (dq, dk, dv).
+    auto* gq = const_cast<bf16*>(dq);
+    auto* gk = const_cast<bf16*>(dk);
+    auto* gv = const_cast<bf16*>(dv);
+    if (sh.head_dim % 4 == 0 && all_aligned(4, dqkv, dq, dk, dv))
+      rope_flat_kernel<2, false><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, gq, gk, gv, dqkv, positions,
+                                                                              inv_freq);
+    else
+      rope_flat_kernel<1, false><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, gq, gk, gv, dqkv, positions,
+                                                                              inv_freq);
+  } else if (sh.head_dim % 4 == 0 && all_aligned(4, dqkv, dq, dk, dv, qkv, q_norm, k_norm)) {
     qkv_split_backward_kernel<2><<<token_blocks(sh.n), kThreads, shared, s>>>(
         sh, dqkv, q_norm ? dq_norm : nullptr, k_norm ? dk_norm : nullptr, dq, dk, dv, qkv, q_norm, k_norm, rstd_q,
         rstd_k, positions, inv_freq);

@@ -1,7 +1,9 @@
 // RMSNorm over rows of the hidden state, one warp per row, statistics and arithmetic in fp32.
 // Forward: y = w * (x * r), r = 1 / sqrt(mean(x^2) + eps), saved per row.
-// Backward: with g = w * dy, dx = r * g - x * r^3 * mean(g * x); dw += dy * x * r summed over rows, first per block
-// in shared memory (each block walks many rows), then one fp32 atomic per column per block.
+// Backward: with g = w * dy, dx = r * g - x * r^3 * mean(g * x); dw += dy * x * r summed over rows, first per warp
+// in shared memory (each block walks many rows; a lane owns its columns within its warp's slice, so no atomics, and
+// the slice is laid out [V][dim / V] so that a warp's 32 lanes hit 32 banks), then summed over the block's warps and
+// added with one fp32 atomic per column per block. Rows too wide for a slice per warp share one slice (atomics).
 #include <algorithm>
 
 #include "ringtrain/model/cuda/kernel_util.cuh"
@@ -39,13 +41,16 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, const bf16* x, cons
   }
 }
 
-template <int V>
+template <int V, bool kWarpSlices>
 __global__ void rmsnorm_backward_kernel(bf16* dx, bool accumulate, float* dw, const bf16* dy, const bf16* x,
                                         const bf16* w, const float* rstd, int64_t rows, int64_t dim) {
-  extern __shared__ float dw_block[];  // [dim]
-  for (int64_t j = threadIdx.x; j < dim; j += kThreads) dw_block[j] = 0.f;
+  extern __shared__ float dw_block[];  // [kWarps][V][dim / V] with warp slices, else [dim]
+  const int64_t slices = kWarpSlices ? kWarps : 1;
+  for (int64_t j = threadIdx.x; j < slices * dim; j += kThreads) dw_block[j] = 0.f;
   __syncthreads();
   const int lane = threadIdx.x % 32;
+  float* dw_warp = dw_block + (kWarpSlices ? (threadIdx.x / 32) * dim : 0);
+  const int64_t stride_v = dim / V;
   for (int64_t row = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32; row < rows; row += int64_t{gridDim.x} * kWarps) {
     const bf16 *xr = x + row * dim, *dyr = dy + row * dim;
     const float r = rstd[row];
@@ -74,26 +79,57 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, bool accumulate, float* dw, co
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         out[i] += r * wv[i] * gv[i] - coef * xv[i];
-        atomicAdd(&dw_block[c + i], gv[i] * xv[i] * r);
+        if constexpr (kWarpSlices)
+          dw_warp[i * stride_v + c / V] += gv[i] * xv[i] * r;
+        else
+          atomicAdd(&dw_block[c + i], gv[i] * xv[i] * r);
       }
       store_bf16<V>(dxr + c, out);
     }
   }
   __syncthreads();
-  for (int64_t j = threadIdx.x; j < dim; j += kThreads) atomicAdd(&dw[j], dw_block[j]);
+  for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
+    float sum = 0.f;
+    if constexpr (kWarpSlices) {
+      for (int64_t s = 0; s < slices; ++s) sum += dw_block[s * dim + (j % V) * stride_v + j / V];
+    } else {
+      sum = dw_block[j];
+    }
+    atomicAdd(&dw[j], sum);
+  }
 }
 
 // The backward's shared dw partial is dim floats; above the default 48 KiB a kernel must opt in.
-template <int V>
-void launch_backward(cudaStream_t s, unsigned blocks, size_t shared, bf16* dx, bool accumulate, float* dw,
-                     const bf16* dy, const bf16* x, const bf16* w, const float* rstd, int64_t rows, int64_t dim) {
+template <int V, bool kWarpSlices>
+void launch_backward(cudaStream_t s, unsigned blocks, bf16* dx, bool accumulate, float* dw, const bf16* dy,
+                     const bf16* x, const bf16* w, const float* rstd, int64_t rows, int64_t dim) {
+  const size_t shared = static_cast<size_t>(kWarpSlices ? kWarps : 1) * static_cast<size_t>(dim) * sizeof(float);
   if (shared > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(rmsnorm_backward_kernel<V>,
+    const cudaError_t err = cudaFuncSetAttribute(rmsnorm_backward_kernel<V, kWarpSlices>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     RT_CHECK(err == cudaSuccess, "rmsnorm_backward: dim ", dim, " needs ", shared,
              " bytes of shared memory for its weight-gradient partial: ", cudaGetErrorString(err));
   }
-  rmsnorm_backward_kernel<V><<<blocks, kThreads, shared, s>>>(dx, accumulate, dw, dy, x, w, rstd, rows, dim);
+  rmsnorm_backward_kernel<V, kWarpSlices><<<blocks, kThreads, shared, s>>>(dx, accumulate, dw, dy, x, w, rstd, rows,
+                                                                           dim);
+}
+
+// A slice per warp while it fits in shared memory (hidden sizes up to 6144), else one shared slice.
+constexpr size_t kMaxSliceBytes = 192 * 1024;
+
+// Blocks: as many as stay resident together (a few per multiprocessor, fewer when the slices are large), each
+// walking many rows, so that the dw flush is paid rarely and no second wave of blocks runs alone.
+template <int V>
+void launch_backward(cudaStream_t s, bf16* dx, bool accumulate, float* dw, const bf16* dy, const bf16* x,
+                     const bf16* w, const float* rstd, int64_t rows, int64_t dim) {
+  const size_t slice_bytes = static_cast<size_t>(kWarps) * static_cast<size_t>(dim) * sizeof(float);
+  const bool slices = slice_bytes <= kMaxSliceBytes;
+  const int64_t per_sm = slices ? std::clamp<int64_t>(static_cast<int64_t>(kMaxSliceBytes / slice_bytes), 1, 4) : 4;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, per_sm * sm_count()));
+  if (slices)
+    launch_backward<V, true>(s, blocks, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
+  else
+    launch_backward<V, false>(s, blocks, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
 }
 
 }  // namespace
@@ -115,13 +151,10 @@ void rmsnorm_backward(cudaStream_t s, bf16* dx, bool accumulate, float* dw, cons
                       const bf16* w, const float* rstd, int64_t rows, int64_t dim) {
   if (rows == 0) return;
   RT_CHECK(dim > 0, "rmsnorm_backward: dim must be positive, got ", dim);
-  // A few blocks per multiprocessor, each walking many rows, so that the dw flush is paid rarely.
-  const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, int64_t{4} * sm_count());
-  const size_t shared = static_cast<size_t>(dim) * sizeof(float);
   if (dim % 8 == 0 && all_aligned(16, dx, dy, x, w)) {
-    launch_backward<8>(s, static_cast<unsigned>(blocks), shared, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
+    launch_backward<8>(s, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
   } else {
-    launch_backward<1>(s, static_cast<unsigned>(blocks), shared, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
+    launch_backward<1>(s, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
   }
   RT_KERNEL_CHECK("rmsnorm_backward_kernel", "rows=", rows, " dim=", dim);
 }
