@@ -151,6 +151,12 @@ TEST(CpArguments, PackedAndWrongLengthsAreRejectedClearly) {
   const std::string packed = cp_forward_error(p, a, 10);
   EXPECT_NE(packed.find("packed sequences (THD) go through cp::packed_attention_forward/backward"), std::string::npos)
       << packed;
+  p.packed = false;
+  p.has_bias = true;
+  a.bias = Tensor::empty({1, 2, 10, 10}, DType::F32);
+  const std::string bias = cp_forward_error(p, a, 10);
+  EXPECT_NE(bias.find("an additive attention bias is not supported under context parallelism"), std::string::npos)
+      << bias;
 }
 
 }  // namespace
