@@ -195,10 +195,16 @@ void copy_with_device(const TensorView& dst, const TensorView& src) {
 }  // namespace
 #endif
 
-void copy(const TensorView& dst, const TensorView& src) {
-  RT_CHECK(dst.ndim == src.ndim, "copy: rank mismatch ", dst.shape_str(), " <- ", src.shape_str());
+namespace {
+void check_same_shape(const char* what, const TensorView& dst, const TensorView& src) {
+  RT_CHECK(dst.ndim == src.ndim, what, ": rank mismatch ", dst.shape_str(), " <- ", src.shape_str());
   for (int d = 0; d < dst.ndim; ++d)
-    RT_CHECK(dst.shape[d] == src.shape[d], "copy: shape mismatch ", dst.shape_str(), " <- ", src.shape_str());
+    RT_CHECK(dst.shape[d] == src.shape[d], what, ": shape mismatch ", dst.shape_str(), " <- ", src.shape_str());
+}
+}  // namespace
+
+void copy(const TensorView& dst, const TensorView& src) {
+  check_same_shape("copy", dst, src);
   if (dst.device.is_cpu() && src.device.is_cpu()) {
     if (dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous()) {
       std::memcpy(dst.data, src.data, dst.nbytes());
@@ -248,12 +254,6 @@ void fill(const TensorView& dst, double value) {
 }
 
 namespace {
-void check_same_shape(const char* what, const TensorView& dst, const TensorView& src) {
-  RT_CHECK(dst.ndim == src.ndim, what, ": rank mismatch ", dst.shape_str(), " <- ", src.shape_str());
-  for (int d = 0; d < dst.ndim; ++d)
-    RT_CHECK(dst.shape[d] == src.shape[d], what, ": shape mismatch ", dst.shape_str(), " <- ", src.shape_str());
-}
-
 // Both on one GPU (true), both on the host (false), anything else an error naming the views.
 bool on_one_gpu(const char* what, const TensorView& dst, const TensorView& src) {
   if (dst.device.is_cpu() && src.device.is_cpu()) return false;
@@ -263,8 +263,8 @@ bool on_one_gpu(const char* what, const TensorView& dst, const TensorView& src) 
 }  // namespace
 
 void copy_async(const TensorView& dst, const TensorView& src, void* stream) {
+  if (!on_one_gpu("copy_async", dst, src)) return copy(dst, src);  // copy() checks the shapes
   check_same_shape("copy_async", dst, src);
-  if (!on_one_gpu("copy_async", dst, src)) return copy(dst, src);
 #ifdef RINGTRAIN_WITH_CUDA
   cuda_ops::strided_copy(dst, src, stream, false);
 #else

@@ -250,6 +250,17 @@ void check_shape(const QkvShape& sh, const char* what) {
 // Blocks for the token loop: enough for full occupancy (8 blocks of 256 threads per multiprocessor), at most n.
 unsigned token_blocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(n, int64_t{8} * sm_count())); }
 
+// The norm-free path; q, k and v are written in the forward and read in the backward, qkv the other way round.
+template <bool kForward>
+void launch_rope_flat(cudaStream_t s, const QkvShape& sh, bf16* q, bf16* k, bf16* v, bf16* qkv,
+                      const int32_t* positions, const float* inv_freq) {
+  const size_t shared = static_cast<size_t>(sh.head_dim) * sizeof(float);  // the cos and sin tables
+  if (sh.head_dim % 4 == 0 && all_aligned(4, q, k, v, qkv))
+    rope_flat_kernel<2, kForward><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, qkv, positions, inv_freq);
+  else
+    rope_flat_kernel<1, kForward><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, qkv, positions, inv_freq);
+}
+
 }  // namespace
 
 void qkv_split_forward(cudaStream_t s, const QkvShape& sh, bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k,
@@ -259,13 +270,8 @@ void qkv_split_forward(cudaStream_t s, const QkvShape& sh, bf16* q, bf16* k, bf1
   RT_CHECK((!q_norm || rstd_q) && (!k_norm || rstd_k), "qkv_split_forward: a per-head norm needs its rstd buffer");
   if (sh.n == 0) return;
   const size_t shared = static_cast<size_t>(sh.head_dim) * sizeof(float);
-  if (!q_norm && !k_norm) {  // one kernel serves both directions: in the forward it only reads qkv
-    if (sh.head_dim % 4 == 0 && all_aligned(4, q, k, v, qkv))
-      rope_flat_kernel<2, true><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, const_cast<bf16*>(qkv),
-                                                                             positions, inv_freq);
-    else
-      rope_flat_kernel<1, true><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, const_cast<bf16*>(qkv),
-                                                                             positions, inv_freq);
+  if (!q_norm && !k_norm) {
+    launch_rope_flat<true>(s, sh, q, k, v, const_cast<bf16*>(qkv), positions, inv_freq);
   } else if (sh.head_dim % 4 == 0 && all_aligned(4, q, k, v, qkv, q_norm, k_norm)) {
     qkv_split_forward_kernel<2><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, rstd_q, rstd_k, qkv, q_norm,
                                                                              k_norm, positions, inv_freq);
@@ -286,16 +292,8 @@ void qkv_split_backward(cudaStream_t s, const QkvShape& sh, bf16* dqkv, float* d
   if (sh.n == 0) return;
   const size_t shared = 3 * static_cast<size_t>(sh.head_dim) * sizeof(float);
   if (!q_norm && !k_norm) {
-    // In the backward the flat kernel only reads its q/k/v pointers (dq, dk, dv).
-    auto* gq = const_cast<bf16*>(dq);
-    auto* gk = const_cast<bf16*>(dk);
-    auto* gv = const_cast<bf16*>(dv);
-    if (sh.head_dim % 4 == 0 && all_aligned(4, dqkv, dq, dk, dv))
-      rope_flat_kernel<2, false><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, gq, gk, gv, dqkv, positions,
-                                                                              inv_freq);
-    else
-      rope_flat_kernel<1, false><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, gq, gk, gv, dqkv, positions,
-                                                                              inv_freq);
+    launch_rope_flat<false>(s, sh, const_cast<bf16*>(dq), const_cast<bf16*>(dk), const_cast<bf16*>(dv), dqkv,
+                            positions, inv_freq);
   } else if (sh.head_dim % 4 == 0 && all_aligned(4, dqkv, dq, dk, dv, qkv, q_norm, k_norm)) {
     qkv_split_backward_kernel<2><<<token_blocks(sh.n), kThreads, shared, s>>>(
         sh, dqkv, q_norm ? dq_norm : nullptr, k_norm ? dk_norm : nullptr, dq, dk, dv, qkv, q_norm, k_norm, rstd_q,
