@@ -90,32 +90,44 @@ struct Shape {
   int64_t n, in, out;
 };
 
-// y = x w^T (+ bias) in bf16, twice on the same shape with other inputs and another bias: the cached plan must take
-// the new pointers (the second bias is misaligned on purpose when `misaligned_second_bias`).
-void check_forward(const Shape& s, bool bias, bool misaligned_second_bias, size_t samples) {
+// How the forward's result starts: from nothing, from a separate residual, or from the residual already in y.
+enum class Residual { None, Separate, InPlace };
+
+// y = x w^T (+ bias) (+ residual) in bf16, twice on the same shape with other inputs and another bias: the cached
+// plan must take the new pointers (the second bias is misaligned on purpose when `misaligned_second_bias`).
+void check_forward(const Shape& s, bool bias, bool misaligned_second_bias, size_t samples,
+                   Residual residual = Residual::None) {
   std::mt19937_64 rng(testing::fresh_seed());
   TestStream stream;
   Gemm gemm(stream.get());
   for (int call = 0; call < 2; ++call) {
     const std::vector<float> x = uniform_bf16_values(s.n * s.in, rng), w = uniform_bf16_values(s.out * s.in, rng);
-    const std::vector<float> b = uniform_bf16_values(s.out, rng);
+    const std::vector<float> b = uniform_bf16_values(s.out, rng), res = uniform_bf16_values(s.n * s.out, rng);
     auto d_x = upload_bf16(x), d_w = upload_bf16(w);
     const size_t bias_offset = (call == 1 && misaligned_second_bias) ? 1 : 0;
     DeviceArray<bf16> d_b(s.out + 1);
     upload_to(d_b, b, bias_offset);
-    DeviceArray<bf16> d_y(s.n * s.out);
+    DeviceArray<bf16> d_y(s.n * s.out), d_res(s.n * s.out);
     d_y.poison();
-    gemm.linear_forward(d_y.get(), d_x->get(), d_w->get(), bias ? d_b.get() + bias_offset : nullptr, s.n, s.in, s.out);
+    if (residual == Residual::Separate) upload_to(d_res, res, 0);
+    if (residual == Residual::InPlace) upload_to(d_y, res, 0);
+    const bf16* res_ptr = residual == Residual::None ? nullptr : residual == Residual::Separate ? d_res.get() : d_y.get();
+    gemm.linear_forward(d_y.get(), d_x->get(), d_w->get(), bias ? d_b.get() + bias_offset : nullptr, s.n, s.in, s.out,
+                        res_ptr);
     stream.sync();
     const Mat xm{x.data(), s.in}, wm{w.data(), s.in};
     check_entries(
-        cat("linear_forward ", s.n, "x", s.in, "->", s.out, bias ? " +bias" : "", " call ", call + 1,
-            bias_offset ? " (misaligned bias)" : ""),
+        cat("linear_forward ", s.n, "x", s.in, "->", s.out, bias ? " +bias" : "",
+            residual == Residual::None ? "" : residual == Residual::Separate ? " +residual" : " +residual in place",
+            " call ", call + 1, bias_offset ? " (misaligned bias)" : ""),
         download(d_y), s.out, entries(s.n, s.out, s.in, samples, rng),
         [&](int64_t r, int64_t c) {
           auto [v, mag] = dot(
               s.in, [&](int64_t t) { return xm.at(r, t); }, [&](int64_t t) { return wm.at(c, t); });
-          return std::pair{v + (bias ? b[c] : 0.0), mag + (bias ? std::fabs(b[c]) : 0.0)};
+          const double extra = (bias ? b[c] : 0.0) + (residual == Residual::None ? 0.0 : res[r * s.out + c]);
+          const double extra_mag = (bias ? std::fabs(b[c]) : 0.0) +
+                                   (residual == Residual::None ? 0.0 : std::fabs(res[r * s.out + c]));
+          return std::pair{v + extra, mag + extra_mag};
         },
         [&](double ref, double mag) { return kBf16Out * std::fabs(ref) + accumulation_bound(s.in, mag); });
   }
@@ -248,6 +260,15 @@ TEST(GpuGemm, ForwardBiasN1000In2048Out8192) {
 TEST(GpuGemm, ForwardBiasNewPointerAndMisalignedBias) {
   RT_REQUIRE_GPU();
   RT_GPU_ONLY(check_forward({129, 128, 200}, true, true, 0));
+}
+// The residual stream added by the product's C operand: y = x w^T + bias + r, and y += x w^T in place.
+TEST(GpuGemm, ForwardBiasAndResidualOddShapeEveryEntry) {
+  RT_REQUIRE_GPU();
+  RT_GPU_ONLY(check_forward({37, 64, 96}, true, false, 0, Residual::Separate));
+}
+TEST(GpuGemm, ForwardResidualInPlaceN1000In8192Out2048) {
+  RT_REQUIRE_GPU();
+  RT_GPU_ONLY(check_forward({1000, 8192, 2048}, false, false, 4000, Residual::InPlace));
 }
 TEST(GpuGemm, ForwardSequenceOf131072Tokens) {
   RT_REQUIRE_GPU();

@@ -120,7 +120,6 @@ TEST(GpuModelKernelBench, Llama1BShapeAt8192Tokens) {
   report("swiglu forward", median_ms(s, [&] { swiglu_forward(s, act.get(), gu.get(), N, F); }), 2.0 * 3 * N * F, L);
   report("swiglu backward", median_ms(s, [&] { swiglu_backward(s, dgu.get(), act.get(), gu.get(), N, F); }),
          2.0 * 5 * N * F, L);
-  report("residual add", median_ms(s, [&] { add(s, y.get(), x.get(), dy.get(), N * H); }), 3 * act_bytes, 2 * L);
   report("logprob rows (1216 x vocab)",
          median_ms(s, [&] { logprob_rows(s, lp.get(), lse.get(), logits.get(), tgt.get(), CHUNK, V); }),
          4.0 * CHUNK * V, 7);

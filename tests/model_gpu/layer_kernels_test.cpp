@@ -379,36 +379,6 @@ TEST(GpuLayerKernels, SwigluOddFfn) {
 }
 
 #ifdef RINGTRAIN_WITH_CUDA
-// y = a + b, out of place and in place (y aliasing a).
-void check_add(int64_t count) {
-  std::mt19937_64 rng(testing::fresh_seed());
-  TestStream stream;
-  const std::vector<float> a = random_bf16_values(count, rng), b = random_bf16_values(count, rng, 0.1);
-  std::vector<double> ref(count);
-  for (int64_t i = 0; i < count; ++i) ref[i] = static_cast<double>(a[i]) + b[i];
-  auto d_a = upload_bf16(a), d_b = upload_bf16(b);
-  DeviceArray<bf16> d_y(count);
-  d_y.poison();
-  mc::add(stream.get(), d_y.get(), d_a->get(), d_b->get(), count);
-  mc::add(stream.get(), d_a->get(), d_a->get(), d_b->get(), count);
-  stream.sync();
-  // The fp32 sum of two bf16 values is exact but for far-apart exponents; then one bf16 rounding.
-  expect_elementwise("add", download(d_y), ref, bf16_bound(ref, 0.0));
-  expect_elementwise("add in place", download(*d_a), ref, bf16_bound(ref, 0.0));
-}
-
-#endif  // RINGTRAIN_WITH_CUDA
-
-TEST(GpuLayerKernels, AddPacked) {
-  RT_REQUIRE_GPU();
-  RT_GPU_ONLY(check_add(1000 * 2048));
-}
-TEST(GpuLayerKernels, AddOddCount) {
-  RT_REQUIRE_GPU();
-  RT_GPU_ONLY(check_add(12345));
-}
-
-#ifdef RINGTRAIN_WITH_CUDA
 // Logits N(0, 3^2); every fifth row has no target (-1).
 void check_logprob_rows(int64_t rows, int64_t vocab) {
   std::mt19937_64 rng(testing::fresh_seed());

@@ -4,7 +4,8 @@
 //   dx = dy w      ->  dx^T[in, n]   = w^T[in, out] · dy^T[out, n]
 //   dw += dy^T x   ->  dw^T[in, out] = x^T[in, n] · op(dy^T[out, n] stored, transposed)
 // Operands are bf16, the accumulation fp32 (CUBLAS_COMPUTE_32F runs bf16 tensor cores with fp32 sums), results bf16
-// or fp32. The bias of the forward is cuBLASLt's BIAS epilogue (added in fp32 before the single rounding).
+// or fp32. The bias of the forward is cuBLASLt's BIAS epilogue and a residual is its C operand (beta = 1): both are
+// added in fp32 before the single rounding, and neither costs a pass of its own over the activations.
 #include "ringtrain/model/cuda/gemm.h"
 
 #include <cublasLt.h>
@@ -64,7 +65,7 @@ struct PlanKey {
   Product product;
   int64_t n, in, out;
   bool bias;
-  uint32_t align_a, align_b, align_d;
+  uint32_t align_a, align_b, align_d, align_c;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -72,7 +73,7 @@ std::string describe(const PlanKey& k) {
   switch (k.product) {
     case Product::Forward:
       return cat("y[", k.n, ", ", k.out, "] bf16 = x[", k.n, ", ", k.in, "] · w[", k.out, ", ", k.in, "]^T",
-                 k.bias ? " + bias" : "");
+                 k.bias ? " + bias" : "", k.align_c ? " + residual" : "");
     case Product::ForwardF32:
       return cat("y[", k.n, ", ", k.out, "] fp32 = x[", k.n, ", ", k.in, "] · w[", k.out, ", ", k.in, "]^T");
     case Product::DataGrad:
@@ -162,7 +163,7 @@ struct Gemm::Impl {
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes}, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b, key);
-    set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d, key);
+    set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c ? key.align_c : key.align_d, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d, key);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
@@ -174,15 +175,15 @@ struct Gemm::Impl {
     return *plans.emplace(key, std::move(p)).first->second;
   }
 
-  // D = op(A) · op(B) + beta * D on the stream.
+  // D = op(A) · op(B) + beta * C on the stream; C is D's layout and defaults to D.
   void run(cudaStream_t stream, const PlanKey& key, const Spec& s, const void* a, const void* b, void* d, float beta,
-           const bf16* bias) {
+           const bf16* bias, const void* c = nullptr) {
     const Plan& p = plan(key, s);
     if (bias)
       RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                   describe(key));
     const float alpha = 1.f;
-    RT_LT_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo, workspace,
+    RT_LT_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, c ? c : d, p.d, d, p.d, &p.algo, workspace,
                                kWorkspaceBytes, stream),
                 describe(key));
   }
@@ -216,13 +217,21 @@ Gemm::~Gemm() {
   cudaStreamSynchronize(stream_);  // queued GEMMs may still use the workspace
 }
 
-void Gemm::linear_forward(bf16* y, const bf16* x, const bf16* w, const bf16* bias, int64_t n, int64_t in, int64_t out) {
+void Gemm::linear_forward(bf16* y, const bf16* x, const bf16* w, const bf16* bias, int64_t n, int64_t in, int64_t out,
+                          const bf16* residual) {
   if (n == 0 || out == 0) return;
   RT_CHECK(in > 0, "linear_forward: empty inner dimension (n=", n, " in=", in, " out=", out, ")");
-  const PlanKey key{Product::Forward, n, in, out, bias != nullptr,
-                    alignment_of(w, in, 2), alignment_of(x, in, 2), alignment_of(y, out, 2)};
+  const PlanKey key{Product::Forward,
+                    n,
+                    in,
+                    out,
+                    bias != nullptr,
+                    alignment_of(w, in, 2),
+                    alignment_of(x, in, 2),
+                    alignment_of(y, out, 2),
+                    residual ? alignment_of(residual, out, 2) : 0u};
   const Spec s{CUBLAS_OP_T, CUBLAS_OP_N, col_major(in, out), col_major(in, n), col_major(out, n), CUDA_R_16BF};
-  impl_->run(stream_, key, s, w, x, y, 0.f, impl_->epilogue_bias(stream_, bias, out));
+  impl_->run(stream_, key, s, w, x, y, residual ? 1.f : 0.f, impl_->epilogue_bias(stream_, bias, out), residual);
 }
 
 void Gemm::linear_forward_f32(float* y, const bf16* x, const bf16* w, int64_t n, int64_t in, int64_t out) {

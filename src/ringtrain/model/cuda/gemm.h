@@ -18,9 +18,10 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // y[n, out] = x[n, in] · w[out, in]^T (+ bias[out] when non-null), bf16 result.
+  // y[n, out] = x[n, in] · w[out, in]^T (+ bias[out]) (+ residual[n, out]), each term added when non-null, in
+  // fp32 before the one rounding to bf16. residual may be y itself.
   void linear_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
-                      int64_t n, int64_t in, int64_t out);
+                      int64_t n, int64_t in, int64_t out, const __nv_bfloat16* residual = nullptr);
   // The same product with an fp32 result (the LM head's logits).
   void linear_forward_f32(float* y, const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n, int64_t in,
                           int64_t out);

@@ -260,14 +260,12 @@ void GpuModel::layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf
                     positions_.ptr<int32_t>(), inv_freq_.ptr<float>());
   attention.forward(bshd(a.q, B, S, c.heads, D), bshd(a.k, B, S, c.kv_heads, D), bshd(a.v, B, S, c.kv_heads, D),
                     bshd(a.attn, B, S, c.heads, D), a.lse);
-  gemm_->linear_forward(a.mid.ptr<bf16>(), a.attn.ptr<bf16>(), W + w.o_w, at(W, w.o_b), N, qd, H);
-  add(s, a.mid.ptr<bf16>(), a.mid.ptr<bf16>(), x_in, N * H);
+  gemm_->linear_forward(a.mid.ptr<bf16>(), a.attn.ptr<bf16>(), W + w.o_w, at(W, w.o_b), N, qd, H, /*residual=*/x_in);
 
   rmsnorm_forward(s, a.norm2.ptr<bf16>(), a.rstd2.ptr<float>(), a.mid.ptr<bf16>(), W + w.post_norm, N, H, eps);
   gemm_->linear_forward(a.gate_up.ptr<bf16>(), a.norm2.ptr<bf16>(), W + w.gate_up, nullptr, N, H, 2 * F);
   swiglu_forward(s, a.act.ptr<bf16>(), a.gate_up.ptr<bf16>(), N, F);
-  gemm_->linear_forward(x_out, a.act.ptr<bf16>(), W + w.down, nullptr, N, F, H);
-  add(s, x_out, x_out, a.mid.ptr<bf16>(), N * H);
+  gemm_->linear_forward(x_out, a.act.ptr<bf16>(), W + w.down, nullptr, N, F, H, /*residual=*/a.mid.ptr<bf16>());
 }
 
 void GpuModel::backward(const bf16* d_hidden, SequenceAttention& attention) {

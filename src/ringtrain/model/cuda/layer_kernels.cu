@@ -1,5 +1,6 @@
-// The element-wise layers of the GPU model: embedding lookup, SwiGLU and the residual add. All are memory-bound:
-// each thread moves one pack of 8 bf16 (16 bytes) when the row length and every pointer allow it, else one value.
+// The element-wise layers of the GPU model: embedding lookup and SwiGLU (the residual add is the GEMMs' C operand,
+// gemm.h). All are memory-bound: each thread moves one pack of 8 bf16 (16 bytes) when the row length and every
+// pointer allow it, else one value.
 #include "ringtrain/model/cuda/kernel_util.cuh"
 #include "ringtrain/model/cuda/layer_kernels.h"
 
@@ -82,19 +83,6 @@ __global__ void swiglu_backward_kernel(bf16* dgate_up, const bf16* dh, const bf1
   }
 }
 
-template <int V>
-__global__ void add_kernel(bf16* y, const bf16* a, const bf16* b, int64_t count) {
-  const int64_t packs = count / V;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < packs; e += int64_t{gridDim.x} * blockDim.x) {
-    float va[V], vb[V];
-    load_bf16<V>(a + e * V, va);
-    load_bf16<V>(b + e * V, vb);
-#pragma unroll
-    for (int i = 0; i < V; ++i) va[i] += vb[i];
-    store_bf16<V>(y + e * V, va);
-  }
-}
-
 }  // namespace
 
 void embedding_forward(cudaStream_t s, bf16* x, const int32_t* tokens, const bf16* table, int64_t n, int64_t dim) {
@@ -135,16 +123,6 @@ void swiglu_backward(cudaStream_t s, bf16* dgate_up, const bf16* dh, const bf16*
     swiglu_backward_kernel<1><<<grid_for(n * ffn, kThreads), kThreads, 0, s>>>(dgate_up, dh, gate_up, n, ffn);
   }
   RT_KERNEL_CHECK("swiglu_backward_kernel", "n=", n, " ffn=", ffn);
-}
-
-void add(cudaStream_t s, bf16* y, const bf16* a, const bf16* b, int64_t count) {
-  if (count == 0) return;
-  if (packs_of_8(count, y, a, b)) {
-    add_kernel<8><<<grid_for(count / 8, kThreads), kThreads, 0, s>>>(y, a, b, count);
-  } else {
-    add_kernel<1><<<grid_for(count, kThreads), kThreads, 0, s>>>(y, a, b, count);
-  }
-  RT_KERNEL_CHECK("add_kernel", "count=", count);
 }
 
 }  // namespace ringtrain::model::cuda

@@ -54,9 +54,6 @@ void swiglu_forward(cudaStream_t s, bf16* h, const bf16* gate_up, int64_t n, int
 // dgate_up [n, 2 ffn] overwritten.
 void swiglu_backward(cudaStream_t s, bf16* dgate_up, const bf16* dh, const bf16* gate_up, int64_t n, int64_t ffn);
 
-// y = a + b (y may alias a or b): the residual stream.
-void add(cudaStream_t s, bf16* y, const bf16* a, const bf16* b, int64_t count);
-
 // Token log-probabilities from one chunk of fp32 logits [rows, vocab] (the LM head GEMM's output):
 // logprob[r] = logits[r, t] - logsumexp(logits[r, :]) for t = targets[r] >= 0, else 0; lse[r] saved.
 void logprob_rows(cudaStream_t s, float* logprob, float* lse, const float* logits, const int32_t* targets,
