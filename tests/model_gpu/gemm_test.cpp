@@ -73,7 +73,8 @@ std::pair<double, double> dot(int64_t k, A&& a, B&& b) {
   return {s, mag};
 }
 
-// Compares a downloaded [rows, cols] result with ref(r, c) -> (value, magnitude) at the given entries.
+// Compares a downloaded [rows, cols] result with ref(r, c) -> (value, magnitude) at the given entries, within
+// bound(value, magnitude, r, c).
 template <typename Ref, typename Bound>
 void check_entries(const std::string& what, const std::vector<float>& got, int64_t cols,
                    const std::vector<std::pair<int64_t, int64_t>>& at, Ref&& ref, Bound&& bound) {
@@ -83,7 +84,8 @@ void check_entries(const std::string& what, const std::vector<float>& got, int64
     got_at[i] = got[at[i].first * cols + at[i].second];
     std::tie(ref_at[i], mag_at[i]) = ref(at[i].first, at[i].second);
   }
-  expect_elementwise(what, got_at, ref_at, [&](size_t i) { return bound(ref_at[i], mag_at[i]); });
+  expect_elementwise(what, got_at, ref_at,
+                     [&](size_t i) { return bound(ref_at[i], mag_at[i], at[i].first, at[i].second); });
 }
 
 struct Shape {
@@ -111,7 +113,9 @@ void check_forward(const Shape& s, bool bias, bool misaligned_second_bias, size_
     d_y.poison();
     if (residual == Residual::Separate) upload_to(d_res, res, 0);
     if (residual == Residual::InPlace) upload_to(d_y, res, 0);
-    const bf16* res_ptr = residual == Residual::None ? nullptr : residual == Residual::Separate ? d_res.get() : d_y.get();
+    const bf16* res_ptr = residual == Residual::None       ? nullptr
+                          : residual == Residual::Separate ? d_res.get()
+                                                           : d_y.get();
     gemm.linear_forward(d_y.get(), d_x->get(), d_w->get(), bias ? d_b.get() + bias_offset : nullptr, s.n, s.in, s.out,
                         res_ptr);
     stream.sync();
@@ -129,7 +133,12 @@ void check_forward(const Shape& s, bool bias, bool misaligned_second_bias, size_
                                    (residual == Residual::None ? 0.0 : std::fabs(res[r * s.out + c]));
           return std::pair{v + extra, mag + extra_mag};
         },
-        [&](double ref, double mag) { return kBf16Out * std::fabs(ref) + accumulation_bound(s.in, mag); });
+        [&](double ref, double mag, int64_t r, int64_t c) {
+          // Like the accumulated dx below, the epilogue may round the product to bf16 before adding the residual.
+          const double product = ref - (residual == Residual::None ? 0.0 : res[r * s.out + c]);
+          return kBf16Out * (std::fabs(ref) + (residual == Residual::None ? 0.0 : std::fabs(product))) +
+                 accumulation_bound(s.in, mag);
+        });
   }
 }
 
@@ -170,27 +179,27 @@ std::vector<float> gather_rows(const std::vector<float>& got, const std::vector<
   return out;
 }
 
-// dx = (accumulate ? dx0 : 0) + dy w, dw = dw0 + dy^T x (fp32), db = db0 + column sums of dy (fp32), checked on
-// whole rows. dw0 is random unless `zero_dw` (the LM head's 1.2 GB gradient then starts from a memset).
-void check_backward(const Shape& s, bool with_dx, bool accumulate, bool with_db, bool zero_dw) {
+// dx = (accumulate ? dx0 : 0) + dy w, dw = (overwrite_dw ? 0 : dw0) + dy^T x (fp32), db = db0 + column sums of dy
+// (fp32), checked on whole rows. An overwritten dw starts poisoned: the first contribution of a step writes it.
+void check_backward(const Shape& s, bool with_dx, bool accumulate, bool with_db, bool overwrite_dw) {
   std::mt19937_64 rng(testing::fresh_seed());
   TestStream stream;
   Gemm gemm(stream.get());
   const std::vector<float> x = uniform_bf16_values(s.n * s.in, rng), w = uniform_bf16_values(s.out * s.in, rng);
   const std::vector<float> dy = uniform_bf16_values(s.n * s.out, rng), dx0 = uniform_bf16_values(s.n * s.in, rng);
   const std::vector<float> db0 = random_f32_values(s.out, rng);
-  const std::vector<float> dw0 = zero_dw ? std::vector<float>() : random_f32_values(s.out * s.in, rng);
+  const std::vector<float> dw0 = overwrite_dw ? std::vector<float>() : random_f32_values(s.out * s.in, rng);
   auto d_x = upload_bf16(x), d_w = upload_bf16(w), d_dy = upload_bf16(dy), d_dx = upload_bf16(dx0);
   auto d_db = upload(db0);
   DeviceArray<float> d_dw(s.out * s.in);
-  if (zero_dw) {
-    cuda_ok(cudaMemset(d_dw.get(), 0, d_dw.size() * sizeof(float)), "zeroing dw");
+  if (overwrite_dw) {
+    d_dw.poison();
   } else {
     upload_to(d_dw, dw0);
   }
   if (!accumulate) d_dx->poison();
-  gemm.linear_backward(with_dx ? d_dx->get() : nullptr, accumulate, d_dw.get(), with_db ? d_db->get() : nullptr,
-                       d_dy->get(), d_x->get(), d_w->get(), s.n, s.in, s.out);
+  gemm.linear_backward(with_dx ? d_dx->get() : nullptr, accumulate, d_dw.get(), !overwrite_dw,
+                       with_db ? d_db->get() : nullptr, d_dy->get(), d_x->get(), d_w->get(), s.n, s.in, s.out);
   stream.sync();
 
   const std::string shape = cat(s.n, "x", s.in, "->", s.out);
@@ -213,8 +222,9 @@ void check_backward(const Shape& s, bool with_dx, bool accumulate, bool with_db,
   const std::vector<int64_t> dw_rows = pick_rows(s.out, s.n * s.in, rng);
   reference_rows(
       dw_rows, s.n, x, s.in, [&](int64_t o, int64_t t) { return double(dy[t * s.out + o]); },
-      [&](int64_t o, int64_t c) { return zero_dw ? 0.0 : double(dw0[o * s.in + c]); }, ref, mag);
-  expect_elementwise(cat("linear_backward dw ", shape), gather_rows(download(d_dw), dw_rows, s.in), ref,
+      [&](int64_t o, int64_t c) { return overwrite_dw ? 0.0 : double(dw0[o * s.in + c]); }, ref, mag);
+  expect_elementwise(cat("linear_backward dw ", shape, overwrite_dw ? " overwritten" : " accumulated"),
+                     gather_rows(download(d_dw), dw_rows, s.in), ref,
                      [&](size_t i) { return accumulation_bound(s.n, mag[i]); });
   if (!with_db) return;
   const std::vector<float> db = download(*d_db);
@@ -244,7 +254,9 @@ void check_forward_f32(const Shape& s, size_t samples) {
         return dot(
             s.in, [&](int64_t t) { return xm.at(r, t); }, [&](int64_t t) { return wm.at(c, t); });
       },
-      [&](double ref, double mag) { return std::ldexp(std::fabs(ref), -24) + accumulation_bound(s.in, mag); });
+      [&](double ref, double mag, int64_t, int64_t) {
+        return std::ldexp(std::fabs(ref), -24) + accumulation_bound(s.in, mag);
+      });
 }
 
 #endif  // RINGTRAIN_WITH_CUDA
@@ -299,6 +311,10 @@ TEST(GpuGemm, BackwardN1000In2048Out8192Accumulate) {
 TEST(GpuGemm, BackwardWeightsOnlyWithoutDxOrDb) {
   RT_REQUIRE_GPU();
   RT_GPU_ONLY(check_backward({1000, 2048, 512}, false, false, false, false));
+}
+TEST(GpuGemm, BackwardOverwritesPoisonedDwN1000In2048Out8192) {
+  RT_REQUIRE_GPU();
+  RT_GPU_ONLY(check_backward({1000, 2048, 8192}, true, true, true, true));
 }
 // The backward of one LM-head chunk: dlogits [512, 151936] into d_hidden and the head's fp32 gradient.
 TEST(GpuGemm, BackwardLmHeadChunk512x2048x151936) {

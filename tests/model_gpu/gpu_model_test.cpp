@@ -218,6 +218,35 @@ void check_checkpointing() {
   for (size_t i = 0; i < scored.size(); ++i) ASSERT_EQ(scored[i], a.logprobs[i]) << i;
 }
 
+// zero_grads() clears nothing on the device: the next backward must overwrite whatever the buffer held (a stale
+// step's gradients here), and a backward without zero_grads() must add. Untied Qwen2: biases and an untied
+// embedding are summed by atomics and must be cleared, the matrices overwritten.
+void check_zero_grads_semantics() {
+  std::mt19937_64 rng(testing::fresh_seed());
+  model::ModelConfig c = testing::tiny_config(model::Arch::Qwen2, /*tied=*/false, /*layers=*/2);
+  c.hidden = 128, c.heads = 4, c.kv_heads = 2, c.head_dim = 32, c.ffn = 256, c.vocab = 400;
+  const std::vector<float> params = testing::tiny_params(c, rng);
+  const std::vector<int32_t> ids = testing::random_ids(200, c.vocab, rng);
+  std::vector<float> d_first(ids.size()), d_second(ids.size());
+  std::normal_distribution<float> nd;
+  for (float& g : d_first) g = nd(rng);
+  for (float& g : d_second) g = nd(rng);
+
+  GpuModel reused(c, params), fresh(c, params);
+  const Run first = run_model(reused, ids, d_first, 64);
+  const Run second = run_model(reused, ids, d_second, 64);  // over the first step's gradients
+  const Run reference = run_model(fresh, ids, d_second, 64);
+  // Atomics add in a run-dependent order: within the bf16 bar; a stale leftover would be an O(1) error.
+  expect_grads_close(reused.layout(), second.grads, reference.grads, 1e-2, "after zero_grads over a stale step");
+
+  auto attn = model::make_local_attention();
+  model::cuda::sequence_logprobs(reused, ids, *attn, 64, /*for_backward=*/true);
+  model::cuda::sequence_logprobs_backward(reused, ids, d_first, *attn, 64);  // no zero_grads: adds
+  std::vector<float> sum(first.grads.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = first.grads[i] + second.grads[i];
+  expect_grads_close(reused.layout(), reused.grads(), sum, 1e-2, "two backwards without zero_grads");
+}
+
 void check_lm_head_chunking() {
   std::mt19937_64 rng(testing::fresh_seed());
   const int64_t n = 300, H = 256, V = 5003;  // V not a multiple of any tile
@@ -249,12 +278,17 @@ void check_lm_head_chunking() {
   const Tensor out_bwd = Tensor::empty({n}, DType::F32, dev), dw = Tensor::empty({V, H}, DType::F32, dev);
   model::cuda::Gemm gemm(nullptr);
   const int64_t random_chunk = 2 + static_cast<int64_t>(rng() % (n - 2));
-  for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(64), random_chunk, n, model::cuda::default_logprob_chunk(V)}) {
+  const std::vector<int64_t> chunks{1, 7, 64, random_chunk, n, model::cuda::default_logprob_chunk(V)};
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int64_t chunk = chunks[i];
+    // Every other run the gradient is fresh: poisoned, and the first chunk must overwrite it.
+    const bool fresh = i % 2 == 1;
     testing::poison(out), testing::poison(out_bwd), testing::poison(dh);
-    fill(dw, 0.0);
+    if (fresh) testing::poison(dw);
+    else fill(dw, 0.0);
     model::cuda::token_logprobs(gemm, out.ptr<float>(), h_dev.ptr<bf16>(), w_dev.ptr<bf16>(), t_dev.ptr<int32_t>(), n,
                                 H, V, chunk);
-    model::cuda::token_logprobs_backward(gemm, dh.ptr<bf16>(), dw.ptr<float>(), dlp_dev.ptr<float>(),
+    model::cuda::token_logprobs_backward(gemm, dh.ptr<bf16>(), {dw.ptr<float>(), fresh}, dlp_dev.ptr<float>(),
                                          h_dev.ptr<bf16>(), w_dev.ptr<bf16>(), t_dev.ptr<int32_t>(), n, H, V, chunk,
                                          out_bwd.ptr<float>());
     const double lp_err = std::max(testing::max_abs_error(host_f32(download(out)), host_f64(ref_lp)),
@@ -303,8 +337,8 @@ void check_memory_bar() {
   const int64_t chunk = model::cuda::default_logprob_chunk(V);
   model::cuda::token_logprobs(gemm, out.ptr<float>(), hidden.ptr<bf16>(), lm_head.ptr<bf16>(), t_dev.ptr<int32_t>(), n,
                               H, V, chunk);
-  model::cuda::token_logprobs_backward(gemm, dh.ptr<bf16>(), dw.ptr<float>(), d_lp.ptr<float>(), hidden.ptr<bf16>(),
-                                       lm_head.ptr<bf16>(), t_dev.ptr<int32_t>(), n, H, V, chunk);
+  model::cuda::token_logprobs_backward(gemm, dh.ptr<bf16>(), {dw.ptr<float>(), false}, d_lp.ptr<float>(),
+                                       hidden.ptr<bf16>(), lm_head.ptr<bf16>(), t_dev.ptr<int32_t>(), n, H, V, chunk);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high);
   const double extra_gib = static_cast<double>(high - before) / (1 << 30);
@@ -335,6 +369,13 @@ TEST(GpuModel, CheckpointingAndScoringMatchThePlainForward) {
   RT_REQUIRE_GPU();
 #ifdef RINGTRAIN_WITH_CUDA
   check_checkpointing();
+#endif
+}
+
+TEST(GpuModel, ZeroGradsOverwritesStaleGradientsAndBackwardsAdd) {
+  RT_REQUIRE_GPU();
+#ifdef RINGTRAIN_WITH_CUDA
+  check_zero_grads_semantics();
 #endif
 }
 
@@ -372,7 +413,8 @@ TEST(GpuModel, TokenOutsideVocabularyIsNamed) {
 }
 
 // The device layout (host logic, no GPU needed): every Hugging Face tensor has its own slice, q/k/v and gate/up
-// are back to back in that order (the fused GEMMs read them as one matrix), and groups start 128-byte aligned.
+// are back to back in that order (the fused GEMMs read them as one matrix), groups start 128-byte aligned, and
+// the vectors come after the matrices.
 TEST(GpuParamLayout, FusedGroupsAreContiguousSlices) {
 #ifndef RINGTRAIN_WITH_CUDA
   GTEST_SKIP() << "the GPU model is built only with CUDA";
@@ -396,6 +438,9 @@ TEST(GpuParamLayout, FusedGroupsAreContiguousSlices) {
         EXPECT_GE(spans[i].first, i ? spans[i - 1].second : 0) << arch_model_type(arch);
         EXPECT_LE(spans[i].second, dev.total());
       }
+      // Vectors (norm weights, biases: gradients summed by atomics) lie past summed_begin(), matrices before it.
+      for (size_t i = 0; i < host.specs().size(); ++i)
+        EXPECT_EQ(at[i] >= dev.summed_begin(), host.specs()[i].shape.size() == 1) << host.specs()[i].name;
       const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
       for (int64_t l = 0; l < c.layers; ++l) {
         const std::string p = cat("model.layers.", l, ".");

@@ -134,17 +134,21 @@ TEST(GpuModelKernelBench, Llama1BShapeAt8192Tokens) {
               median_ms(s, [&] { gemm.linear_forward(gu.get(), x.get(), wgu.get(), nullptr, N, H, 2 * F); }), N,
               2 * F, H, L);
   report_gemm("gemm down backward (dx + dw)",
-              median_ms(s, [&] {
-                gemm.linear_backward(act.get(), false, dwd.get(), nullptr, dy.get(), act.get(), wd.get(), N, F, H);
-              }),
+              median_ms(s,
+                        [&] {
+                          gemm.linear_backward(act.get(), false, dwd.get(), true, nullptr, dy.get(), act.get(),
+                                               wd.get(), N, F, H);
+                        }),
               2.0 * N, H, F, L);
   report_gemm("gemm lm head chunk forward (fp32)",
               median_ms(s, [&] { gemm.linear_forward_f32(logits.get(), x.get(), lm.get(), CHUNK, H, V); }), CHUNK, V,
               H, 7);
   report_gemm("gemm lm head chunk backward",
-              median_ms(s, [&] {
-                gemm.linear_backward(dx.get(), false, dlm.get(), nullptr, dlogits.get(), x.get(), lm.get(), CHUNK, H, V);
-              }),
+              median_ms(s,
+                        [&] {
+                          gemm.linear_backward(dx.get(), false, dlm.get(), true, nullptr, dlogits.get(), x.get(),
+                                               lm.get(), CHUNK, H, V);
+                        }),
               2.0 * CHUNK, V, H, 7);
   testing::kernels::cuda_ok(cudaDeviceSynchronize(), "the benchmark's kernels");
 #endif

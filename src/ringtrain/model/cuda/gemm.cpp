@@ -2,10 +2,10 @@
 // dimension c, so each row-major product is computed on those transposed views:
 //   y = x w^T      ->  y^T[out, n]   = op(w^T = [in, out] stored, transposed) · x^T[in, n]
 //   dx = dy w      ->  dx^T[in, n]   = w^T[in, out] · dy^T[out, n]
-//   dw += dy^T x   ->  dw^T[in, out] = x^T[in, n] · op(dy^T[out, n] stored, transposed)
+//   dw (+)= dy^T x ->  dw^T[in, out] = x^T[in, n] · op(dy^T[out, n] stored, transposed)
 // Operands are bf16, the accumulation fp32 (CUBLAS_COMPUTE_32F runs bf16 tensor cores with fp32 sums), results bf16
 // or fp32. The bias of the forward is cuBLASLt's BIAS epilogue and a residual is its C operand (beta = 1): both are
-// added in fp32 before the single rounding, and neither costs a pass of its own over the activations.
+// added in the epilogue, so neither costs a pass of its own over the activations.
 #include "ringtrain/model/cuda/gemm.h"
 
 #include <cublasLt.h>
@@ -243,10 +243,16 @@ void Gemm::linear_forward_f32(float* y, const bf16* x, const bf16* w, int64_t n,
   impl_->run(stream_, key, s, w, x, y, 0.f, nullptr);
 }
 
-void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, float* db, const bf16* dy, const bf16* x,
-                           const bf16* w, int64_t n, int64_t in, int64_t out) {
+void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, bool accumulate_dw, float* db, const bf16* dy,
+                           const bf16* x, const bf16* w, int64_t n, int64_t in, int64_t out) {
   RT_CHECK(dw != nullptr, "linear_backward: dw is required (n=", n, " in=", in, " out=", out, ")");
-  if (n == 0 || in == 0 || out == 0) return;
+  if (in == 0 || out == 0) return;
+  if (n == 0) {  // no rows: nothing to add, and an overwritten dw is zero
+    if (!accumulate_dw)
+      RT_GEMM_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(in * out) * sizeof(float), stream_),
+                         "clearing dw[", out, ", ", in, "]");
+    return;
+  }
   if (dx) {
     const PlanKey key{Product::DataGrad, n, in, out, false,
                       alignment_of(w, in, 2), alignment_of(dy, out, 2), alignment_of(dx, in, 2)};
@@ -256,7 +262,7 @@ void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, float* db, c
   const PlanKey key{Product::WeightGrad, n, in, out, false,
                     alignment_of(x, in, 2), alignment_of(dy, out, 2), alignment_of(dw, in, 4)};
   const Spec s{CUBLAS_OP_N, CUBLAS_OP_T, col_major(in, n), col_major(out, n), col_major(in, out), CUDA_R_32F};
-  impl_->run(stream_, key, s, x, dy, dw, 1.f, nullptr);
+  impl_->run(stream_, key, s, x, dy, dw, accumulate_dw ? 1.f : 0.f, nullptr);
   if (db) bias_grad_add(stream_, db, dy, n, out);
 }
 

@@ -18,17 +18,19 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // y[n, out] = x[n, in] · w[out, in]^T (+ bias[out]) (+ residual[n, out]), each term added when non-null, in
-  // fp32 before the one rounding to bf16. residual may be y itself.
+  // y[n, out] = x[n, in] · w[out, in]^T (+ bias[out]) (+ residual[n, out]), each term added when non-null, by the
+  // GEMM's epilogue (no pass of its own). residual may be y itself.
   void linear_forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                       int64_t n, int64_t in, int64_t out, const __nv_bfloat16* residual = nullptr);
   // The same product with an fp32 result (the LM head's logits).
   void linear_forward_f32(float* y, const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n, int64_t in,
                           int64_t out);
   // dx[n, in] = (accumulate_dx ? dx : 0) + dy · w   (skipped when dx is null);
-  // dw[out, in] += dy^T · x in fp32;  db[out] += sum over rows of dy in fp32 (skipped when db is null).
-  void linear_backward(__nv_bfloat16* dx, bool accumulate_dx, float* dw, float* db, const __nv_bfloat16* dy,
-                       const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n, int64_t in, int64_t out);
+  // dw[out, in] = (accumulate_dw ? dw : 0) + dy^T · x in fp32;  db[out] += sum over rows of dy in fp32 (skipped when
+  // db is null).
+  void linear_backward(__nv_bfloat16* dx, bool accumulate_dx, float* dw, bool accumulate_dw, float* db,
+                       const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n, int64_t in,
+                       int64_t out);
 
   cudaStream_t stream() const { return stream_; }
 

@@ -45,7 +45,7 @@ void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_h
   }
 }
 
-void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, float* d_lm_head, const float* d_logprobs,
+void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, const float* d_logprobs,
                              const bf16* hidden, const bf16* lm_head, const int32_t* targets, int64_t n,
                              int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* logprobs) {
   RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
@@ -65,9 +65,13 @@ void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, float* d_lm_head, const
                  logits.ptr<float>(), targets + c0, m, vocab);
     logprob_rows_backward(gemm.stream(), dlogits.ptr<bf16>(), logits.ptr<float>(), lse.ptr<float>(), targets + c0,
                           d_logprobs + c0, m, vocab);
-    gemm.linear_backward(d_hidden + c0 * hidden_dim, /*accumulate_dx=*/false, d_lm_head, nullptr,
-                         dlogits.ptr<bf16>(), h, lm_head, m, hidden_dim, vocab);
+    gemm.linear_backward(d_hidden + c0 * hidden_dim, /*accumulate_dx=*/false, d_lm_head.data,
+                         /*accumulate_dw=*/!(d_lm_head.fresh && c0 == 0), nullptr, dlogits.ptr<bf16>(), h, lm_head, m,
+                         hidden_dim, vocab);
   }
+  if (n == 0 && d_lm_head.fresh)  // no chunk wrote it
+    gemm.linear_backward(nullptr, false, d_lm_head.data, false, nullptr, nullptr, nullptr, nullptr, 0, hidden_dim,
+                         vocab);
 }
 
 std::vector<float> model_row_logprobs(GpuModel& model, const int32_t* tokens, const int32_t* positions,
@@ -95,9 +99,9 @@ void model_row_logprobs_backward(GpuModel& model, const int32_t* targets, const 
   const Tensor d_rows_dev = Tensor::empty({n}, DType::F32, model.device());
   copy(d_rows_dev, contiguous_view(const_cast<float*>(d_rows), DType::F32, Device::cpu(), {n}));
   const Tensor d_hidden = Tensor::empty({n, c.hidden}, DType::BF16, model.device());
-  float* d_lm_head = model.lm_head_grad();
-  token_logprobs_backward(model.gemm(), d_hidden.ptr<bf16>(), d_lm_head, d_rows_dev.ptr<float>(), model.hidden(),
-                          model.lm_head(), targets_dev.ptr<int32_t>(), n, c.hidden, c.vocab, chunk_tokens);
+  token_logprobs_backward(model.gemm(), d_hidden.ptr<bf16>(), model.lm_head_grad(), d_rows_dev.ptr<float>(),
+                          model.hidden(), model.lm_head(), targets_dev.ptr<int32_t>(), n, c.hidden, c.vocab,
+                          chunk_tokens);
   model.backward(d_hidden.ptr<bf16>(), attention);
 }
 

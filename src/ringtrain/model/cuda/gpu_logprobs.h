@@ -27,10 +27,11 @@ int64_t default_logprob_chunk(int64_t vocab);
 // targets[i] < 0. Targets must lie below vocab (checked on the host by the callers below).
 void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_head, const int32_t* targets,
                     int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens);
-// d_hidden [n, hidden_dim] overwritten with d(loss)/d(hidden); d(loss)/d(lm_head) added into the fp32 d_lm_head.
+// d_hidden [n, hidden_dim] overwritten with d(loss)/d(hidden); d(loss)/d(lm_head) added into the fp32 d_lm_head
+// (written instead when it is fresh).
 // The logprobs are recomputed on the way; when `logprobs` is non-null they are written there too, so that a loss
 // whose gradient does not depend on them (NLL: d_logprobs known in advance) needs no separate token_logprobs.
-void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, float* d_lm_head, const float* d_logprobs,
+void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, const float* d_logprobs,
                              const bf16* hidden, const bf16* lm_head, const int32_t* targets, int64_t n,
                              int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* logprobs = nullptr);
 

@@ -28,28 +28,34 @@ TensorView bshd(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
 
 GpuParamLayout::GpuParamLayout(const ParamLayout& host) : device_offset_(host.specs().size(), -1) {
   embed = place(host, host.embed);
-  for (const LayerOffsets& h : host.layers) {
-    GpuLayerOffsets d;
-    d.input_norm = place(host, h.input_norm);
+  layers.resize(host.layers.size());
+  for (size_t l = 0; l < host.layers.size(); ++l) {
+    const LayerOffsets& h = host.layers[l];
+    GpuLayerOffsets& d = layers[l];
     d.qkv = place(host, h.q_w);
     place(host, h.k_w, /*new_group=*/false);
     place(host, h.v_w, false);
+    d.o_w = place(host, h.o_w);
+    d.gate_up = place(host, h.gate);
+    place(host, h.up, false);
+    d.down = place(host, h.down);
+  }
+  lm_head = host.lm_head == host.embed ? embed : place(host, host.lm_head);
+  summed_begin_ = (total_ + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
+  for (size_t l = 0; l < host.layers.size(); ++l) {
+    const LayerOffsets& h = host.layers[l];
+    GpuLayerOffsets& d = layers[l];
+    d.input_norm = place(host, h.input_norm);
     if (h.q_b >= 0) {
       d.qkv_bias = place(host, h.q_b);
       place(host, h.k_b, false);
       place(host, h.v_b, false);
     }
-    d.o_w = place(host, h.o_w);
     if (h.o_b >= 0) d.o_b = place(host, h.o_b);
     if (h.q_norm >= 0) d.q_norm = place(host, h.q_norm), d.k_norm = place(host, h.k_norm);
     d.post_norm = place(host, h.post_norm);
-    d.gate_up = place(host, h.gate);
-    place(host, h.up, false);
-    d.down = place(host, h.down);
-    layers.push_back(d);
   }
   final_norm = place(host, host.final_norm);
-  lm_head = host.lm_head == host.embed ? embed : place(host, host.lm_head);
   for (size_t i = 0; i < device_offset_.size(); ++i)
     RT_CHECK(device_offset_[i] >= 0, "gpu model: weight '", host.specs()[i].name, "' has no place on the device");
 }
@@ -129,14 +135,34 @@ GpuModel GpuModel::load(const std::filesystem::path& dir, ModelOptions options, 
   return GpuModel(std::move(c), values, std::move(options), device);
 }
 
-float* GpuModel::lm_head_grad() {
+GradSlot GpuModel::lm_head_grad() {
   if (!grads_.defined()) zero_grads();
-  return grads_.ptr<float>() + dev_.lm_head;
+  const GradSlot slot{grads_.ptr<float>() + dev_.lm_head, lm_head_fresh_};
+  lm_head_fresh_ = false;
+  return slot;
 }
 
 void GpuModel::zero_grads() {
   if (!grads_.defined()) grads_ = Tensor::empty({dev_.total()}, DType::F32, device_);
-  cuda_ok(cudaMemsetAsync(grads_.data(), 0, grads_.nbytes(), stream()), "zeroing the gradients");
+  lm_head_fresh_ = body_fresh_ = true;
+}
+
+bool GpuModel::grad_fresh(int64_t device_offset) const {
+  return device_offset == dev_.lm_head ? lm_head_fresh_ : body_fresh_;
+}
+
+// Before a backward that starts from fresh gradients: what it adds with atomics must start from zero. A tied
+// embedding is the LM head, already written by the LM-head backward unless that did not run.
+void GpuModel::clear_summed_grads() {
+  float* G = grads_.ptr<float>();
+  const auto clear = [&](int64_t begin, int64_t end) {
+    cuda_ok(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
+            "clearing the summed gradients");
+  };
+  clear(dev_.summed_begin(), dev_.total());
+  const int64_t embed_end = dev_.embed + config_.vocab * config_.hidden;
+  if (dev_.lm_head != dev_.embed || lm_head_fresh_) clear(dev_.embed, embed_end);
+  if (dev_.lm_head == dev_.embed) lm_head_fresh_ = false;
 }
 
 std::vector<float> GpuModel::grads() const {
@@ -144,9 +170,12 @@ std::vector<float> GpuModel::grads() const {
   if (!grads_.defined()) return out;
   cuda_ok(cudaStreamSynchronize(stream()), "waiting for the gradients");
   const std::vector<ParamSpec>& specs = layout_.specs();
-  for (size_t i = 0; i < specs.size(); ++i)
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t at_device = dev_.device_offsets()[i];
+    if (grad_fresh(at_device)) continue;  // zero, and not cleared on the device
     copy(contiguous_view(out.data() + specs[i].offset, DType::F32, Device::cpu(), {specs[i].numel}),
-         contiguous_view(grads_.ptr<float>() + dev_.device_offsets()[i], DType::F32, device_, {specs[i].numel}));
+         contiguous_view(grads_.ptr<float>() + at_device, DType::F32, device_, {specs[i].numel}));
+  }
   return out;
 }
 
@@ -157,6 +186,7 @@ std::vector<float> GpuModel::grad(const std::string& name) const {
   if (!grads_.defined()) return out;
   cuda_ok(cudaStreamSynchronize(stream()), "waiting for the gradients");
   const int64_t device_offset = dev_.device_offsets()[static_cast<size_t>(spec - layout_.specs().data())];
+  if (grad_fresh(device_offset)) return out;
   copy(contiguous_view(out.data(), DType::F32, Device::cpu(), {spec->numel}),
        contiguous_view(grads_.ptr<float>() + device_offset, DType::F32, device_, {spec->numel}));
   return out;
@@ -272,6 +302,7 @@ void GpuModel::backward(const bf16* d_hidden, SequenceAttention& attention) {
   RT_CHECK(have_activations_, "gpu model backward: forward(..., for_backward=true) must run first");
   have_activations_ = false;
   if (!grads_.defined()) zero_grads();
+  if (body_fresh_) clear_summed_grads();
   const int64_t N = batch_ * seqlen_, H = config_.hidden;
   const bf16* W = weights_.ptr<bf16>();
   float* G = grads_.ptr<float>();
@@ -290,6 +321,7 @@ void GpuModel::backward(const bf16* d_hidden, SequenceAttention& attention) {
     layer_backward(l, checkpointed(l) ? scratch_ : saved_[l], x_in, attention);
   }
   embedding_backward(stream(), G + dev_.embed, tokens_.ptr<int32_t>(), dx_.ptr<bf16>(), N, H);
+  body_fresh_ = false;
 }
 
 void GpuModel::layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x_in, SequenceAttention& attention) {
@@ -301,18 +333,20 @@ void GpuModel::layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x
   const int64_t qd = c.heads * D, qkvd = qd + 2 * c.kv_heads * D;
   cudaStream_t s = stream();
   bf16* dx = dx_.ptr<bf16>();
+  const bool add_dw = !body_fresh_;  // each matrix gets one contribution per backward: it overwrites after zero_grads
 
   // MLP branch; dx is d(x_out) and, through the residual, part of d(mid).
-  gemm_->linear_backward(d_act_.ptr<bf16>(), false, G + w.down, nullptr, dx, a.act.ptr<bf16>(), W + w.down, N, F, H);
+  gemm_->linear_backward(d_act_.ptr<bf16>(), false, G + w.down, add_dw, nullptr, dx, a.act.ptr<bf16>(), W + w.down, N,
+                         F, H);
   swiglu_backward(s, d_gate_up_.ptr<bf16>(), d_act_.ptr<bf16>(), a.gate_up.ptr<bf16>(), N, F);
-  gemm_->linear_backward(d_norm_.ptr<bf16>(), false, G + w.gate_up, nullptr, d_gate_up_.ptr<bf16>(),
+  gemm_->linear_backward(d_norm_.ptr<bf16>(), false, G + w.gate_up, add_dw, nullptr, d_gate_up_.ptr<bf16>(),
                          a.norm2.ptr<bf16>(), W + w.gate_up, N, H, 2 * F);
   rmsnorm_backward(s, dx, /*accumulate=*/true, G + w.post_norm, d_norm_.ptr<bf16>(), a.mid.ptr<bf16>(),
                    W + w.post_norm, a.rstd2.ptr<float>(), N, H);
 
   // Attention branch; dx is now d(mid) and becomes d(x_in).
-  gemm_->linear_backward(d_attn_.ptr<bf16>(), false, G + w.o_w, at(G, w.o_b), dx, a.attn.ptr<bf16>(), W + w.o_w, N,
-                         qd, H);
+  gemm_->linear_backward(d_attn_.ptr<bf16>(), false, G + w.o_w, add_dw, at(G, w.o_b), dx, a.attn.ptr<bf16>(), W + w.o_w,
+                         N, qd, H);
   attention.backward(bshd(a.q, B, S, c.heads, D), bshd(a.k, B, S, c.kv_heads, D), bshd(a.v, B, S, c.kv_heads, D),
                      bshd(a.attn, B, S, c.heads, D), bshd(d_attn_, B, S, c.heads, D), a.lse,
                      bshd(dq_, B, S, c.heads, D), bshd(dk_, B, S, c.kv_heads, D), bshd(dv_, B, S, c.kv_heads, D));
@@ -320,7 +354,7 @@ void GpuModel::layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x
   qkv_split_backward(s, sh, d_qkv_.ptr<bf16>(), at(G, w.q_norm), at(G, w.k_norm), dq_.ptr<bf16>(), dk_.ptr<bf16>(),
                      dv_.ptr<bf16>(), a.qkv.ptr<bf16>(), at(W, w.q_norm), at(W, w.k_norm), a.rstd_q.ptr<float>(),
                      a.rstd_k.ptr<float>(), positions_.ptr<int32_t>(), inv_freq_.ptr<float>());
-  gemm_->linear_backward(d_norm_.ptr<bf16>(), false, G + w.qkv, at(G, w.qkv_bias), d_qkv_.ptr<bf16>(),
+  gemm_->linear_backward(d_norm_.ptr<bf16>(), false, G + w.qkv, add_dw, at(G, w.qkv_bias), d_qkv_.ptr<bf16>(),
                          a.norm1.ptr<bf16>(), W + w.qkv, N, H, qkvd);
   rmsnorm_backward(s, dx, /*accumulate=*/true, G + w.input_norm, d_norm_.ptr<bf16>(), x_in, W + w.input_norm,
                    a.rstd1.ptr<float>(), N, H);

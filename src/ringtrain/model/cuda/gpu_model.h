@@ -27,17 +27,27 @@
 
 namespace ringtrain::model::cuda {
 
+// A weight gradient to add into; `fresh` while it holds nothing since zero_grads(), so that the first contribution
+// writes it instead of adding (and nothing has to clear it first).
+struct GradSlot {
+  float* data = nullptr;
+  bool fresh = false;
+};
+
 // Offsets (elements) of one layer's weights in the device buffers; -1 where the architecture has none.
 struct GpuLayerOffsets {
   int64_t input_norm = -1, qkv = -1, qkv_bias = -1, o_w = -1, o_b = -1, q_norm = -1, k_norm = -1;
   int64_t post_norm = -1, gate_up = -1, down = -1;
 };
 
-// Where every Hugging Face tensor of a ParamLayout lives in the device buffers.
+// Where every Hugging Face tensor of a ParamLayout lives in the device buffers. The matrices come first; the
+// vectors whose gradients are sums of per-row atomics (norm weights, biases) follow from summed_begin() on, so that
+// one memset clears all of those.
 class GpuParamLayout {
  public:
   explicit GpuParamLayout(const ParamLayout& host);
   int64_t total() const { return total_; }
+  int64_t summed_begin() const { return summed_begin_; }
   // device_offset[i] is where host.specs()[i] starts.
   const std::vector<int64_t>& device_offsets() const { return device_offset_; }
   int64_t embed = -1, final_norm = -1, lm_head = -1;  // lm_head == embed when tied
@@ -46,7 +56,7 @@ class GpuParamLayout {
  private:
   int64_t place(const ParamLayout& host, int64_t host_offset, bool new_group = true);
   std::vector<int64_t> device_offset_;
-  int64_t total_ = 0;
+  int64_t total_ = 0, summed_begin_ = 0;
 };
 
 // Device buffers of one decoder layer's forward (bf16 unless marked fp32), for N = batch * seqlen tokens.
@@ -78,8 +88,12 @@ class GpuModel {
   Gemm& gemm() { return *gemm_; }
 
   const bf16* lm_head() const { return weights_.ptr<bf16>() + dev_.lm_head; }
-  float* lm_head_grad();
-  // Zeroes the fp32 gradients (allocated by the first call or the first backward).
+  // The LM head's gradient, for the chunked LM-head backward (gpu_logprobs.h), which writes it whole: from here on
+  // it counts as written.
+  GradSlot lm_head_grad();
+  // Makes every fp32 gradient zero (allocated by the first call or the first backward) without a pass over them:
+  // the next backward's weight-gradient GEMMs and the LM head's first chunk overwrite instead of adding, and only
+  // the gradients summed by atomics (the vectors past summed_begin, an untied embedding) are cleared then.
   void zero_grads();
   // Every gradient as host fp32 in ParamLayout order (the CPU model's grads() layout); complete when it returns.
   std::vector<float> grads() const;
@@ -108,6 +122,8 @@ class GpuModel {
   void layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf16* x_out, SequenceAttention& attention);
   void layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x_in, SequenceAttention& attention);
   void release_buffers();
+  bool grad_fresh(int64_t device_offset) const;
+  void clear_summed_grads();
 
   ModelConfig config_;
   ParamLayout layout_;
@@ -116,6 +132,8 @@ class GpuModel {
   Device device_;
   std::unique_ptr<Gemm> gemm_;
   Tensor weights_, grads_, inv_freq_;  // bf16, fp32, fp32 [head_dim / 2]
+  // Gradients marked zero by zero_grads() and not written since: the LM head's slice, and all the others.
+  bool lm_head_fresh_ = false, body_fresh_ = false;
 
   // The shape the buffers below were allocated for, and what the last forward kept.
   int64_t batch_ = 0, seqlen_ = 0;
