@@ -131,8 +131,7 @@ void check_rmsnorm(int64_t rows, int64_t dim, bool accumulate) {
   // r^3 / dim and |x| <= ~5 stays below 1e-4.
   expect_elementwise(accumulate ? "rmsnorm dx (accumulated)" : "rmsnorm dx", download(*d_dx), dx_ref,
                      bf16_bound(dx_ref, 1e-4));
-  // dw: a block's partial over its rows (in registers or shared memory), then one global atomic per column per block
-  // (<= rows + blocks adds).
+  // dw: shared-memory atomics over the block's rows, then one global atomic per block (<= rows + blocks adds).
   expect_elementwise("rmsnorm dw", download(*d_dw), dw_ref,
                      [&](size_t i) { return fp32_sum_bound(2.0 * rows, 2 * dw_mag[i]); });
 }
@@ -151,11 +150,11 @@ TEST(GpuLayerKernels, RmsNormDim2048Overwrite) {
   RT_REQUIRE_GPU();
   RT_GPU_ONLY(check_rmsnorm(999, 2048, false));
 }
-TEST(GpuLayerKernels, RmsNormDim1536Accumulate) {  // 6 packs of 256 columns per lane group, odd row count
+TEST(GpuLayerKernels, RmsNormDim1536Accumulate) {  // odd row count
   RT_REQUIRE_GPU();
   RT_GPU_ONLY(check_rmsnorm(517, 1536, true));
 }
-TEST(GpuLayerKernels, RmsNormDim4096) {  // wider than the register partial: per-warp shared slices
+TEST(GpuLayerKernels, RmsNormDim4096) {  // the widest rows with a shared slice per warp at 2 blocks per SM
   RT_REQUIRE_GPU();
   RT_GPU_ONLY(check_rmsnorm(300, 4096, false));
 }

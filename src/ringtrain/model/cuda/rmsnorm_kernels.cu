@@ -1,12 +1,9 @@
 // RMSNorm over rows of the hidden state, one warp per row, statistics and arithmetic in fp32.
 // Forward: y = w * (x * r), r = 1 / sqrt(mean(x^2) + eps), saved per row.
-// Backward: with g = w * dy, dx = r * g - x * r^3 * mean(g * x); dw += dy * x * r summed over rows. Each block walks
-// many rows and adds its dw partial with one fp32 atomic per column at the end. Where the partial lives:
-//  - rows of 256..2048 columns in packs of 8 (the model sizes): in registers, since a lane meets the same columns in
-//    every row its warp walks; the block's warps combine them once in shared memory;
-//  - other rows: per warp in shared memory (a lane owns its columns within its warp's slice, so no atomics, and the
-//    slice is laid out [V][dim / V] so that a warp's 32 lanes hit 32 banks); rows too wide for a slice per warp
-//    share one slice (atomics).
+// Backward: with g = w * dy, dx = r * g - x * r^3 * mean(g * x); dw += dy * x * r summed over rows, first per warp
+// in shared memory (each block walks many rows; a lane owns its columns within its warp's slice, so no atomics, and
+// the slice is laid out [V][dim / V] so that a warp's 32 lanes hit 32 banks), then summed over the block's warps and
+// added with one fp32 atomic per column per block. Rows too wide for a slice per warp share one slice (atomics).
 #include <algorithm>
 
 #include "ringtrain/model/cuda/kernel_util.cuh"
@@ -102,87 +99,6 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, bool accumulate, float* dw, co
   }
 }
 
-// The register-partial backward for rows of kPacks * 256 columns: lane l owns the 8-column packs l + 32 k.
-template <int kPacks>
-__global__ void __launch_bounds__(kThreads) rmsnorm_backward_regs_kernel(bf16* dx, bool accumulate, float* dw,
-                                                                         const bf16* dy, const bf16* x, const bf16* w,
-                                                                         const float* rstd, int64_t rows) {
-  constexpr int V = 8;
-  constexpr int64_t dim = int64_t{kPacks} * 32 * V;
-  __shared__ float dw_block[dim];
-  for (int64_t j = threadIdx.x; j < dim; j += kThreads) dw_block[j] = 0.f;
-  const int lane = threadIdx.x % 32;
-  float dw_lane[kPacks][V] = {};
-  for (int64_t row = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32; row < rows; row += int64_t{gridDim.x} * kWarps) {
-    const bf16 *xr = x + row * dim, *dyr = dy + row * dim;
-    const float r = rstd[row];
-    float dot = 0.f;
-#pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      const int64_t c = (lane + 32 * k) * V;
-      float xv[V], gv[V], wv[V];
-      load_bf16<V>(xr + c, xv);
-      load_bf16<V>(dyr + c, gv);
-      load_bf16<V>(w + c, wv);
-#pragma unroll
-      for (int i = 0; i < V; ++i) dot += wv[i] * gv[i] * xv[i];
-    }
-    const float coef = r * r * r * warp_sum(dot) / static_cast<float>(dim);
-    bf16* dxr = dx + row * dim;
-#pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      const int64_t c = (lane + 32 * k) * V;
-      float xv[V], gv[V], wv[V], out[V] = {};
-      load_bf16<V>(xr + c, xv);  // the second reads of the row hit L1
-      load_bf16<V>(dyr + c, gv);
-      load_bf16<V>(w + c, wv);
-      if (accumulate) load_bf16<V>(dxr + c, out);
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        out[i] += r * wv[i] * gv[i] - coef * xv[i];
-        dw_lane[k][i] += gv[i] * xv[i] * r;
-      }
-      store_bf16<V>(dxr + c, out);
-    }
-  }
-  __syncthreads();  // dw_block is zeroed
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k)
-#pragma unroll
-    for (int i = 0; i < V; ++i) atomicAdd(&dw_block[(lane + 32 * k) * V + i], dw_lane[k][i]);
-  __syncthreads();
-  for (int64_t j = threadIdx.x; j < dim; j += kThreads) atomicAdd(&dw[j], dw_block[j]);
-}
-
-template <int kPacks>
-void launch_backward_regs(cudaStream_t s, bf16* dx, bool accumulate, float* dw, const bf16* dy, const bf16* x,
-                          const bf16* w, const float* rstd, int64_t rows) {
-  int per_sm = 0;
-  const cudaError_t err =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rmsnorm_backward_regs_kernel<kPacks>, kThreads, 0);
-  RT_CHECK(err == cudaSuccess, "rmsnorm_backward: occupancy query: ", cudaGetErrorString(err));
-  const auto blocks =
-      static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, std::max(per_sm, 1) * sm_count()));
-  rmsnorm_backward_regs_kernel<kPacks><<<blocks, kThreads, 0, s>>>(dx, accumulate, dw, dy, x, w, rstd, rows);
-}
-
-// Rows of 256..2048 columns in packs of 8: the register-partial kernel; false when the row has another width.
-bool launch_backward_regs(cudaStream_t s, bf16* dx, bool accumulate, float* dw, const bf16* dy, const bf16* x,
-                          const bf16* w, const float* rstd, int64_t rows, int64_t dim) {
-  if (dim % 256 != 0) return false;
-  switch (dim / 256) {
-    case 1: launch_backward_regs<1>(s, dx, accumulate, dw, dy, x, w, rstd, rows); return true;
-    case 2: launch_backward_regs<2>(s, dx, accumulate, dw, dy, x, w, rstd, rows); return true;
-    case 3: launch_backward_regs<3>(s, dx, accumulate, dw, dy, x, w, rstd, rows); return true;
-    case 4: launch_backward_regs<4>(s, dx, accumulate, dw, dy, x, w, rstd, rows); return true;
-    case 5: launch_backward_regs<5>(s, dx, accumulate, dw, dy, x, w, rstd, rows); return true;
-    case 6: launch_backward_regs<6>(s, dx, accumulate, dw, dy, x, w, rstd, rows); return true;
-    case 7: launch_backward_regs<7>(s, dx, accumulate, dw, dy, x, w, rstd, rows); return true;
-    case 8: launch_backward_regs<8>(s, dx, accumulate, dw, dy, x, w, rstd, rows); return true;
-    default: return false;
-  }
-}
-
 // The backward's shared dw partial is dim floats; above the default 48 KiB a kernel must opt in.
 template <int V, bool kWarpSlices>
 void launch_backward(cudaStream_t s, unsigned blocks, bf16* dx, bool accumulate, float* dw, const bf16* dy,
@@ -236,8 +152,7 @@ void rmsnorm_backward(cudaStream_t s, bf16* dx, bool accumulate, float* dw, cons
   if (rows == 0) return;
   RT_CHECK(dim > 0, "rmsnorm_backward: dim must be positive, got ", dim);
   if (dim % 8 == 0 && all_aligned(16, dx, dy, x, w)) {
-    if (!launch_backward_regs(s, dx, accumulate, dw, dy, x, w, rstd, rows, dim))
-      launch_backward<8>(s, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
+    launch_backward<8>(s, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
   } else {
     launch_backward<1>(s, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
   }
