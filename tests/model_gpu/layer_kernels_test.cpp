@@ -337,6 +337,21 @@ TEST(GpuLayerKernels, QkvSplitOddHalfDim34) {
   RT_REQUIRE_GPU();
   RT_GPU_ONLY(check_qkv_split({100, 3, 1, 34, true}));
 }
+// The model's shape (32 / 8 heads of 64): 16-byte packs without norms.
+TEST(GpuLayerKernels, QkvSplitNoNormGqa32x8Dim64) {
+  RT_REQUIRE_GPU();
+  RT_GPU_ONLY(check_qkv_split({515, 32, 8, 64, false}));
+}
+// head_dim 36 without norms: halves of 18, pairs but not packs of 8.
+TEST(GpuLayerKernels, QkvSplitNoNormDim36) {
+  RT_REQUIRE_GPU();
+  RT_GPU_ONLY(check_qkv_split({100, 3, 1, 36, false}));
+}
+// head_dim 34 without norms: single values.
+TEST(GpuLayerKernels, QkvSplitNoNormOddHalfDim34) {
+  RT_REQUIRE_GPU();
+  RT_GPU_ONLY(check_qkv_split({100, 3, 1, 34, false}));
+}
 TEST(GpuLayerKernels, QkvSplitNoNormDim256) {
   RT_REQUIRE_GPU();
   RT_GPU_ONLY(check_qkv_split({65, 2, 2, 256, false}));

@@ -1,9 +1,11 @@
 // From the fused q/k/v projection to the attention inputs: per-head RMSNorm (Qwen3) and rotate-half RoPE on q and
 // k, a plain copy for v; and the transpose for the backward. One block per token (blocks walk tokens with a grid
 // stride); with per-head norms one warp per head (the norm is a per-head reduction), without them the block's
-// threads sweep the token's values as one flat list. The token's cos/sin table is computed once per block in shared memory: the angle is
-// the fp32 product position * inv_freq[i] (as transformers and model/rope.cpp form it), cos/sin in fp32.
-// Lanes move packs of 2 bf16 when head_dim % 4 == 0 (both halves then stay 4-byte aligned), else single values.
+// threads sweep the token's values as one flat list. The token's cos/sin table is computed once per block in shared
+// memory: the angle is the fp32 product position * inv_freq[i] (as transformers and model/rope.cpp form it), cos/sin
+// in fp32.
+// Lanes move packs of 2 bf16 when head_dim % 4 == 0 (both halves then stay 4-byte aligned), else single values; the
+// norm-free path moves packs of 8 (16 bytes) when head_dim % 16 == 0.
 #include <algorithm>
 
 #include "ringtrain/model/cuda/kernel_util.cuh"
@@ -255,7 +257,9 @@ template <bool kForward>
 void launch_rope_flat(cudaStream_t s, const QkvShape& sh, bf16* q, bf16* k, bf16* v, bf16* qkv,
                       const int32_t* positions, const float* inv_freq) {
   const size_t shared = static_cast<size_t>(sh.head_dim) * sizeof(float);  // the cos and sin tables
-  if (sh.head_dim % 4 == 0 && all_aligned(4, q, k, v, qkv))
+  if (sh.head_dim % 16 == 0 && all_aligned(16, q, k, v, qkv))  // both halves of every head in 16-byte packs
+    rope_flat_kernel<8, kForward><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, qkv, positions, inv_freq);
+  else if (sh.head_dim % 4 == 0 && all_aligned(4, q, k, v, qkv))
     rope_flat_kernel<2, kForward><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, qkv, positions, inv_freq);
   else
     rope_flat_kernel<1, kForward><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, qkv, positions, inv_freq);
