@@ -1,7 +1,8 @@
 // `ringtrain bench model`: times training steps of a causal LM with random weights on one GPU or, with --cp N, on N
 // GPUs with context parallelism (one process per GPU). A step zeroes the fp32 gradients, runs forward, the token
 // logprobs (chunked LM head) and the backward of the loss mean(logprob) over the sequence's scored tokens into
-// every weight gradient. Warm-up steps, then the median of timed steps between CUDA events.
+// every weight gradient. Warm-up steps, then the median of timed steps between CUDA events; the same events split
+// each step into forward, LM head and backward (rank 0's medians, printed below each row).
 //
 // FLOPs per step for a sequence of S tokens, as bench/../anchors/e2e_hf.py counts them (MFU, so recomputation under
 // activation checkpointing is not counted):
@@ -156,15 +157,24 @@ struct StepBuffers {
 
 // One training step on this rank; everything enqueued on the model's stream. The loss is linear in the logprobs,
 // so its gradient is known before them and the LM head runs once per chunk (logprobs and their backward together).
-void train_step(model::cuda::GpuModel& m, StepInputs& in, StepBuffers& buf, int64_t chunk) {
+// When given, `phases` gets an event recorded after the forward and one after the LM head.
+void train_step(model::cuda::GpuModel& m, StepInputs& in, StepBuffers& buf, int64_t chunk,
+                cudaEvent_t* phases = nullptr) {
   const model::ModelConfig& c = m.config();
   const int64_t n = static_cast<int64_t>(in.rows.tokens.size());
   m.zero_grads();
   const bf16* hidden = m.forward(in.rows.tokens.data(), in.rows.positions.data(), 1, n, *in.attention, true);
+  if (phases) cuda_ok(cudaEventRecord(phases[0], m.stream()), "cudaEventRecord");
   model::cuda::token_logprobs_backward(m.gemm(), buf.d_hidden.ptr<bf16>(), m.lm_head_grad(),
                                        in.d_logprobs.ptr<float>(), hidden, m.lm_head(), in.targets.ptr<int32_t>(), n,
                                        c.hidden, c.vocab, chunk, buf.logprobs.ptr<float>());
+  if (phases) cuda_ok(cudaEventRecord(phases[1], m.stream()), "cudaEventRecord");
   m.backward(buf.d_hidden.ptr<bf16>(), *in.attention);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 // The slowest rank's time (ms): every rank waits for the others in the collectives anyway.
@@ -192,24 +202,28 @@ nlohmann::json bench_shape(model::cuda::GpuModel& m, int64_t seq, const BenchMod
   reset_pool_peak();
   for (int i = 0; i < o.warmup; ++i) train_step(m, in, buf, chunk);
   cuda_ok(cudaDeviceSynchronize(), "warm-up");
-  cudaEvent_t start, stop;
-  cuda_ok(cudaEventCreate(&start), "cudaEventCreate");
-  cuda_ok(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<double> times;
+  // Events: start, after the forward, after the LM head, stop.
+  cudaEvent_t ev[4];
+  for (cudaEvent_t& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
+  std::vector<double> times, forward_ms, head_ms, backward_ms;
+  const auto elapsed = [](cudaEvent_t a, cudaEvent_t b) {
+    float t = 0;
+    cuda_ok(cudaEventElapsedTime(&t, a, b), "cudaEventElapsedTime");
+    return static_cast<double>(t);
+  };
   for (int i = 0; i < o.iters; ++i) {
     if (comm) comm->barrier();
-    cuda_ok(cudaEventRecord(start, m.stream()), "cudaEventRecord");
-    train_step(m, in, buf, chunk);
-    cuda_ok(cudaEventRecord(stop, m.stream()), "cudaEventRecord");
-    cuda_ok(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    cuda_ok(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(ms);
+    cuda_ok(cudaEventRecord(ev[0], m.stream()), "cudaEventRecord");
+    train_step(m, in, buf, chunk, ev + 1);
+    cuda_ok(cudaEventRecord(ev[3], m.stream()), "cudaEventRecord");
+    cuda_ok(cudaEventSynchronize(ev[3]), "cudaEventSynchronize");
+    times.push_back(elapsed(ev[0], ev[3]));
+    forward_ms.push_back(elapsed(ev[0], ev[1]));
+    head_ms.push_back(elapsed(ev[1], ev[2]));
+    backward_ms.push_back(elapsed(ev[2], ev[3]));
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  const double ms = max_over_ranks(times[times.size() / 2], comm);
+  for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  const double ms = max_over_ranks(median(times), comm);
   const uint64_t peak = pool_attribute(cudaMemPoolAttrUsedMemHigh);
   size_t free_bytes = 0, total_bytes = 0;
   cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -242,6 +256,10 @@ nlohmann::json bench_shape(model::cuda::GpuModel& m, int64_t seq, const BenchMod
   row["weights_and_grads_gib"] = gib(m.weight_bytes());
   row["logprob_extra_gib"] = gib(logprob_extra);
   row["logprob_chunk"] = chunk;
+  // This rank's phases (medians over the timed steps): forward, LM head (logprobs and their backward), backward.
+  row["forward_ms"] = median(forward_ms);
+  row["lm_head_ms"] = median(head_ms);
+  row["backward_ms"] = median(backward_ms);
   return row;
 }
 
@@ -285,13 +303,16 @@ void run_model_bench(const BenchModelOpts& o) {
       cudaGetLastError();  // an out-of-memory error is not sticky; clear it for the next shape
     }
     if (!lead) continue;
-    if (row["status"] == "ok")
+    if (row["status"] == "ok") {
       std::printf("%8lld %4d %10.1f %12.0f %12.1f %6.1f%% %10.1f %12.3f\n", static_cast<long long>(seq),
                   row["cp"].get<int>(), row["step_ms"].get<double>(), row["tokens_per_s"].get<double>(),
                   row["tflops_per_gpu"].get<double>(), 100 * row["mfu"].get<double>(),
                   row["peak_pool_gib"].get<double>(), row["logprob_extra_gib"].get<double>());
-    else
+      std::printf("%8s phases (rank 0): forward %.1f ms, LM head %.1f ms, backward %.1f ms\n", "",
+                  row["forward_ms"].get<double>(), row["lm_head_ms"].get<double>(), row["backward_ms"].get<double>());
+    } else {
       std::printf("%8lld %4d  %s\n", static_cast<long long>(seq), o.cp, row["status"].get<std::string>().c_str());
+    }
     std::printf("BENCH_MODEL %s\n", row.dump().c_str());
     std::fflush(stdout);
   }
