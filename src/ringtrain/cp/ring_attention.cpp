@@ -1,10 +1,9 @@
 // Ring attention on rank r: at step i the rank holds the KV block of source s = (r - i) mod cp and attends the
 // part of its queries that sees that block (ring_block). The next block's send/recv is posted before the step's
 // compute and waited after it (double buffer). Running O and LSE stay fp32 and are merged per step.
-// Backward: same blocks, always with the final O and LSE; dQ accumulates locally in fp32. The own block is split by
-// query rows into a first part, computed while the first remote KV block arrives, and a last part, computed while
-// the dK/dV sums make their final hop; the own block's share stays home. Each remote block's fp32 dK/dV sum travels
-// with the ring, one share added per step while the next sum arrives, so no exchange is left exposed.
+// Backward: same blocks, always with the final O and LSE; dQ accumulates locally in fp32; each step's dK/dV share is
+// computed while the fp32 sum of the earlier shares of the same block arrives from the previous rank, then added
+// and sent on, so the sum is back at its owner after cp hops of which only the last is not overlapped.
 #include "ringtrain/cp/ring_attention.h"
 
 #include <algorithm>
@@ -40,20 +39,6 @@ RingBlock ring_block(const ZigzagLayout& l, bool causal, int step, int src) {
   if (src < l.rank) return {0, valid, std::min(l.valid_len(src), c), MaskType::None};
   // Later source: only the second local chunk comes after (both of) its chunks.
   return {c, std::max<int64_t>(valid - c, 0), l.valid_len(src), MaskType::None};
-}
-
-// The own block's two parts: the rows of the first local chunk (its keys are the first chunk's when causal), then
-// the other rows; together they are ring_block(step 0).
-struct OwnParts {
-  RingBlock first, rest;
-};
-
-OwnParts own_parts(const ZigzagLayout& l, bool causal) {
-  const int64_t c = l.chunk_len(), valid = l.valid_len(), first_rows = std::min(c, valid);
-  const int64_t rest_rows = std::max<int64_t>(valid - c, 0);
-  if (!causal) return {{0, first_rows, valid, MaskType::None}, {c, rest_rows, valid, MaskType::None}};
-  // Row c + i sees keys up to c + i: bottom-right alignment of rest_rows queries over `valid` keys.
-  return {{0, first_rows, first_rows, MaskType::CausalTopLeft}, {c, rest_rows, valid, MaskType::CausalBottomRight}};
 }
 
 }  // namespace
@@ -116,29 +101,19 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
   KvPack nxt = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
   copy_async(cur.k, a.k, a.stream);
   copy_async(cur.v, a.v, a.stream);
-  // dK/dV: the own block's share (home); a remote block's share at this step (step), the sum of the earlier ranks'
-  // shares of that block arriving meanwhile (in), and the previous block's finished sum travelling on (out).
-  KvPack dkv_home = make_kv_pack(a.k, l.local_len(), DType::F32, dev, true);
+  // dK/dV of the block held at a step: this step's share (step), the sum of the earlier ranks' shares arriving
+  // meanwhile (in), and the previous block's finished sum travelling on (out). Computing the share while the
+  // sums travel keeps the fp32 dK/dV exchange off the critical path but for the last hop.
   KvPack dkv_step = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
   KvPack dkv_in = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
   KvPack dkv_out = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
-  const OwnParts own = own_parts(l, causal);
-  const auto own_backward = [&](const RingBlock& b) {
-    if (!b.empty()) block_backward(p, a, b.q_start, b.nq, a.k, a.v, b.nk, b.mask, dq_acc, dkv_home.k, dkv_home.v);
-  };
 
-  std::unique_ptr<comm::Request> kv_req;
-  if (l.cp > 1) kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
-  own_backward(own.first);
-  for (int step = 1; step < l.cp; ++step) {
-    kv_req->wait();
-    std::swap(cur, nxt);
+  for (int step = 0; step < l.cp; ++step) {
     const int src = (l.rank - step + l.cp) % l.cp;
-    kv_req.reset();
+    std::unique_ptr<comm::Request> kv_req, dkv_req;
     if (step + 1 < l.cp)
       kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
-    std::unique_ptr<comm::Request> dkv_req;
-    if (step > 1)
+    if (step > 0)
       dkv_req = comm.send_recv(dkv_out.buf.data(), next, dkv_in.buf.data(), prev, dkv_out.count(), DType::F32,
                                a.stream);
     fill_async(dkv_step.buf, 0.0, a.stream);
@@ -149,22 +124,25 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
       dkv_req->wait();
       add_async(dkv_step.buf, dkv_in.buf, a.stream);
     }
-    std::swap(dkv_out, dkv_step);  // block src's sum so far leaves at the next exchange; the sent buffer is free
+    std::swap(dkv_out, dkv_step);  // block src's sum so far leaves at the next step; the sent buffer is free again
+    if (kv_req) {
+      kv_req->wait();
+      std::swap(cur, nxt);
+    }
   }
-  // The last remote block's sum goes to its owner, the next rank, while the rest of the own block computes; what
-  // arrives is the sum of the other ranks' shares of this rank's block.
-  std::unique_ptr<comm::Request> last_req;
-  if (l.cp > 1)
-    last_req = comm.send_recv(dkv_out.buf.data(), next, dkv_in.buf.data(), prev, dkv_out.count(), DType::F32,
-                              a.stream);
-  own_backward(own.rest);
-  if (last_req) {
-    last_req->wait();
-    add_async(dkv_home.buf, dkv_in.buf, a.stream);
-  }
+  // The last block's sum goes to its owner, the next rank, and what arrives is this rank's own block, complete.
+  // Nothing is added to it any more, so it travels in the output dtype (rounded by the sender instead of the owner:
+  // the same values, half the bytes of fp32 for bf16 outputs).
+  const DType out_dtype = a.dk.dtype == a.dv.dtype ? a.dk.dtype : DType::F32;
+  // The step and arrival buffers are free by now (stream order) and large enough to hold the hop.
+  const KvPack send = view_kv_pack(dkv_step.buf.data(), a.k, l.local_len(), out_dtype, dev);
+  const KvPack recv = view_kv_pack(dkv_in.buf.data(), a.k, l.local_len(), out_dtype, dev);
+  copy_async(send.k, dkv_out.k, a.stream);
+  copy_async(send.v, dkv_out.v, a.stream);
+  comm.send_recv(dkv_step.buf.data(), next, dkv_in.buf.data(), prev, dkv_out.count(), out_dtype, a.stream)->wait();
   copy_async(a.dq, dq_acc, a.stream);
-  copy_async(a.dk, dkv_home.k, a.stream);
-  copy_async(a.dv, dkv_home.v, a.stream);
+  copy_async(a.dk, recv.k, a.stream);
+  copy_async(a.dv, recv.v, a.stream);
 }
 
 }  // namespace ringtrain::cp
