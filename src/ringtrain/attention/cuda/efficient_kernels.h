@@ -3,8 +3,9 @@
 // kernels' (flash_kernels.h); the additions are the additive bias and the real (unpadded) head dimension.
 //
 // Two kernel families serve the calls:
-//  - tensor cores (efficient_tc.cu): bf16/fp16, head dim <= 128 (zero-padded to 64 or 128 in shared memory), rows
-//    16-byte aligned. The flash kernels' structure with the bias added to the scores.
+//  - tensor cores: bf16/fp16, head dim <= 128, rows 16-byte aligned. These are the flash kernels themselves
+//    (flash_fwd.cu, flash_bwd.cu) in their `efficient` variant (flash_tile.cuh): head dim zero-padded to 64 or 128
+//    in shared memory, and the bias added to the scores.
 //  - SIMT (efficient_simt.cu): everything else, i.e. fp32 (exact fp32 FMAs, no TF32), head dims 136..256 and
 //    rows that are not 16-byte aligned. 32x32 tiles in fp32 shared memory; the backward runs as two kernels
 //    (dK/dV per key tile, dQ per query tile), so it is always deterministic.
@@ -47,11 +48,11 @@ struct EffBwdCall {
 };
 
 // Each throws ringtrain::Error naming the kernel and the shape when a launch fails.
-void efficient_forward_tc(const EffFwdCall& c, cudaStream_t stream);
-void efficient_backward_tc(const EffBwdCall& c, cudaStream_t stream);
+void efficient_forward_tc(const EffFwdCall& c, cudaStream_t stream);   // flash_fwd.cu
+void efficient_backward_tc(const EffBwdCall& c, cudaStream_t stream);  // flash_bwd.cu
 void efficient_forward_simt(const EffFwdCall& c, cudaStream_t stream);
 void efficient_backward_simt(const EffBwdCall& c, cudaStream_t stream);
-// delta = rowsum(dO * O) per (row, head), LSE-shaped fp32 (the first step of both backwards).
+// delta = rowsum(dO * O) per (row, head), LSE-shaped fp32 (the first step of every backward; flash_bwd.cu).
 void efficient_delta(const EffBwdCall& c, const FlashStats& delta, cudaStream_t stream);
 
 }  // namespace ringtrain::attention::cuda

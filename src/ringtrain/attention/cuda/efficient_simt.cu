@@ -13,11 +13,11 @@
 namespace ringtrain::attention::cuda {
 namespace {
 
-using eff::bias_row_off;
-using eff::load_bias;
 using eff::load_elem;
 using eff::store_elem;
+using tile::bias_row_off;
 using tile::key_limit;
+using tile::load_bias;
 using tile::row_off;
 using tile::Seq;
 using tile::seq_of;
@@ -280,24 +280,6 @@ __global__ void __launch_bounds__(kThreads) eff_simt_dq_kernel(SimtBwdArgs args)
     if (8 * k < d) store_elem(c.dq.ptr, c.dq.elem, off + 8 * k, dq[k] * s.scale, c.accumulate);
 }
 
-// One warp per (query row, head): delta = sum_d dO * O, in fp32.
-__global__ void eff_delta_kernel(EffBwdCall c, FlashStats delta) {
-  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (warp_id >= c.s.total_q * c.s.heads_q) return;
-  const int h = static_cast<int>(warp_id % c.s.heads_q);
-  const int64_t rr = warp_id / c.s.heads_q;
-  const int b = c.s.cu_q ? 0 : static_cast<int>(rr / c.s.seqlen_q);
-  const int64_t i = c.s.cu_q ? rr : rr % c.s.seqlen_q;
-  const int64_t ooff = row_off(c.o, b, i, h), doff = row_off(c.dout, b, i, h);
-  float acc = 0.f;
-  for (int dd = lane; dd < c.s.head_dim; dd += 32)
-    acc = fmaf(load_elem(c.o.ptr, c.o.elem, ooff + dd), load_elem(c.dout.ptr, c.dout.elem, doff + dd), acc);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) delta.ptr[stat_off(delta, b, i, h)] = acc;
-}
-
 std::string shape_str(const FlashShape& s) {
   return cat(" for B=", s.batch, " Hq=", s.heads_q, " Hkv=", s.heads_kv, " D=", s.head_dim, " Sq=", s.seqlen_q,
              " Skv=", s.seqlen_kv);
@@ -360,13 +342,6 @@ void efficient_backward_simt(const EffBwdCall& c, cudaStream_t stream) {
     case FlashElem::BF16: backward_typed<__nv_bfloat16>(c, stream); break;
     case FlashElem::F16: backward_typed<__half>(c, stream); break;
   }
-}
-
-void efficient_delta(const EffBwdCall& c, const FlashStats& delta, cudaStream_t stream) {
-  const int64_t warps = c.s.total_q * c.s.heads_q;
-  if (warps == 0) return;
-  eff_delta_kernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(c, delta);
-  RT_CUDA_CHECK(cudaGetLastError(), cat("launching eff_delta_kernel", shape_str(c.s)));
 }
 
 }  // namespace ringtrain::attention::cuda

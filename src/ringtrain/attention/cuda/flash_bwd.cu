@@ -1,5 +1,6 @@
-// `flash` backward, FlashAttention-2 structure on mma.sync tensor cores:
-//  1. flash_bwd_delta_kernel: Delta = rowsum(dO * O) per (row, head), fp32.
+// Tensor-core backward of `flash` and of `efficient` for 16-bit inputs (flash_tile.cuh: the variants),
+// FlashAttention-2 structure on mma.sync tensor cores:
+//  1. delta_kernel: Delta = rowsum(dO * O) per (row, head), fp32 (also the efficient SIMT backward's first step).
 //  2. flash_bwd_dkdv_kernel: one CTA per (key tile of BN = 16 * warps keys, kv head, sequence); each warp owns 16
 //     keys and keeps their dK/dV in registers while the CTA walks every query tile of every query head of the
 //     GQA group (Q/dO double-buffered through cp.async). The warp computes S^T = K Q^T and dP^T = V dO^T, so P^T
@@ -9,15 +10,16 @@
 //     key tiles (dQ in registers, no atomics).
 // dS carries the softmax scale, so dK = dS^T Q and dQ = dS K need none.
 #include "ringtrain/attention/cuda/cuda_util.h"
-#include "ringtrain/attention/cuda/flash_tile.cuh"
+#include "ringtrain/attention/cuda/efficient_device.cuh"
 
 namespace ringtrain::attention::cuda {
 namespace {
 
 using namespace tile;
 
+template <typename Call>
 struct BwdKernelArgs {
-  FlashBwdCall c;
+  Call c;
   FlashStats delta;  // rowsum(dO * O), LSE-shaped
   FlashRows dq_acc;  // fp32 target of the atomic dQ adds
 };
@@ -25,16 +27,9 @@ struct BwdKernelArgs {
 // The LSE of a row in the log2 domain; a row that saw no key (LSE = -inf) gets +inf so that P = exp2(x - inf) = 0.
 __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
 
-template <typename T>
-__device__ __forceinline__ float load_elem(const void* p, FlashElem e, int64_t i) {
-  if (e == FlashElem::F32) return static_cast<const float*>(p)[i];
-  return static_cast<float>(static_cast<const T*>(p)[i]);
-}
-
-// One warp per (query row, head): Delta = sum_d dO * O.
-template <typename T>
-__global__ void flash_bwd_delta_kernel(BwdKernelArgs args) {
-  const FlashBwdCall& c = args.c;
+// One warp per (query row, head): Delta = sum_d dO * O, any float dtypes.
+template <typename Call>
+__global__ void delta_kernel(Call c, FlashStats delta) {
   const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp_id >= c.s.total_q * c.s.heads_q) return;
@@ -45,10 +40,10 @@ __global__ void flash_bwd_delta_kernel(BwdKernelArgs args) {
   const int64_t ooff = row_off(c.o, b, i, h), doff = row_off(c.dout, b, i, h);
   float acc = 0.f;
   for (int d = lane; d < c.s.head_dim; d += 32)
-    acc += load_elem<T>(c.o.ptr, c.o.elem, ooff + d) * load_elem<T>(c.dout.ptr, c.dout.elem, doff + d);
+    acc = fmaf(eff::load_elem(c.o.ptr, c.o.elem, ooff + d), eff::load_elem(c.dout.ptr, c.dout.elem, doff + d), acc);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) args.delta.ptr[stat_off(args.delta, b, i, h)] = acc;
+  if (lane == 0) delta.ptr[stat_off(delta, b, i, h)] = acc;
 }
 
 template <int D, int kWarps, int BM, bool kAtomicDq>
@@ -62,8 +57,9 @@ struct DkdvConfig {
   static_assert(kWarps % WM == 0 && DW % 16 == 0, "dQ warp split");
 };
 
-template <typename T, int D, int kWarps, int BM, bool kAtomicDq>
-__global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKernelArgs args) {
+// D: the tile width (the head dim, or what V pads it to).
+template <typename V, typename T, int D, int kWarps, int BM, bool kAtomicDq>
+__global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKernelArgs<typename V::BwdCall> args) {
   using Cfg = DkdvConfig<D, kWarps, BM, kAtomicDq>;
   constexpr int BN = Cfg::BN, kThreads = Cfg::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -73,7 +69,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
   // sStat holds, per buffer, BM LSE values then BM Delta values.
   const float* stat = reinterpret_cast<const float*>(smem + (sStat - sK));
 
-  const FlashBwdCall& c = args.c;
+  const auto& c = args.c;
   const FlashShape& s = c.s;
   const int group = s.heads_q / s.heads_kv;
   const int b = blockIdx.z, hk = blockIdx.y, n0 = blockIdx.x * BN;
@@ -81,6 +77,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
   if (n0 >= seq.skv) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const bool causal = s.mask != kMaskNone;
+  const int chunks = V::kPadHeadDim ? s.head_dim / 8 : D / 8;  // 16-byte chunks of a row that hold data
+  const float inv_scale = 1.f / s.scale;  // the bias in raw-score units
 
   // Query tiles that see any of these keys: row i sees key n0 when i + 1 + shift > n0.
   const int mb_first = causal ? max(0, n0 - seq.shift) / BM : 0;
@@ -92,10 +90,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
     const int rows = seq.sq - m0;
     load_tile<BM, D, kThreads>(sQ0 + buf * Cfg::kTileQ,
                                static_cast<const uint16_t*>(c.q.ptr) + row_off(c.q, b, seq.q_row0 + m0, h),
-                               c.q.row_stride, rows);
+                               c.q.row_stride, rows, chunks);
     load_tile<BM, D, kThreads>(sDO0 + buf * Cfg::kTileQ,
                                static_cast<const uint16_t*>(c.dout.ptr) + row_off(c.dout, b, seq.q_row0 + m0, h),
-                               c.dout.row_stride, rows);
+                               c.dout.row_stride, rows, chunks);
     for (int r = threadIdx.x; r < 2 * BM; r += kThreads) {
       const int i = r % BM;
       const FlashStats& src = r < BM ? c.lse : args.delta;
@@ -106,9 +104,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
 
   const int keys = seq.skv - n0;
   load_tile<BN, D, kThreads>(sK, static_cast<const uint16_t*>(c.k.ptr) + row_off(c.k, b, seq.kv_row0 + n0, hk),
-                             c.k.row_stride, keys);
+                             c.k.row_stride, keys, chunks);
   load_tile<BN, D, kThreads>(sV, static_cast<const uint16_t*>(c.v.ptr) + row_off(c.v, b, seq.kv_row0 + n0, hk),
-                             c.v.row_stride, keys);
+                             c.v.row_stride, keys, chunks);
   if (steps > 0) prefetch(0, 0);
   cp_async_commit();
 
@@ -150,6 +148,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
         const int col = nt * 8 + 2 * t + (e & 1);
         const int key = n0 + warp * 16 + g + 8 * (e >> 1), row = m0 + col;
         const bool visible = !need_mask || (row < seq.sq && key < key_limit(s, seq, row));
+        if constexpr (V::kBias)
+          if (c.bias.ptr && row < seq.sq && key < seq.skv) p[nt][e] += bias_score(c.bias, b, h, row, key, inv_scale);
         p[nt][e] = visible ? exp2f(p[nt][e] * scale_log2 - lse_log2(sLse[col])) : 0.f;
       }
     }
@@ -235,6 +235,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
         float* dst = static_cast<float*>(args.dq_acc.ptr) + row_off(args.dq_acc, b, seq.q_row0 + row, h) + d0 + 2 * t;
 #pragma unroll
         for (int dt = 0; dt < Cfg::DW / 8; ++dt) {
+          if constexpr (V::kPadHeadDim)
+            if (d0 + dt * 8 >= s.head_dim) continue;
           atomicAdd(dst + dt * 8, dq[dt][2 * half]);
           atomicAdd(dst + dt * 8 + 1, dq[dt][2 * half + 1]);
         }
@@ -250,6 +252,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
     const int64_t voff = row_off(c.dv, b, seq.kv_row0 + key, hk) + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
+      if (dt >= chunks) continue;
       store_pair<T>(c.dk.ptr, c.dk.elem, koff + dt * 8, dk[dt][2 * half], dk[dt][2 * half + 1], c.accumulate);
       store_pair<T>(c.dv.ptr, c.dv.elem, voff + dt * 8, dv[dt][2 * half], dv[dt][2 * half + 1], c.accumulate);
     }
@@ -264,14 +267,14 @@ struct DqConfig {
 };
 
 // Deterministic dQ: one CTA per (query tile, head, sequence), each warp 16 rows, K/V tiles double-buffered.
-template <typename T, int D, int kWarps, int BN>
-__global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelArgs args) {
+template <typename V, typename T, int D, int kWarps, int BN>
+__global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelArgs<typename V::BwdCall> args) {
   using Cfg = DqConfig<D, kWarps, BN>;
   constexpr int BM = Cfg::BM, kThreads = Cfg::kThreads, kTileKV = BN * D * 2;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sQ = smem_u32(smem), sDO = sQ + BM * D * 2, sKV0 = sDO + BM * D * 2;
 
-  const FlashBwdCall& c = args.c;
+  const auto& c = args.c;
   const FlashShape& s = c.s;
   const int b = blockIdx.z, h = blockIdx.y, hk = h / (s.heads_q / s.heads_kv);
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;
@@ -280,20 +283,23 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int rows_valid = min(BM, seq.sq - m0);
   const int n_tiles = (key_limit(s, seq, m0 + rows_valid - 1) + BN - 1) / BN;
+  const int chunks = V::kPadHeadDim ? s.head_dim / 8 : D / 8;  // 16-byte chunks of a row that hold data
+  const float inv_scale = 1.f / s.scale;  // the bias in raw-score units
 
   const uint16_t* gk = static_cast<const uint16_t*>(c.k.ptr) + row_off(c.k, b, seq.kv_row0, hk);
   const uint16_t* gv = static_cast<const uint16_t*>(c.v.ptr) + row_off(c.v, b, seq.kv_row0, hk);
   auto prefetch = [&](int nb, int buf) {
     const int64_t n0 = int64_t(nb) * BN;
-    load_tile<BN, D, kThreads>(sKV0 + (2 * buf) * kTileKV, gk + n0 * c.k.row_stride, c.k.row_stride, seq.skv - nb * BN);
+    load_tile<BN, D, kThreads>(sKV0 + (2 * buf) * kTileKV, gk + n0 * c.k.row_stride, c.k.row_stride, seq.skv - nb * BN,
+                               chunks);
     load_tile<BN, D, kThreads>(sKV0 + (2 * buf + 1) * kTileKV, gv + n0 * c.v.row_stride, c.v.row_stride,
-                               seq.skv - nb * BN);
+                               seq.skv - nb * BN, chunks);
   };
   if (n_tiles > 0) {
     load_tile<BM, D, kThreads>(sQ, static_cast<const uint16_t*>(c.q.ptr) + row_off(c.q, b, seq.q_row0 + m0, h),
-                               c.q.row_stride, rows_valid);
+                               c.q.row_stride, rows_valid, chunks);
     load_tile<BM, D, kThreads>(sDO, static_cast<const uint16_t*>(c.dout.ptr) + row_off(c.dout, b, seq.q_row0 + m0, h),
-                               c.dout.row_stride, rows_valid);
+                               c.dout.row_stride, rows_valid, chunks);
     prefetch(0, 0);
     cp_async_commit();
   }
@@ -334,7 +340,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
         mma<T>(ds[2 * np + 1], ao, bv[2], bv[3]);
       }
     }
-    const bool need_mask = m0 + BM > seq.sq || n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift);
+    const bool need_mask =
+        m0 + BM > seq.sq || n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = m0 + warp * 16 + g + 8 * half;
@@ -344,7 +351,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = n0 + nt * 8 + 2 * t + e;
-          const float pv = (!need_mask || key < lim) ? exp2f(p[nt][2 * half + e] * scale_log2 - row_lse2[half]) : 0.f;
+          float& x = p[nt][2 * half + e];
+          if constexpr (V::kBias)
+            if (c.bias.ptr && row < seq.sq && key < seq.skv) x += bias_score(c.bias, b, h, row, key, inv_scale);
+          const float pv = (!need_mask || key < lim) ? exp2f(x * scale_log2 - row_lse2[half]) : 0.f;
           ds[nt][2 * half + e] = pv * (ds[nt][2 * half + e] - row_delta[half]) * s.scale;
         }
       }
@@ -371,14 +381,15 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
     const int64_t off = row_off(c.dq, b, seq.q_row0 + row, h) + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
-      store_pair<T>(c.dq.ptr, c.dq.elem, off + dt * 8, dq[dt][2 * half], dq[dt][2 * half + 1], c.accumulate);
+      if (dt < chunks)
+        store_pair<T>(c.dq.ptr, c.dq.elem, off + dt * 8, dq[dt][2 * half], dq[dt][2 * half + 1], c.accumulate);
   }
 }
 
 // dq = the fp32 atomic buffer (contiguous [rows, Hq, D]), in dq's dtype and strides.
-template <typename T>
-__global__ void flash_bwd_dq_convert_kernel(BwdKernelArgs args) {
-  const FlashBwdCall& c = args.c;
+template <typename T, typename Call>
+__global__ void flash_bwd_dq_convert_kernel(BwdKernelArgs<Call> args) {
+  const Call& c = args.c;
   const int64_t pair = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int half_d = c.s.head_dim / 2;
   if (pair >= c.s.total_q * c.s.heads_q * half_d) return;
@@ -396,47 +407,54 @@ std::string shape_str(const FlashShape& s) {
              " Skv=", s.seqlen_kv);
 }
 
-template <typename Kernel>
+template <typename Kernel, typename... Args>
 void launch(Kernel kernel, const char* name, dim3 grid, int threads, int smem, cudaStream_t stream,
-            const BwdKernelArgs& args) {
+            const FlashShape& s, const Args&... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // e.g. no keys: nothing to compute, nothing to store
   if (smem > 48 * 1024)
     RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                   cat(name, ": setting ", smem, " bytes of shared memory"));
-  kernel<<<grid, threads, smem, stream>>>(args);
-  RT_CUDA_CHECK(cudaGetLastError(), cat("launching ", name, " grid (", grid.x, ", ", grid.y, ", ", grid.z, ")",
-                                        shape_str(args.c.s)));
+  kernel<<<grid, threads, smem, stream>>>(args...);
+  RT_CUDA_CHECK(cudaGetLastError(),
+                cat("launching ", name, " grid (", grid.x, ", ", grid.y, ", ", grid.z, ")", shape_str(s)));
 }
 
-template <typename T, int D>
-void backward_typed(const FlashBwdCall& c, cudaStream_t stream) {
+template <typename Call>
+void compute_delta(const Call& c, const FlashStats& delta, cudaStream_t stream) {
+  const int64_t warps = c.s.total_q * c.s.heads_q;
+  launch(delta_kernel<Call>, "delta_kernel", dim3(static_cast<unsigned>((warps + 7) / 8)), 256, 0, stream, c.s, c,
+         delta);
+}
+
+template <typename V, typename T, int D>
+void launch_bwd(const typename V::BwdCall& c, cudaStream_t stream) {
   const FlashShape& s = c.s;
-  BwdKernelArgs args{c, {}, {}};
+  BwdKernelArgs<typename V::BwdCall> args{c, {}, {}};
   const int64_t rows = s.total_q;
-  StreamScratch delta_buf(static_cast<size_t>(rows * s.heads_q) * 4, stream, "flash backward Delta");
+  StreamScratch delta_buf(static_cast<size_t>(rows * s.heads_q) * 4, stream,
+                          cat(V::kBackend, " backward Delta").c_str());
   args.delta.ptr = reinterpret_cast<float*>(delta_buf.bytes());
   args.delta.row_stride = 1;
   args.delta.head_stride = s.cu_q ? rows : s.seqlen_q;
   args.delta.batch_stride = s.cu_q ? 0 : int64_t(s.heads_q) * s.seqlen_q;
-  const int64_t warps = rows * s.heads_q;
-  launch(flash_bwd_delta_kernel<T>, "flash_bwd_delta_kernel", dim3(static_cast<unsigned>((warps + 7) / 8)), 256, 0,
-         stream, args);
+  compute_delta(c, args.delta, stream);
 
   constexpr int kWarps = 8, BM = 64;
   const dim3 kv_grid((s.seqlen_kv + 16 * kWarps - 1) / (16 * kWarps), s.heads_kv, s.batch);
   if (c.deterministic) {
     using Cfg = DkdvConfig<D, kWarps, BM, false>;
-    launch(flash_bwd_dkdv_kernel<T, D, kWarps, BM, false>, "flash_bwd_dkdv_kernel", kv_grid, Cfg::kThreads,
-           Cfg::kSmemBytes, stream, args);
+    launch(flash_bwd_dkdv_kernel<V, T, D, kWarps, BM, false>, "flash_bwd_dkdv_kernel", kv_grid, Cfg::kThreads,
+           Cfg::kSmemBytes, stream, s, args);
     using QCfg = DqConfig<D, 4, 64>;
     const dim3 q_grid((s.seqlen_q + QCfg::BM - 1) / QCfg::BM, s.heads_q, s.batch);
-    launch(flash_bwd_dq_kernel<T, D, 4, 64>, "flash_bwd_dq_kernel", q_grid, QCfg::kThreads, QCfg::kSmemBytes, stream,
-           args);
+    launch(flash_bwd_dq_kernel<V, T, D, 4, 64>, "flash_bwd_dq_kernel", q_grid, QCfg::kThreads, QCfg::kSmemBytes,
+           stream, s, args);
     return;
   }
   // Fast mode: dQ is added with atomics into dq itself (accumulate, fp32) or into a zeroed fp32 buffer.
   const bool direct = c.accumulate;
-  StreamScratch acc_buf(direct ? 0 : static_cast<size_t>(rows * s.heads_q * s.head_dim) * 4, stream,
-                        "flash backward dQ accumulator");
+  const size_t acc_bytes = direct ? 0 : static_cast<size_t>(rows * s.heads_q * s.head_dim) * 4;
+  StreamScratch acc_buf(acc_bytes, stream, cat(V::kBackend, " backward dQ accumulator").c_str());
   if (direct) {
     args.dq_acc = c.dq;
   } else {
@@ -445,31 +463,38 @@ void backward_typed(const FlashBwdCall& c, cudaStream_t stream) {
     args.dq_acc.head_stride = s.head_dim;
     args.dq_acc.row_stride = int64_t(s.heads_q) * s.head_dim;
     args.dq_acc.batch_stride = s.cu_q ? 0 : int64_t(s.seqlen_q) * args.dq_acc.row_stride;
-    RT_CUDA_CHECK(cudaMemsetAsync(acc_buf.bytes(), 0, static_cast<size_t>(rows * s.heads_q * s.head_dim) * 4, stream),
-                  cat("zeroing the flash dQ accumulator", shape_str(s)));
+    if (acc_bytes > 0)
+      RT_CUDA_CHECK(cudaMemsetAsync(acc_buf.bytes(), 0, acc_bytes, stream),
+                    cat("zeroing the ", V::kBackend, " dQ accumulator", shape_str(s)));
   }
   using Cfg = DkdvConfig<D, kWarps, BM, true>;
-  launch(flash_bwd_dkdv_kernel<T, D, kWarps, BM, true>, "flash_bwd_dkdv_kernel", kv_grid, Cfg::kThreads,
-         Cfg::kSmemBytes, stream, args);
+  launch(flash_bwd_dkdv_kernel<V, T, D, kWarps, BM, true>, "flash_bwd_dkdv_kernel", kv_grid, Cfg::kThreads,
+         Cfg::kSmemBytes, stream, s, args);
   if (!direct) {
     const int64_t pairs = rows * s.heads_q * s.head_dim / 2;
-    launch(flash_bwd_dq_convert_kernel<T>, "flash_bwd_dq_convert_kernel",
-           dim3(static_cast<unsigned>((pairs + 255) / 256)), 256, 0, stream, args);
+    launch(flash_bwd_dq_convert_kernel<T, typename V::BwdCall>, "flash_bwd_dq_convert_kernel",
+           dim3(static_cast<unsigned>((pairs + 255) / 256)), 256, 0, stream, s, args);
   }
 }
 
-template <typename T>
-void backward_dim(const FlashBwdCall& c, cudaStream_t stream) {
-  if (c.s.head_dim == 64) backward_typed<T, 64>(c, stream);
-  else backward_typed<T, 128>(c, stream);
+template <typename V>
+void backward(const typename V::BwdCall& c, cudaStream_t stream) {
+  if (c.s.total_q == 0 && c.s.seqlen_kv == 0) return;
+  // The tile width: the head dim for flash (64 or 128), the padded one for efficient (<= 128).
+  const bool d64 = c.s.head_dim <= 64;
+  if (c.s.bf16) d64 ? launch_bwd<V, __nv_bfloat16, 64>(c, stream) : launch_bwd<V, __nv_bfloat16, 128>(c, stream);
+  else d64 ? launch_bwd<V, __half, 64>(c, stream) : launch_bwd<V, __half, 128>(c, stream);
 }
 
 }  // namespace
 
-void flash_backward(const FlashBwdCall& c, cudaStream_t stream) {
-  if (c.s.total_q == 0 && c.s.seqlen_kv == 0) return;
-  if (c.s.bf16) backward_dim<__nv_bfloat16>(c, stream);
-  else backward_dim<__half>(c, stream);
+void flash_backward(const FlashBwdCall& c, cudaStream_t stream) { backward<FlashVariant>(c, stream); }
+
+// One instantiation with and without a bias: a separate no-bias backward spilled more (flash_tile.cuh).
+void efficient_backward_tc(const EffBwdCall& c, cudaStream_t stream) { backward<EfficientVariant<true>>(c, stream); }
+
+void efficient_delta(const EffBwdCall& c, const FlashStats& delta, cudaStream_t stream) {
+  compute_delta(c, delta, stream);
 }
 
 }  // namespace ringtrain::attention::cuda

@@ -1,4 +1,5 @@
-// `flash` forward: FlashAttention-2 structure on mma.sync tensor cores.
+// Tensor-core forward of `flash` and of `efficient` for 16-bit inputs (flash_tile.cuh: the variants):
+// FlashAttention-2 structure on mma.sync tensor cores.
 // One CTA per (query tile of BM rows, query head, sequence); each warp owns MT 16-row slices of the tile. K and V
 // tiles of BN keys stream through shared memory with cp.async: V_n loads while S = Q K_n^T is computed, K_{n+1}
 // while the softmax and O += P V_n run. Online softmax in the log2 domain; O is rescaled once at the end.
@@ -10,16 +11,17 @@ namespace {
 
 using namespace tile;
 
-template <typename T, int D, int kWarps, int MT, int BN>
+template <int D, int kWarps, int MT, int BN>
 struct FwdConfig {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int BM = 16 * MT * kWarps;
   static constexpr int kSmemBytes = (BM + 2 * BN) * D * 2;
 };
 
-template <typename T, int D, int kWarps, int MT, int BN>
-__global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(FlashFwdCall c) {
-  using Cfg = FwdConfig<T, D, kWarps, MT, BN>;
+// D: the tile width (the head dim, or what V pads it to).
+template <typename V, typename T, int D, int kWarps, int MT, int BN>
+__global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(typename V::FwdCall c) {
+  using Cfg = FwdConfig<D, kWarps, MT, BN>;
   constexpr int BM = Cfg::BM, kThreads = Cfg::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sQ = smem_u32(smem), sK = sQ + BM * D * 2, sV = sK + BN * D * 2;
@@ -31,6 +33,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(FlashFwdCall 
   if (m0 >= seq.sq) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int rows_valid = min(BM, seq.sq - m0);
+  const int chunks = V::kPadHeadDim ? s.head_dim / 8 : D / 8;  // 16-byte chunks of a row that hold data
+  const float inv_scale = 1.f / s.scale;  // the bias in raw-score units
 
   // Keys any row of the tile may see: [0, n_end).
   const int n_end = key_limit(s, seq, m0 + rows_valid - 1);
@@ -47,15 +51,15 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(FlashFwdCall 
   const float scale_log2 = s.scale * kLog2e;
 
   if (n_tiles > 0) {
-    load_tile<BM, D, kThreads>(sQ, gq, c.q.row_stride, rows_valid);
-    load_tile<BN, D, kThreads>(sK, gk, c.k.row_stride, min(BN, seq.skv));
+    load_tile<BM, D, kThreads>(sQ, gq, c.q.row_stride, rows_valid, chunks);
+    load_tile<BN, D, kThreads>(sK, gk, c.k.row_stride, min(BN, seq.skv), chunks);
     cp_async_commit();
   }
   for (int nb = 0; nb < n_tiles; ++nb) {
     const int n0 = nb * BN;
     cp_async_wait_all();
     __syncthreads();  // K_n visible; every warp is done with V_{n-1}
-    load_tile<BN, D, kThreads>(sV, gv + int64_t(n0) * c.v.row_stride, c.v.row_stride, seq.skv - n0);
+    load_tile<BN, D, kThreads>(sV, gv + int64_t(n0) * c.v.row_stride, c.v.row_stride, seq.skv - n0, chunks);
     cp_async_commit();
 
     float sc[MT][BN / 8][4] = {};
@@ -79,17 +83,31 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(FlashFwdCall 
     cp_async_wait_all();
     __syncthreads();  // V_n visible; every warp is done with K_n
     if (nb + 1 < n_tiles) {
-      load_tile<BN, D, kThreads>(sK, gk + int64_t(n0 + BN) * c.k.row_stride, c.k.row_stride, seq.skv - n0 - BN);
+      load_tile<BN, D, kThreads>(sK, gk + int64_t(n0 + BN) * c.k.row_stride, c.k.row_stride, seq.skv - n0 - BN,
+                                 chunks);
       cp_async_commit();
     }
 
-    // Mask keys past the sequence end or past a row's causal limit (only tiles that reach them).
+    // Bias (rows and keys in range), then mask keys past the sequence end or past a row's causal limit (only tiles
+    // that reach them).
     const bool need_mask = n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = m0 + (warp * MT + mt) * 16 + g + 8 * half;
+        if constexpr (V::kBias) {
+          if (c.bias.ptr && row < seq.sq) {
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int key = n0 + nt * 8 + 2 * t + e;
+                if (key < seq.skv) sc[mt][nt][2 * half + e] += bias_score(c.bias, b, h, row, key, inv_scale);
+              }
+            }
+          }
+        }
         const int lim = need_mask ? key_limit(s, seq, row) : seq.skv;
         float mx = row_max[mt][half];
 #pragma unroll
@@ -102,7 +120,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(FlashFwdCall 
           }
         }
         mx = quad_max(mx);
-        // A row that has seen no key yet keeps max -inf; use 0 so that exp2 gives 0, not NaN.
+        // A row that has seen no finite score yet keeps max -inf; use 0 so that exp2 gives 0, not NaN.
         const float m_use = mx == -INFINITY ? 0.f : mx * scale_log2;
         const float alpha = exp2f(row_max[mt][half] * scale_log2 - m_use);
         row_max[mt][half] = mx;
@@ -143,7 +161,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(FlashFwdCall 
     }
   }
 
-  // Epilogue: O = acc / l (0 for a row that saw no key), LSE = max * scale + ln(l) (-inf for such a row).
+  // Epilogue: O = acc / l (0 for a row that saw no finite score), LSE = max * scale + ln(l) (-inf for such a row).
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -155,8 +173,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(FlashFwdCall 
       const int64_t ooff = row_off(c.o, b, seq.q_row0 + row, h);
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt)
-        store_pair<T>(c.o.ptr, c.o.elem, ooff + dt * 8 + 2 * t, o[mt][dt][2 * half] * inv,
-                      o[mt][dt][2 * half + 1] * inv, false);
+        if (dt < chunks)
+          store_pair<T>(c.o.ptr, c.o.elem, ooff + dt * 8 + 2 * t, o[mt][dt][2 * half] * inv,
+                        o[mt][dt][2 * half + 1] * inv, false);
       if (t == 0)
         c.lse.ptr[stat_off(c.lse, b, seq.q_row0 + row, h)] =
             l > 0.f ? (row_max[mt][half] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
@@ -164,32 +183,39 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(FlashFwdCall 
   }
 }
 
-template <typename T, int D, int kWarps, int MT, int BN>
-void launch_fwd(const FlashFwdCall& c, cudaStream_t stream) {
-  using Cfg = FwdConfig<T, D, kWarps, MT, BN>;
-  auto kernel = flash_fwd_kernel<T, D, kWarps, MT, BN>;
+template <typename V, typename T, int D>
+void launch_fwd(const typename V::FwdCall& c, cudaStream_t stream) {
+  constexpr int kWarps = 4, MT = 2, BN = 64;
+  using Cfg = FwdConfig<D, kWarps, MT, BN>;
+  auto kernel = flash_fwd_kernel<V, T, D, kWarps, MT, BN>;
   if (Cfg::kSmemBytes > 48 * 1024)
     RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
-                  cat("flash_fwd_kernel<D=", D, ">: setting ", Cfg::kSmemBytes, " bytes of shared memory"));
+                  cat(V::kBackend, ": flash_fwd_kernel<D=", D, ">: setting ", Cfg::kSmemBytes,
+                      " bytes of shared memory"));
   const dim3 grid((c.s.seqlen_q + Cfg::BM - 1) / Cfg::BM, c.s.heads_q, c.s.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(c);
-  RT_CUDA_CHECK(cudaGetLastError(), cat("launching flash_fwd_kernel<D=", D, "> grid (", grid.x, ", ", grid.y, ", ",
-                                        grid.z, ") for B=", c.s.batch, " Hq=", c.s.heads_q, " Sq=", c.s.seqlen_q,
-                                        " Skv=", c.s.seqlen_kv));
+  RT_CUDA_CHECK(cudaGetLastError(), cat(V::kBackend, ": launching flash_fwd_kernel<D=", D, "> grid (", grid.x, ", ",
+                                        grid.y, ", ", grid.z, ") for B=", c.s.batch, " Hq=", c.s.heads_q,
+                                        " D=", c.s.head_dim, " Sq=", c.s.seqlen_q, " Skv=", c.s.seqlen_kv));
 }
 
-template <typename T>
-void forward_typed(const FlashFwdCall& c, cudaStream_t stream) {
-  if (c.s.head_dim == 64) launch_fwd<T, 64, 4, 2, 64>(c, stream);
-  else launch_fwd<T, 128, 4, 2, 64>(c, stream);
+template <typename V>
+void forward(const typename V::FwdCall& c, cudaStream_t stream) {
+  if (c.s.seqlen_q == 0) return;
+  // The tile width: the head dim for flash (64 or 128), the padded one for efficient (<= 128).
+  const bool d64 = c.s.head_dim <= 64;
+  if (c.s.bf16) d64 ? launch_fwd<V, __nv_bfloat16, 64>(c, stream) : launch_fwd<V, __nv_bfloat16, 128>(c, stream);
+  else d64 ? launch_fwd<V, __half, 64>(c, stream) : launch_fwd<V, __half, 128>(c, stream);
 }
 
 }  // namespace
 
-void flash_forward(const FlashFwdCall& c, cudaStream_t stream) {
-  if (c.s.seqlen_q == 0) return;
-  if (c.s.bf16) forward_typed<__nv_bfloat16>(c, stream);
-  else forward_typed<__half>(c, stream);
+void flash_forward(const FlashFwdCall& c, cudaStream_t stream) { forward<FlashVariant>(c, stream); }
+
+// No bias: the instantiation without the bias code, which spills less at D = 128.
+void efficient_forward_tc(const EffFwdCall& c, cudaStream_t stream) {
+  if (c.bias.ptr) forward<EfficientVariant<true>>(c, stream);
+  else forward<EfficientVariant<false>>(c, stream);
 }
 
 }  // namespace ringtrain::attention::cuda

@@ -1,5 +1,6 @@
-// Tile helpers of the `flash` kernels: async global->shared copies, swizzled shared tiles, ldmatrix and the
-// m16n8k16 tensor-core MMA, fragment conversions, and the per-call sequence geometry.
+// Tile helpers of the tensor-core kernels (`flash`, and `efficient` for 16-bit inputs): their two variants, async
+// global->shared copies, swizzled shared tiles, ldmatrix and the m16n8k16 tensor-core MMA, fragment conversions,
+// and the per-call sequence geometry.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16, lane = 4 * g + t):
 //   A 16x16: a0 (row g, k 2t..2t+1), a1 (row g+8, same k), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..)
@@ -13,12 +14,56 @@
 
 #include <cstdint>
 
-#include "ringtrain/attention/cuda/flash_kernels.h"
+#include "ringtrain/attention/cuda/efficient_kernels.h"
 
 namespace ringtrain::attention::cuda::tile {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// The two users of the tensor-core kernels (flash_fwd.cu, flash_bwd.cu) as compile-time variants. A feature a
+// variant lacks is cut by `if constexpr` (or folds to a constant), so the flash instantiations carry no code for it.
+//  kPadHeadDim: head_dim is any multiple of 8 up to the tile width D. Columns >= head_dim are zero-filled in shared
+//    memory, so they add nothing to any product, and are never stored.
+//  kBias: the kernel carries the additive-bias code (EffBias; a null ptr skips it at run time, one uniform branch).
+//    The bias is added to the raw scores as bias / scale so that the no-bias arithmetic is unchanged and -inf
+//    entries stay -inf; a row whose visible scores are all -inf ends with l = 0 (O = 0, LSE = -inf). Indices into
+//    it are int64 (a 131072 x 131072 bias has 2^34 entries per head). The efficient forward picks the no-bias
+//    instantiation when there is none (it spills less at D = 128); its backward always runs the bias one (ptxas -v:
+//    a separate no-bias backward spilled more, not less).
+struct FlashVariant {
+  using FwdCall = FlashFwdCall;
+  using BwdCall = FlashBwdCall;
+  static constexpr bool kPadHeadDim = false, kBias = false;
+  static constexpr const char* kBackend = "flash";
+};
+template <bool kWithBias>
+struct EfficientVariant {
+  using FwdCall = EffFwdCall;
+  using BwdCall = EffBwdCall;
+  static constexpr bool kPadHeadDim = true, kBias = kWithBias;
+  static constexpr const char* kBackend = "efficient";
+};
+
+// Offset of bias row (b, h, i); add j * col_stride for key j. (Also read by the efficient SIMT kernels.)
+__device__ __forceinline__ int64_t bias_row_off(const EffBias& bias, int b, int h, int64_t i) {
+  return b * bias.batch_stride + h * bias.head_stride + i * bias.row_stride;
+}
+
+__device__ __forceinline__ float load_bias(const EffBias& bias, int64_t off) {
+  switch (bias.elem) {
+    case BiasElem::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(bias.ptr)[off]);
+    case BiasElem::F16: return __half2float(static_cast<const __half*>(bias.ptr)[off]);
+    case BiasElem::F64: return static_cast<float>(static_cast<const double*>(bias.ptr)[off]);
+    default: return static_cast<const float*>(bias.ptr)[off];
+  }
+}
+
+// Bias entry (b, h, row, key) in raw-score units: added before the softmax scale, it leaves the no-bias arithmetic
+// unchanged and keeps -inf entries -inf.
+__device__ __forceinline__ float bias_score(const EffBias& bias, int b, int h, int row, int key, float inv_scale) {
+  return load_bias(bias, bias_row_off(bias, b, h, row) + key * bias.col_stride) * inv_scale;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -44,16 +89,18 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
 }
 
 // Copies rows [0, ROWS) x COLS of a 16-bit global tile (row stride in elements) into a swizzled shared tile;
-// rows >= rows_valid become zeros.
+// rows >= rows_valid and 16-byte chunks >= chunks_valid (a zero-padded head dim) become zeros. A full-width caller
+// passes the constant COLS / 8, which folds the chunk test away.
 template <int ROWS, int COLS, int NTHREADS>
-__device__ __forceinline__ void load_tile(uint32_t sdst, const uint16_t* g, int64_t row_stride, int rows_valid) {
+__device__ __forceinline__ void load_tile(uint32_t sdst, const uint16_t* g, int64_t row_stride, int rows_valid,
+                                          int chunks_valid) {
   constexpr int kChunks = COLS / 8;
   static_assert((ROWS * kChunks) % NTHREADS == 0, "tile copy must split evenly over the threads");
 #pragma unroll
   for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
     const int idx = i * NTHREADS + static_cast<int>(threadIdx.x);
     const int r = idx / kChunks, c = idx % kChunks;
-    const bool ok = r < rows_valid;
+    const bool ok = r < rows_valid && c < chunks_valid;
     cp_async16(sdst + swz<COLS>(r, c), ok ? g + r * row_stride + c * 8 : g, ok);
   }
 }
