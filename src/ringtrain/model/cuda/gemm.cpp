@@ -10,8 +10,11 @@
 
 #include <cublasLt.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/cuda/bias_grad.cuh"
@@ -39,6 +42,10 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// Autotuning: how many of the heuristic's algorithms are timed, and the largest scratch result it may allocate (an
+// LM-head gradient of 151,936 x 2048 fp32 is 1.16 GiB; larger products keep the heuristic's first choice).
+constexpr int kTuneCandidates = 6;
+constexpr size_t kTuneScratchBytes = size_t{1280} << 20;
 
 enum class Product { Forward, ForwardF32, DataGrad, WeightGrad };
 
@@ -92,11 +99,14 @@ uint32_t alignment_of(const void* p, int64_t ld, size_t elem_bytes) {
   return a;
 }
 
-// The descriptors and the chosen algorithm of one PlanKey.
+// The descriptors and the chosen algorithm of one PlanKey; the heuristic's candidates until the first call has
+// timed them.
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  size_t d_bytes = 0;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -126,6 +136,7 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   void* aligned_bias = nullptr;  // a 16-byte aligned copy of a bias the epilogue could not read in place
+  bool autotune = true;          // RINGTRAIN_GEMM_AUTOTUNE=0 keeps the heuristic's first choice (reproducible bits)
   int64_t aligned_bias_capacity = 0;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 
@@ -136,7 +147,7 @@ struct Gemm::Impl {
     if (aligned_bias) cudaFree(aligned_bias);
   }
 
-  const Plan& plan(const PlanKey& key, const Spec& s) {
+  Plan& plan(const PlanKey& key, const Spec& s) {
     auto it = plans.find(key);
     if (it != plans.end()) return *it->second;
     auto p = std::make_unique<Plan>();
@@ -165,23 +176,65 @@ struct Gemm::Impl {
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c ? key.align_c : key.align_d, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d, key);
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
     int found = 0;
-    RT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref, 1, &result, &found),
+    RT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref,
+                                               autotune ? kTuneCandidates : 1, results, &found),
                 describe(key));
     RT_CHECK(found > 0, "cuBLASLt has no algorithm for ", describe(key), " (alignments A ", key.align_a, " B ",
              key.align_b, " D ", key.align_d, " bytes)");
-    p->algo = result.algo;
+    p->algo = results[0].algo;
+    for (int i = 1; i < found; ++i) p->candidates.push_back(results[i].algo);
+    if (!p->candidates.empty()) p->candidates.insert(p->candidates.begin(), results[0].algo);
+    p->d_bytes = static_cast<size_t>(s.d.ld) * s.d.cols * (s.d_type == CUDA_R_32F ? 4 : 2);
     return *plans.emplace(key, std::move(p)).first->second;
+  }
+
+  // On a plan's first call: each candidate runs on the call's operands into a scratch result (the real one is not
+  // touched), once to warm up and three times timed, and the fastest is kept. A candidate that fails is skipped.
+  // This first call waits for the stream (once per shape).
+  void tune(cudaStream_t stream, const PlanKey& key, Plan& p, const void* a, const void* b, float beta) {
+    std::vector<cublasLtMatmulAlgo_t> candidates = std::move(p.candidates);
+    p.candidates.clear();
+    if (candidates.size() < 2 || p.d_bytes > kTuneScratchBytes) return;
+    void* scratch = nullptr;
+    if (cudaMallocAsync(&scratch, p.d_bytes, stream) != cudaSuccess) {  // no room now: keep the heuristic's choice
+      cudaGetLastError();
+      return;
+    }
+    cudaEvent_t start = nullptr, stop = nullptr;
+    RT_GEMM_CUDA_CHECK(cudaEventCreate(&start), "autotuning ", describe(key));
+    RT_GEMM_CUDA_CHECK(cudaEventCreate(&stop), "autotuning ", describe(key));
+    const float alpha = 1.f;
+    float best = 0.f;
+    for (const cublasLtMatmulAlgo_t& algo : candidates) {
+      const auto once = [&] {
+        return cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, scratch, p.d, scratch, p.d, &algo, workspace,
+                              kWorkspaceBytes, stream);
+      };
+      if (once() != CUBLAS_STATUS_SUCCESS) continue;
+      RT_GEMM_CUDA_CHECK(cudaEventRecord(start, stream), "autotuning ", describe(key));
+      bool ok = true;
+      for (int i = 0; i < 3 && ok; ++i) ok = once() == CUBLAS_STATUS_SUCCESS;
+      RT_GEMM_CUDA_CHECK(cudaEventRecord(stop, stream), "autotuning ", describe(key));
+      RT_GEMM_CUDA_CHECK(cudaEventSynchronize(stop), "autotuning ", describe(key));
+      float ms = 0.f;
+      RT_GEMM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "autotuning ", describe(key));
+      if (ok && (best == 0.f || ms < best)) best = ms, p.algo = algo;
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    RT_GEMM_CUDA_CHECK(cudaFreeAsync(scratch, stream), "the autotuning scratch of ", describe(key));
   }
 
   // D = op(A) · op(B) + beta * C on the stream; C is D's layout and defaults to D.
   void run(cudaStream_t stream, const PlanKey& key, const Spec& s, const void* a, const void* b, void* d, float beta,
            const bf16* bias, const void* c = nullptr) {
-    const Plan& p = plan(key, s);
+    Plan& p = plan(key, s);
     if (bias)
       RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                   describe(key));
+    if (!p.candidates.empty()) tune(stream, key, p, a, b, beta);
     const float alpha = 1.f;
     RT_LT_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, c ? c : d, p.d, d, p.d, &p.algo, workspace,
                                kWorkspaceBytes, stream),
@@ -209,6 +262,8 @@ struct Gemm::Impl {
 };
 
 Gemm::Gemm(cudaStream_t stream) : impl_(std::make_unique<Impl>()), stream_(stream) {
+  const char* tune = std::getenv("RINGTRAIN_GEMM_AUTOTUNE");
+  impl_->autotune = !(tune && std::string_view(tune) == "0");
   RT_LT_CHECK(cublasLtCreate(&impl_->handle), "a new Gemm");
   RT_GEMM_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes), "the ", kWorkspaceBytes, "-byte GEMM workspace");
 }

@@ -1,6 +1,7 @@
 // The model's matrix products through cuBLASLt: bf16 operands, fp32 accumulation (CUBLAS_COMPUTE_32F), in the
 // row-major Hugging Face conventions of model/layers.h (weights [out, in]). One Gemm per stream: it owns the
-// cuBLASLt handle, a workspace and a cache of matmul descriptors/heuristics per shape.
+// cuBLASLt handle, a workspace and a cache of matmul descriptors per shape, with the algorithm chosen by timing the
+// heuristic's first six on the shape's first call (RINGTRAIN_GEMM_AUTOTUNE=0: the heuristic's first, as before).
 #pragma once
 
 #include <cuda_bf16.h>
