@@ -42,10 +42,10 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-// Autotuning: how many of the heuristic's algorithms are timed, and the largest scratch result it may allocate (an
-// LM-head gradient of 151,936 x 2048 fp32 is 1.16 GiB; larger products keep the heuristic's first choice).
+// Autotuning: how many of the heuristic's algorithms are timed, and the largest scratch result it may allocate for a
+// product that adds into its result.
 constexpr int kTuneCandidates = 6;
-constexpr size_t kTuneScratchBytes = size_t{1280} << 20;
+constexpr size_t kTuneScratchBytes = size_t{256} << 20;
 
 enum class Product { Forward, ForwardF32, DataGrad, WeightGrad };
 
@@ -190,18 +190,21 @@ struct Gemm::Impl {
     return *plans.emplace(key, std::move(p)).first->second;
   }
 
-  // On a plan's first call: each candidate runs on the call's operands into a scratch result (the real one is not
-  // touched), once to warm up and three times timed, and the fastest is kept. A candidate that fails is skipped.
-  // This first call waits for the stream (once per shape).
-  void tune(cudaStream_t stream, const PlanKey& key, Plan& p, const void* a, const void* b, float beta) {
-    std::vector<cublasLtMatmulAlgo_t> candidates = std::move(p.candidates);
-    p.candidates.clear();
-    if (candidates.size() < 2 || p.d_bytes > kTuneScratchBytes) return;
-    void* scratch = nullptr;
-    if (cudaMallocAsync(&scratch, p.d_bytes, stream) != cudaSuccess) {  // no room now: keep the heuristic's choice
-      cudaGetLastError();
+  // Chooses among the plan's candidates by timing each on this call's operands (once to warm up, three times timed)
+  // and keeps the fastest; a candidate that fails is skipped. A call that overwrites its result (beta = 0) lets them
+  // write the real result, which the call itself then overwrites; an adding call gives them a scratch result, if
+  // that is at most kTuneScratchBytes, else the choice waits for a later call (it never costs more memory than
+  // that). The timing waits for the stream, once per shape.
+  void tune(cudaStream_t stream, const PlanKey& key, Plan& p, const void* a, const void* b, void* d, float beta) {
+    const bool in_place = beta == 0.f;
+    if (!in_place && p.d_bytes > kTuneScratchBytes) return;
+    void* target = d;
+    if (!in_place && cudaMallocAsync(&target, p.d_bytes, stream) != cudaSuccess) {
+      cudaGetLastError();  // no room now: try again on a later call
       return;
     }
+    const std::vector<cublasLtMatmulAlgo_t> candidates = std::move(p.candidates);
+    p.candidates.clear();
     cudaEvent_t start = nullptr, stop = nullptr;
     RT_GEMM_CUDA_CHECK(cudaEventCreate(&start), "autotuning ", describe(key));
     RT_GEMM_CUDA_CHECK(cudaEventCreate(&stop), "autotuning ", describe(key));
@@ -209,7 +212,7 @@ struct Gemm::Impl {
     float best = 0.f;
     for (const cublasLtMatmulAlgo_t& algo : candidates) {
       const auto once = [&] {
-        return cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, scratch, p.d, scratch, p.d, &algo, workspace,
+        return cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, target, p.d, target, p.d, &algo, workspace,
                               kWorkspaceBytes, stream);
       };
       if (once() != CUBLAS_STATUS_SUCCESS) continue;
@@ -224,7 +227,7 @@ struct Gemm::Impl {
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-    RT_GEMM_CUDA_CHECK(cudaFreeAsync(scratch, stream), "the autotuning scratch of ", describe(key));
+    if (!in_place) RT_GEMM_CUDA_CHECK(cudaFreeAsync(target, stream), "the autotuning scratch of ", describe(key));
   }
 
   // D = op(A) · op(B) + beta * C on the stream; C is D's layout and defaults to D.
@@ -234,7 +237,7 @@ struct Gemm::Impl {
     if (bias)
       RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                   describe(key));
-    if (!p.candidates.empty()) tune(stream, key, p, a, b, beta);
+    if (!p.candidates.empty()) tune(stream, key, p, a, b, d, beta);
     const float alpha = 1.f;
     RT_LT_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, c ? c : d, p.d, d, p.d, &p.algo, workspace,
                                kWorkspaceBytes, stream),
