@@ -139,6 +139,30 @@ cudnn::SdpaConfig config(const AttnParams& p) {
   return c;
 }
 
+// What the forward and the backward set up alike: the graph configuration (with the ragged lengths of a packed
+// call), and q, k, v as cuDNN takes them (the input dtype; contiguous when packed).
+struct SdpaInputs {
+  cudnn::SdpaConfig config;
+  Ragged ragged;
+  TensorView q, k, v;
+};
+
+SdpaInputs sdpa_inputs(const AttnParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_kv, Temps& temps,
+                       cudaStream_t st) {
+  SdpaInputs in;
+  in.config = config(p);
+  if (p.packed) {
+    in.ragged = make_ragged(p, cu_seqlens_q, cu_seqlens_kv, temps, st);
+    in.config.seq_len_q = in.ragged.seq_q;
+    in.config.seq_len_kv = in.ragged.seq_kv;
+  }
+  in.q = temps.usable(q, p.dtype, p.packed, "q");
+  in.k = temps.usable(k, p.dtype, p.packed, "k");
+  in.v = temps.usable(v, p.dtype, p.packed, "v");
+  return in;
+}
+
 class CudnnBackend final : public Backend {
  public:
   BackendId id() const override { return BackendId::Cudnn; }
@@ -182,16 +206,10 @@ class CudnnBackend final : public Backend {
     cuda::DeviceGuard guard(p.device.index);
     cudaStream_t st = static_cast<cudaStream_t>(a.stream);
     Temps temps(st);
-    cudnn::SdpaConfig c = config(p);
-    Ragged rg;
-    if (p.packed) {
-      rg = make_ragged(p, a.cu_seqlens_q, a.cu_seqlens_kv, temps, st);
-      c.seq_len_q = rg.seq_q;
-      c.seq_len_kv = rg.seq_kv;
-    }
-    const TensorView q = temps.usable(a.q, p.dtype, p.packed, "q");
-    const TensorView k = temps.usable(a.k, p.dtype, p.packed, "k");
-    const TensorView v = temps.usable(a.v, p.dtype, p.packed, "v");
+    const SdpaInputs in = sdpa_inputs(p, a.q, a.k, a.v, a.cu_seqlens_q, a.cu_seqlens_kv, temps, st);
+    const cudnn::SdpaConfig& c = in.config;
+    const Ragged& rg = in.ragged;
+    const TensorView &q = in.q, &k = in.k, &v = in.v;
     // cuDNN writes O in the input dtype: other dtypes (fp32 CP partials) go through a temp.
     const bool o_direct = a.o.dtype == p.dtype && (!p.packed || a.o.is_contiguous());
     const TensorView o = o_direct ? a.o : temps.make(a.o, p.dtype, "o");
@@ -217,16 +235,10 @@ class CudnnBackend final : public Backend {
     cuda::DeviceGuard guard(p.device.index);
     cudaStream_t st = static_cast<cudaStream_t>(a.stream);
     Temps temps(st);
-    cudnn::SdpaConfig c = config(p);
-    Ragged rg;
-    if (p.packed) {
-      rg = make_ragged(p, a.cu_seqlens_q, a.cu_seqlens_kv, temps, st);
-      c.seq_len_q = rg.seq_q;
-      c.seq_len_kv = rg.seq_kv;
-    }
-    const TensorView q = temps.usable(a.q, p.dtype, p.packed, "q");
-    const TensorView k = temps.usable(a.k, p.dtype, p.packed, "k");
-    const TensorView v = temps.usable(a.v, p.dtype, p.packed, "v");
+    const SdpaInputs in = sdpa_inputs(p, a.q, a.k, a.v, a.cu_seqlens_q, a.cu_seqlens_kv, temps, st);
+    const cudnn::SdpaConfig& c = in.config;
+    const Ragged& rg = in.ragged;
+    const TensorView &q = in.q, &k = in.k, &v = in.v;
     // cuDNN needs O and dO of the input dtype with identical strides (the crash this project started from):
     // dO is copied into O's layout when they differ, both into contiguous temps when O itself is unusable.
     TensorView o = temps.usable(a.o, p.dtype, p.packed, "o");
