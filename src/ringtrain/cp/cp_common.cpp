@@ -86,8 +86,8 @@ void block_forward(const AttnParams& local, const attention::AttnForwardArgs& a,
 }
 
 void block_backward(const AttnParams& local, const attention::AttnBackwardArgs& a, int64_t q_start, int64_t nq,
-                    const TensorView& k, const TensorView& v, int64_t nk, MaskType mask, const TensorView& dq_acc,
-                    const TensorView& dk, const TensorView& dv) {
+                    const TensorView& k, const TensorView& v, int64_t nk, MaskType mask, const TensorView& dq,
+                    const TensorView& dk, const TensorView& dv, bool accumulate) {
   attention::AttnBackwardArgs s;
   s.q = rows(a.q, q_start, nq);
   s.k = rows(k, 0, nk);
@@ -95,10 +95,10 @@ void block_backward(const AttnParams& local, const attention::AttnBackwardArgs& 
   s.o = rows(a.o, q_start, nq);
   s.dout = rows(a.dout, q_start, nq);
   s.lse = lse_rows(a.lse, q_start, nq);
-  s.dq = rows(dq_acc, q_start, nq);
+  s.dq = rows(dq, q_start, nq);
   s.dk = rows(dk, 0, nk);
   s.dv = rows(dv, 0, nk);
-  s.accumulate = true;
+  s.accumulate = accumulate;
   s.stream = a.stream;
   attention::backward(block_params(local, nq, nk, mask), s);
 }

@@ -46,11 +46,11 @@ void block_forward(const attention::AttnParams& local, const attention::AttnForw
                    const TensorView& o, const TensorView& lse);
 
 // One block of a CP backward: local query rows [q_start, q_start + nq) of a (with the final O and LSE) against the
-// first nk keys of (k, v) under `mask`; the gradients are added into fp32 buffers: dq_acc (local rows), dk and dv
-// (the block's rows).
+// first nk keys of (k, v) under `mask`; the gradients are added into fp32 buffers (accumulate) or written to buffers
+// of any float dtype: dq (local rows), dk and dv (the block's rows).
 void block_backward(const attention::AttnParams& local, const attention::AttnBackwardArgs& a, int64_t q_start,
                     int64_t nq, const TensorView& k, const TensorView& v, int64_t nk, attention::MaskType mask,
-                    const TensorView& dq_acc, const TensorView& dk, const TensorView& dv);
+                    const TensorView& dq, const TensorView& dk, const TensorView& dv, bool accumulate = true);
 
 // Merges a partial result (o_b, lse_b) of the same query rows into the running (o_a, lse_a), all fp32:
 // O = O_a - sigmoid(L_b - L_a) (O_a - O_b), L = L_a - logsigmoid(L_a - L_b); a -inf side contributes nothing.

@@ -2,8 +2,9 @@
 // part of its queries that sees that block (ring_block). The next block's send/recv is posted before the step's
 // compute and waited after it (double buffer). Running O and LSE stay fp32 and are merged per step.
 // Backward: same blocks, always with the final O and LSE; dQ accumulates locally in fp32; each step's dK/dV share is
-// computed while the fp32 sum of the earlier shares of the same block arrives from the previous rank, then added
-// and sent on, so the sum is back at its owner after cp hops of which only the last is not overlapped.
+// computed (in the input dtype) while the fp32 sum of the earlier shares of the same block arrives from the previous
+// rank, then added and sent on, so the sum is back at its owner after cp hops of which only the last is not
+// overlapped.
 #include "ringtrain/cp/ring_attention.h"
 
 #include <algorithm>
@@ -96,17 +97,33 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
   const bool causal = is_causal(p);
   const int next = (l.rank + 1) % l.cp, prev = (l.rank + l.cp - 1) % l.cp;
 
+  const int64_t len = l.local_len();
   Tensor dq_acc = zeros_like(a.q, DType::F32, dev);
-  KvPack cur = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
-  KvPack nxt = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
+  KvPack cur = make_kv_pack(a.k, len, p.dtype, dev, false);
+  KvPack nxt = make_kv_pack(a.k, len, p.dtype, dev, false);
   copy_async(cur.k, a.k, a.stream);
   copy_async(cur.v, a.v, a.stream);
-  // dK/dV of the block held at a step: this step's share (step), the sum of the earlier ranks' shares arriving
-  // meanwhile (in), and the previous block's finished sum travelling on (out). Computing the share while the
-  // sums travel keeps the fp32 dK/dV exchange off the critical path but for the last hop.
-  KvPack dkv_step = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
-  KvPack dkv_in = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
-  KvPack dkv_out = make_kv_pack(a.k, l.local_len(), DType::F32, dev, false);
+  // A step's gradients are written by the block's backward in the input dtype (dq_share, dkv_share), which spares
+  // a backend that cannot accumulate (cuDNN) a conversion pass, and an fp32 buffer the zeroing, at every step. Then
+  // dQ is added into dq_acc, and the dK/dV share into the sum of the earlier ranks' shares of the same block, which
+  // arrives meanwhile (in); the previous block's finished sum travels on (out). Computing the share while the sums
+  // travel keeps the fp32 dK/dV exchange off the critical path but for the last hop.
+  const Tensor dq_share = empty_like(a.q, p.dtype, dev);
+  const KvPack dkv_share = make_kv_pack(a.k, len, p.dtype, dev, false);
+  KvPack dkv_in = make_kv_pack(a.k, len, DType::F32, dev, false);
+  KvPack dkv_out = make_kv_pack(a.k, len, DType::F32, dev, false);
+  // The share covers the block's first nk rows (the others saw no query): added into a sum, or, at the owner's
+  // step, the start of the sum (zero past nk).
+  const auto take_share = [&](const KvPack& sum, int64_t nk, bool starts_sum) {
+    for (const auto& [dst, src] : {std::pair{sum.k, dkv_share.k}, std::pair{sum.v, dkv_share.v}}) {
+      if (!starts_sum) {
+        if (nk > 0) add_async(rows(dst, 0, nk), rows(src, 0, nk), a.stream);
+        continue;
+      }
+      if (nk > 0) copy_async(rows(dst, 0, nk), rows(src, 0, nk), a.stream);
+      if (nk < len) fill_async(rows(dst, nk, len - nk), 0.0, a.stream);
+    }
+  };
 
   for (int step = 0; step < l.cp; ++step) {
     const int src = (l.rank - step + l.cp) % l.cp;
@@ -116,15 +133,20 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
     if (step > 0)
       dkv_req = comm.send_recv(dkv_out.buf.data(), next, dkv_in.buf.data(), prev, dkv_out.count(), DType::F32,
                                a.stream);
-    fill_async(dkv_step.buf, 0.0, a.stream);
     const RingBlock blk = ring_block(l, causal, step, src);
-    if (!blk.empty())
-      block_backward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, dq_acc, dkv_step.k, dkv_step.v);
+    const int64_t share_rows = blk.empty() ? 0 : blk.nk;
+    if (share_rows > 0) {
+      block_backward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, dq_share, dkv_share.k, dkv_share.v,
+                     /*accumulate=*/false);
+      add_async(rows(dq_acc, blk.q_start, blk.nq), rows(dq_share, blk.q_start, blk.nq), a.stream);
+    }
     if (dkv_req) {
       dkv_req->wait();
-      add_async(dkv_step.buf, dkv_in.buf, a.stream);
+      take_share(dkv_in, share_rows, false);
+      std::swap(dkv_out, dkv_in);  // block src's sum leaves at the next step; the buffer just sent receives the next
+    } else {
+      take_share(dkv_out, share_rows, true);
     }
-    std::swap(dkv_out, dkv_step);  // block src's sum so far leaves at the next step; the sent buffer is free again
     if (kv_req) {
       kv_req->wait();
       std::swap(cur, nxt);
@@ -132,14 +154,19 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
   }
   // The last block's sum goes to its owner, the next rank, and what arrives is this rank's own block, complete.
   // Nothing is added to it any more, so it travels in the output dtype (rounded by the sender instead of the owner:
-  // the same values, half the bytes of fp32 for bf16 outputs).
+  // the same values, half the bytes of fp32 for bf16 outputs), from the share buffer, free by now (stream order).
   const DType out_dtype = a.dk.dtype == a.dv.dtype ? a.dk.dtype : DType::F32;
-  // The step and arrival buffers are free by now (stream order) and large enough to hold the hop.
-  const KvPack send = view_kv_pack(dkv_step.buf.data(), a.k, l.local_len(), out_dtype, dev);
-  const KvPack recv = view_kv_pack(dkv_in.buf.data(), a.k, l.local_len(), out_dtype, dev);
-  copy_async(send.k, dkv_out.k, a.stream);
-  copy_async(send.v, dkv_out.v, a.stream);
-  comm.send_recv(dkv_step.buf.data(), next, dkv_in.buf.data(), prev, dkv_out.count(), out_dtype, a.stream)->wait();
+  RT_CHECK(dtype_size(out_dtype) <= dtype_size(DType::F32), "ring attention backward: dK/dV of dtype ",
+           dtype_name(out_dtype), " are not supported");
+  void* send = dkv_out.buf.data();
+  if (out_dtype != DType::F32) {
+    const KvPack rounded = view_kv_pack(dkv_share.buf.data(), a.k, len, out_dtype, dev);
+    copy_async(rounded.k, dkv_out.k, a.stream);
+    copy_async(rounded.v, dkv_out.v, a.stream);
+    send = dkv_share.buf.data();
+  }
+  const KvPack recv = view_kv_pack(dkv_in.buf.data(), a.k, len, out_dtype, dev);
+  comm.send_recv(send, next, dkv_in.buf.data(), prev, dkv_out.count(), out_dtype, a.stream)->wait();
   copy_async(a.dq, dq_acc, a.stream);
   copy_async(a.dk, recv.k, a.stream);
   copy_async(a.dv, recv.v, a.stream);
