@@ -6,24 +6,15 @@
 #include <cmath>
 
 #include "ringtrain/attention/cuda/cuda_util.h"
+#include "ringtrain/core/cuda/float_convert.cuh"
 
 namespace ringtrain::attention::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline float to_float(float x) { return x; }
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_float(__half x) { return __half2float(x); }
-__device__ inline float to_float(double x) { return static_cast<float>(x); }
-template <typename T>
-__device__ inline T from_float(float x);
-template <>
-__device__ inline float from_float<float>(float x) { return x; }
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
+using ringtrain::cuda_ops::from_float;
+using ringtrain::cuda_ops::to_float;
 
 // Same rule as attention::key_limit (params.h), on the device.
 __device__ inline int64_t device_key_limit(MaskType m, int64_t i, int64_t sq, int64_t skv) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ringtrain/core/cuda/float_convert.cuh"
 #include "ringtrain/core/cuda/tensor_ops.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/hashed_normal.h"
@@ -52,22 +53,10 @@ __device__ inline void offsets(const Shape4& s, int64_t k, int64_t& od, int64_t&
   }
 }
 
-__device__ inline float to_f(float x) { return x; }
-__device__ inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_f(__half x) { return __half2float(x); }
-template <typename T>
-__device__ inline T from_f(float x);
-template <>
-__device__ inline float from_f<float>(float x) { return x; }
-template <>
-__device__ inline __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ inline __half from_f<__half>(float x) { return __float2half_rn(x); }
-
 template <typename D, typename S, bool kAcc>
 __device__ inline void move(D* dst, const S* src) {
-  const float v = to_f(*src);
-  *dst = from_f<D>(kAcc ? to_f(*dst) + v : v);
+  const float v = to_float(*src);
+  *dst = from_float<D>(kAcc ? to_float(*dst) + v : v);
 }
 
 // Float views of any strides.
@@ -96,7 +85,7 @@ __global__ void contiguous_kernel(D* __restrict__ dst, const S* __restrict__ src
         *reinterpret_cast<uint4*>(out + 4) = reinterpret_cast<const uint4*>(dst + g * kVec)[1];
     }
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) out[j] = from_f<D>(kAcc ? to_f(out[j]) + to_f(in[j]) : to_f(in[j]));
+    for (int j = 0; j < kVec; ++j) out[j] = from_float<D>(kAcc ? to_float(out[j]) + to_float(in[j]) : to_float(in[j]));
     reinterpret_cast<uint4*>(dst + g * kVec)[0] = *reinterpret_cast<uint4*>(out);
     if constexpr (sizeof(D) == 4) reinterpret_cast<uint4*>(dst + g * kVec)[1] = *reinterpret_cast<uint4*>(out + 4);
   }
@@ -153,7 +142,7 @@ __global__ void fill_kernel(T* dst, Shape4 s, int64_t n, float value) {
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n; k += int64_t{gridDim.x} * blockDim.x) {
     int64_t od, unused;
     offsets(s, k, od, unused);
-    dst[od] = from_f<T>(value);
+    dst[od] = from_float<T>(value);
   }
 }
 

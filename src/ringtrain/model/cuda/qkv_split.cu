@@ -46,6 +46,21 @@ __device__ inline float head_rstd(const bf16* x, int64_t d, float eps, int lane)
   return 1.f / sqrtf(warp_sum(sum_sq) / static_cast<float>(d) + eps);
 }
 
+// The pair (a, b) = values (i, i + half) of a head, rotated by the angle theta, stored at dst + i and dst + half + i.
+template <int V>
+__device__ inline void rotate_store(bf16* dst, int64_t i, int64_t half, const float* cos_t, const float* sin_t,
+                                    const float (&a)[V], const float (&b)[V]) {
+  float out_a[V], out_b[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float c = cos_t[i + j], s = sin_t[i + j];
+    out_a[j] = a[j] * c - b[j] * s;
+    out_b[j] = b[j] * c + a[j] * s;
+  }
+  store_bf16<V>(dst + i, out_a);
+  store_bf16<V>(dst + half + i, out_b);
+}
+
 // The gradient of the rotated pair (i, i + half) taken back through the rotation (the transpose: angle -theta).
 template <int V>
 __device__ inline void unrotate(const bf16* g, int64_t i, int64_t half, const float* cos_t, const float* sin_t,
@@ -90,7 +105,7 @@ __global__ void qkv_split_forward_kernel(QkvShape sh, bf16* q, bf16* k, bf16* v,
         if (lane == 0) (is_q ? rstd_q : rstd_k)[head_at] = r;
       }
       for (int64_t i = lane * V; i < half; i += 32 * V) {
-        float a[V], b[V], out_a[V], out_b[V];
+        float a[V], b[V];
         load_bf16<V>(src + i, a);
         load_bf16<V>(src + half + i, b);
         if (norm_w) {
@@ -100,14 +115,7 @@ __global__ void qkv_split_forward_kernel(QkvShape sh, bf16* q, bf16* k, bf16* v,
 #pragma unroll
           for (int j = 0; j < V; ++j) a[j] = wa[j] * (a[j] * r), b[j] = wb[j] * (b[j] * r);
         }
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float c = cos_t[i + j], s = sin_t[i + j];
-          out_a[j] = a[j] * c - b[j] * s;
-          out_b[j] = b[j] * c + a[j] * s;
-        }
-        store_bf16<V>(dst + i, out_a);
-        store_bf16<V>(dst + half + i, out_b);
+        rotate_store<V>(dst, i, half, cos_t, sin_t, a, b);
       }
     }
   }
@@ -222,17 +230,10 @@ __global__ void rope_flat_kernel(QkvShape sh, bf16* q, bf16* k, bf16* v, bf16* q
       bf16* head = row + h * d;
       bf16* qk = h < hq ? q + (t * hq + h) * d : k + (t * hkv + h - hq) * d;
       if constexpr (kForward) {
-        float a[V], b[V], out_a[V], out_b[V];
+        float a[V], b[V];
         load_bf16<V>(head + i, a);
         load_bf16<V>(head + half + i, b);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float c = cos_t[i + j], sn = sin_t[i + j];
-          out_a[j] = a[j] * c - b[j] * sn;
-          out_b[j] = b[j] * c + a[j] * sn;
-        }
-        store_bf16<V>(qk + i, out_a);
-        store_bf16<V>(qk + half + i, out_b);
+        rotate_store<V>(qk, i, half, cos_t, sin_t, a, b);
       } else {
         float ga[V], gb[V];
         unrotate<V>(qk, i, half, cos_t, sin_t, ga, gb);
