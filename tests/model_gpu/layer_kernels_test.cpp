@@ -435,12 +435,18 @@ void check_logprob_rows(int64_t rows, int64_t vocab) {
   auto d_logits = upload(logits), d_dlp = upload(d_logprob), d_lse_in = upload(lse_f);
   auto d_targets = upload(targets);
   DeviceArray<float> d_out(rows), d_lse(rows);
-  DeviceArray<bf16> d_dlogits(rows * vocab);
-  d_out.poison(), d_lse.poison(), d_dlogits.poison();
+  d_out.poison(), d_lse.poison();
   mc::logprob_rows(stream.get(), d_out.get(), d_lse.get(), d_logits->get(), d_targets->get(), rows, vocab);
-  mc::logprob_rows_backward(stream.get(), d_dlogits.get(), d_logits->get(), d_lse_in->get(), d_targets->get(),
-                            d_dlp->get(), rows, vocab);
+  // In place: the gradient is written over the logits just read, row r in the first half of row r's bytes.
+  const bf16* dlogits_at = mc::logprob_rows_backward_in_place(stream.get(), d_logits->get(), d_lse_in->get(),
+                                                              d_targets->get(), d_dlp->get(), rows, vocab);
   stream.sync();
+  ASSERT_EQ(static_cast<const void*>(dlogits_at), static_cast<const void*>(d_logits->get()));
+  std::vector<uint16_t> bits(rows * 2 * vocab);
+  cuda_ok(cudaMemcpy(bits.data(), d_logits->get(), bits.size() * 2, cudaMemcpyDeviceToHost), "dlogits download");
+  std::vector<float> dlogits(rows * vocab);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < vocab; ++j) dlogits[r * vocab + j] = bf16_to_float(bits[r * 2 * vocab + j]);
 
   // lse: the fp32 sum of exp(z - max) (each term within 2 ulp) along a thread's vocab/512 values, rescaled at each
   // step, then 9 merge levels: relative error <= 4 (vocab/512 + 10) 2^-24, which is lse's absolute error; plus logf
@@ -451,7 +457,7 @@ void check_logprob_rows(int64_t rows, int64_t vocab) {
                      [&](size_t r) { return targets[r] < 0 ? 0.0 : 2 * lse_bound; });
   // dlogits: p = expf(z - lse) within ~2e-6 relative (|z - lse| <= ~30 rounded in fp32), then one bf16 rounding;
   // rows without a target are exact zeros.
-  expect_elementwise("logprob_rows_backward dlogits", download(d_dlogits), dlogits_ref,
+  expect_elementwise("logprob_rows_backward_in_place dlogits", dlogits, dlogits_ref,
                      [&](size_t i) { return kBf16Out * std::fabs(dlogits_ref[i]) + 1e-6 * g_abs[i]; });
 }
 

@@ -10,6 +10,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -67,11 +68,13 @@ struct Spec {
   cudaDataType_t d_type;
 };
 
-// What a plan depends on: the shape, the epilogue and the operands' alignments (which algorithms may run).
+// What a plan depends on: the shape, dy's row pitch (the gradient products), the epilogue, whether the product adds
+// into its result (beta = 1 selects other kernels, tuned apart) and the operands' alignments (which algorithms may
+// run).
 struct PlanKey {
   Product product;
-  int64_t n, in, out;
-  bool bias;
+  int64_t n, in, out, dy_ld;
+  bool bias, adds;
   uint32_t align_a, align_b, align_d, align_c;
   auto operator<=>(const PlanKey&) const = default;
 };
@@ -84,9 +87,11 @@ std::string describe(const PlanKey& k) {
     case Product::ForwardF32:
       return cat("y[", k.n, ", ", k.out, "] fp32 = x[", k.n, ", ", k.in, "] · w[", k.out, ", ", k.in, "]^T");
     case Product::DataGrad:
-      return cat("dx[", k.n, ", ", k.in, "] bf16 = dy[", k.n, ", ", k.out, "] · w[", k.out, ", ", k.in, "]");
+      return cat("dx[", k.n, ", ", k.in, "] bf16 ", k.adds ? "+" : "", "= dy[", k.n, ", ", k.out, "] · w[", k.out,
+                 ", ", k.in, "]", k.dy_ld != k.out ? cat(" (dy row pitch ", k.dy_ld, ")") : "");
     case Product::WeightGrad:
-      return cat("dw[", k.out, ", ", k.in, "] fp32 += dy[", k.n, ", ", k.out, "]^T · x[", k.n, ", ", k.in, "]");
+      return cat("dw[", k.out, ", ", k.in, "] fp32 ", k.adds ? "+" : "", "= dy[", k.n, ", ", k.out, "]^T · x[", k.n,
+                 ", ", k.in, "]", k.dy_ld != k.out ? cat(" (dy row pitch ", k.dy_ld, ")") : "");
   }
   return "an unknown product";
 }
@@ -106,7 +111,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> candidates;
-  size_t d_bytes = 0;
+  size_t a_bytes = 0, b_bytes = 0, d_bytes = 0;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -186,22 +191,38 @@ struct Gemm::Impl {
     p->algo = results[0].algo;
     for (int i = 1; i < found; ++i) p->candidates.push_back(results[i].algo);
     if (!p->candidates.empty()) p->candidates.insert(p->candidates.begin(), results[0].algo);
+    p->a_bytes = static_cast<size_t>(s.a.ld) * s.a.cols * sizeof(bf16);
+    p->b_bytes = static_cast<size_t>(s.b.ld) * s.b.cols * sizeof(bf16);
     p->d_bytes = static_cast<size_t>(s.d.ld) * s.d.cols * (s.d_type == CUDA_R_32F ? 4 : 2);
     return *plans.emplace(key, std::move(p)).first->second;
   }
 
   // Chooses among the plan's candidates by timing each on this call's operands (once to warm up, three times timed)
   // and keeps the fastest; a candidate that fails is skipped. A call that overwrites its result (beta = 0) lets them
-  // write the real result, which the call itself then overwrites; an adding call gives them a scratch result, if
-  // that is at most kTuneScratchBytes, else the choice waits for a later call (it never costs more memory than
-  // that). The timing waits for the stream, once per shape.
-  void tune(cudaStream_t stream, const PlanKey& key, Plan& p, const void* a, const void* b, void* d, float beta) {
+  // write the real result, which the call itself then overwrites. An adding call gives them a scratch result of at
+  // most kTuneScratchBytes; one whose result is larger (the LM head's fp32 dW, added per chunk) is timed on its own
+  // result with its smaller operand replaced by zeros, which leaves the result as it is (D = 0 + 1 * D). Scratch
+  // that cannot be had now defers the choice to a later call; it never costs more memory than kTuneScratchBytes.
+  // The timing waits for the stream, once per plan.
+  void tune(cudaStream_t stream, const PlanKey& key, Plan& p, const void* a, const void* b, void* d, float beta,
+            const void* c) {
     const bool in_place = beta == 0.f;
-    if (!in_place && p.d_bytes > kTuneScratchBytes) return;
+    const bool zero_operand = !in_place && p.d_bytes > kTuneScratchBytes;
+    if (zero_operand && (beta != 1.f || (c && c != d) || std::min(p.a_bytes, p.b_bytes) > kTuneScratchBytes)) return;
     void* target = d;
-    if (!in_place && cudaMallocAsync(&target, p.d_bytes, stream) != cudaSuccess) {
-      cudaGetLastError();  // no room now: try again on a later call
-      return;
+    void* scratch = nullptr;
+    if (!in_place) {
+      const size_t bytes = zero_operand ? std::min(p.a_bytes, p.b_bytes) : p.d_bytes;
+      if (cudaMallocAsync(&scratch, bytes, stream) != cudaSuccess) {
+        cudaGetLastError();  // no room now: try again on a later call
+        return;
+      }
+      if (zero_operand) {
+        RT_GEMM_CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream), "autotuning ", describe(key));
+        (p.a_bytes <= p.b_bytes ? a : b) = scratch;
+      } else {
+        target = scratch;
+      }
     }
     const std::vector<cublasLtMatmulAlgo_t> candidates = std::move(p.candidates);
     p.candidates.clear();
@@ -227,7 +248,7 @@ struct Gemm::Impl {
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-    if (!in_place) RT_GEMM_CUDA_CHECK(cudaFreeAsync(target, stream), "the autotuning scratch of ", describe(key));
+    if (scratch) RT_GEMM_CUDA_CHECK(cudaFreeAsync(scratch, stream), "the autotuning scratch of ", describe(key));
   }
 
   // D = op(A) · op(B) + beta * C on the stream; C is D's layout and defaults to D.
@@ -237,7 +258,7 @@ struct Gemm::Impl {
     if (bias)
       RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                   describe(key));
-    if (!p.candidates.empty()) tune(stream, key, p, a, b, d, beta);
+    if (!p.candidates.empty()) tune(stream, key, p, a, b, d, beta, c);
     const float alpha = 1.f;
     RT_LT_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, c ? c : d, p.d, d, p.d, &p.algo, workspace,
                                kWorkspaceBytes, stream),
@@ -283,7 +304,9 @@ void Gemm::linear_forward(bf16* y, const bf16* x, const bf16* w, const bf16* bia
                     n,
                     in,
                     out,
+                    0,
                     bias != nullptr,
+                    residual != nullptr,
                     alignment_of(w, in, 2),
                     alignment_of(x, in, 2),
                     alignment_of(y, out, 2),
@@ -295,15 +318,19 @@ void Gemm::linear_forward(bf16* y, const bf16* x, const bf16* w, const bf16* bia
 void Gemm::linear_forward_f32(float* y, const bf16* x, const bf16* w, int64_t n, int64_t in, int64_t out) {
   if (n == 0 || out == 0) return;
   RT_CHECK(in > 0, "linear_forward_f32: empty inner dimension (n=", n, " in=", in, " out=", out, ")");
-  const PlanKey key{Product::ForwardF32, n, in, out, false,
+  const PlanKey key{Product::ForwardF32, n, in, out, 0, false, false,
                     alignment_of(w, in, 2), alignment_of(x, in, 2), alignment_of(y, out, 4)};
   const Spec s{CUBLAS_OP_T, CUBLAS_OP_N, col_major(in, out), col_major(in, n), col_major(out, n), CUDA_R_32F};
   impl_->run(stream_, key, s, w, x, y, 0.f, nullptr);
 }
 
 void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, bool accumulate_dw, float* db, const bf16* dy,
-                           const bf16* x, const bf16* w, int64_t n, int64_t in, int64_t out) {
+                           const bf16* x, const bf16* w, int64_t n, int64_t in, int64_t out, int64_t dy_ld) {
   RT_CHECK(dw != nullptr, "linear_backward: dw is required (n=", n, " in=", in, " out=", out, ")");
+  if (dy_ld == 0) dy_ld = out;
+  RT_CHECK(dy_ld >= out, "linear_backward: dy's row pitch ", dy_ld, " is shorter than its ", out, " columns");
+  RT_CHECK(!db || dy_ld == out, "linear_backward: a bias gradient needs dy packed (row pitch ", dy_ld, ", ", out,
+           " columns)");
   if (in == 0 || out == 0) return;
   if (n == 0) {  // no rows: nothing to add, and an overwritten dw is zero
     if (!accumulate_dw)
@@ -312,14 +339,16 @@ void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, bool accumul
     return;
   }
   if (dx) {
-    const PlanKey key{Product::DataGrad, n, in, out, false,
-                      alignment_of(w, in, 2), alignment_of(dy, out, 2), alignment_of(dx, in, 2)};
-    const Spec s{CUBLAS_OP_N, CUBLAS_OP_N, col_major(in, out), col_major(out, n), col_major(in, n), CUDA_R_16BF};
+    const PlanKey key{Product::DataGrad,         n, in, out, dy_ld, false, accumulate_dx, alignment_of(w, in, 2),
+                      alignment_of(dy, dy_ld, 2), alignment_of(dx, in, 2)};
+    const Spec s{CUBLAS_OP_N, CUBLAS_OP_N, col_major(in, out), {uint64_t(out), uint64_t(n), dy_ld}, col_major(in, n),
+                 CUDA_R_16BF};
     impl_->run(stream_, key, s, w, dy, dx, accumulate_dx ? 1.f : 0.f, nullptr);
   }
-  const PlanKey key{Product::WeightGrad, n, in, out, false,
-                    alignment_of(x, in, 2), alignment_of(dy, out, 2), alignment_of(dw, in, 4)};
-  const Spec s{CUBLAS_OP_N, CUBLAS_OP_T, col_major(in, n), col_major(out, n), col_major(in, out), CUDA_R_32F};
+  const PlanKey key{Product::WeightGrad,        n, in, out, dy_ld, false, accumulate_dw, alignment_of(x, in, 2),
+                    alignment_of(dy, dy_ld, 2), alignment_of(dw, in, 4)};
+  const Spec s{CUBLAS_OP_N, CUBLAS_OP_T, col_major(in, n), {uint64_t(out), uint64_t(n), dy_ld}, col_major(in, out),
+               CUDA_R_32F};
   impl_->run(stream_, key, s, x, dy, dw, accumulate_dw ? 1.f : 0.f, nullptr);
   if (db) bias_grad_add(stream_, db, dy, n, out);
 }

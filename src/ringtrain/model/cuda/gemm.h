@@ -28,10 +28,10 @@ class Gemm {
                           int64_t out);
   // dx[n, in] = (accumulate_dx ? dx : 0) + dy · w   (skipped when dx is null);
   // dw[out, in] = (accumulate_dw ? dw : 0) + dy^T · x in fp32;  db[out] += sum over rows of dy in fp32 (skipped when
-  // db is null).
+  // db is null). dy's rows are dy_ld elements apart (0: out; the LM head's gradient lies in its logits' buffer).
   void linear_backward(__nv_bfloat16* dx, bool accumulate_dx, float* dw, bool accumulate_dw, float* db,
                        const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n, int64_t in,
-                       int64_t out);
+                       int64_t out, int64_t dy_ld = 0);
 
   cudaStream_t stream() const { return stream_; }
 

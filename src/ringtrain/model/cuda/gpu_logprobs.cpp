@@ -25,8 +25,8 @@ Tensor upload_i32(const int32_t* host, int64_t n, Device device) {
 
 int64_t default_logprob_chunk(int64_t vocab) {
   RT_CHECK(vocab > 0, "logprobs: vocabulary size must be positive, got ", vocab);
-  constexpr int64_t kBytesPerEntry = sizeof(float) + sizeof(bf16);  // fp32 logits + bf16 dlogits
-  const int64_t rows = std::max<int64_t>(1, kLogprobChunkBytes / (kBytesPerEntry * vocab));
+  // fp32 logits; the backward's bf16 dlogits are written over them
+  const int64_t rows = std::max<int64_t>(1, kLogprobChunkBytes / (int64_t{sizeof(float)} * vocab));
   return rows > 64 ? rows / 64 * 64 : rows;
 }
 
@@ -54,7 +54,6 @@ void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, con
   cudaGetDevice(&device);
   const Device dev = Device::cuda(device);
   const Tensor logits = Tensor::empty({rows, vocab}, DType::F32, dev);
-  const Tensor dlogits = Tensor::empty({rows, vocab}, DType::BF16, dev);
   const Tensor lse = Tensor::empty({rows}, DType::F32, dev);
   const Tensor chunk_logprobs = logprobs ? Tensor() : Tensor::empty({rows}, DType::F32, dev);
   for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
@@ -63,11 +62,11 @@ void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, con
     gemm.linear_forward_f32(logits.ptr<float>(), h, lm_head, m, hidden_dim, vocab);
     logprob_rows(gemm.stream(), logprobs ? logprobs + c0 : chunk_logprobs.ptr<float>(), lse.ptr<float>(),
                  logits.ptr<float>(), targets + c0, m, vocab);
-    logprob_rows_backward(gemm.stream(), dlogits.ptr<bf16>(), logits.ptr<float>(), lse.ptr<float>(), targets + c0,
-                          d_logprobs + c0, m, vocab);
+    const bf16* dlogits = logprob_rows_backward_in_place(gemm.stream(), logits.ptr<float>(), lse.ptr<float>(),
+                                                         targets + c0, d_logprobs + c0, m, vocab);
     gemm.linear_backward(d_hidden + c0 * hidden_dim, /*accumulate_dx=*/false, d_lm_head.data,
-                         /*accumulate_dw=*/!(d_lm_head.fresh && c0 == 0), nullptr, dlogits.ptr<bf16>(), h, lm_head, m,
-                         hidden_dim, vocab);
+                         /*accumulate_dw=*/!(d_lm_head.fresh && c0 == 0), nullptr, dlogits, h, lm_head, m, hidden_dim,
+                         vocab, /*dy_ld=*/2 * vocab);
   }
   if (n == 0 && d_lm_head.fresh)  // no chunk wrote it
     gemm.linear_backward(nullptr, false, d_lm_head.data, false, nullptr, nullptr, nullptr, nullptr, 0, hidden_dim,

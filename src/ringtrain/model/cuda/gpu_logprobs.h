@@ -4,10 +4,12 @@
 // lm_head gradient accumulated in fp32). The model-level functions mirror model/logprobs.h and
 // model/cp_scoring.h for GpuModel.
 //
-// Memory: one chunk holds fp32 logits and bf16 dlogits, 6 bytes per (row, vocabulary entry), plus a few floats
-// per row. default_logprob_chunk() keeps that under kLogprobChunkBytes = 896 MiB: at vocab 151,936 that is
-// 1,024 rows (1,024 x 151,936 x 6 B = 890 MiB), at vocab 128,256 1,216 rows: under the 1 GiB bar for any number
-// of tokens (32,768 tokens x 151,936 unchunked would be 18.5 GiB of fp32 logits).
+// Memory: one chunk holds fp32 logits, 4 bytes per (row, vocabulary entry), plus a few floats per row; the
+// backward writes the bf16 dlogits over them. default_logprob_chunk() keeps that under kLogprobChunkBytes =
+// 896 MiB: at vocab 151,936 that is 1,536 rows (1,536 x 151,936 x 4 B = 890 MiB), at vocab 128,256 1,792 rows:
+// under the 1 GiB bar for any number of tokens (32,768 tokens x 151,936 unchunked would be 18.5 GiB of fp32
+// logits). Fewer, larger chunks matter: each chunk after the first adds its lm_head gradient into the fp32 sum,
+// one read and one write of it.
 #pragma once
 
 #include <cstdint>

@@ -59,8 +59,10 @@ void swiglu_backward(cudaStream_t s, bf16* dgate_up, const bf16* dh, const bf16*
 void logprob_rows(cudaStream_t s, float* logprob, float* lse, const float* logits, const int32_t* targets,
                   int64_t rows, int64_t vocab);
 // d(loss)/d(logits) for d(loss)/d(logprob) = d_logprob: dlogits[r, j] = d_logprob[r] * (onehot(t) - softmax)[j]
-// (0 rows where targets[r] < 0), written as bf16 for the LM-head backward GEMMs.
-void logprob_rows_backward(cudaStream_t s, bf16* dlogits, const float* logits, const float* lse,
-                           const int32_t* targets, const float* d_logprob, int64_t rows, int64_t vocab);
+// (0 rows where targets[r] < 0), as bf16 for the LM-head backward GEMMs, written over the logits: row r takes the
+// first half of row r's fp32 bytes, so the result is a bf16 [rows, vocab] matrix with a row pitch of 2 * vocab
+// elements at the returned address (== logits). The LM head needs no second buffer of its own for it.
+bf16* logprob_rows_backward_in_place(cudaStream_t s, float* logits, const float* lse, const int32_t* targets,
+                                    const float* d_logprob, int64_t rows, int64_t vocab);
 
 }  // namespace ringtrain::model::cuda

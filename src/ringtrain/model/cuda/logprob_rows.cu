@@ -1,6 +1,7 @@
 // Token log-probabilities from fp32 logits, one block per row: a single pass keeps a running (max, sum of
 // exp(z - max)) per thread, merged across the block; lse = max + log(sum). The backward recomputes softmax from the
-// saved lse. Rows are read as float4 when vocab % 4 == 0 and the base is 16-byte aligned.
+// saved lse and writes the bf16 gradient in place of the logits. Rows are read as float4 when vocab % 4 == 0 and the
+// base is 16-byte aligned.
 #include <algorithm>
 #include <cmath>
 
@@ -11,7 +12,6 @@ namespace ringtrain::model::cuda {
 namespace {
 
 constexpr int kRowThreads = 512, kRowWarps = kRowThreads / 32;
-constexpr int kThreads = 256;
 
 template <int V>
 __device__ inline void load_f32(const float* p, float (&out)[V]) {
@@ -75,29 +75,36 @@ __global__ void logprob_rows_kernel(float* logprob, float* lse, const float* log
   }
 }
 
-// Rows along grid.y (striding past 65535), packs of a row along grid.x: no per-element division by the row length.
+// One block per row (striding over rows). The row's bf16 gradient is written over the first half of the row's own
+// fp32 logits: column j's two bytes land on the bytes of column j / 2. A tile's loads all finish (the barrier) before
+// its stores, which cover only columns of this tile and earlier ones, so no logit is overwritten before it is read.
 template <int V>
-__global__ void logprob_rows_backward_kernel(bf16* dlogits, const float* logits, const float* lse,
-                                             const int32_t* targets, const float* d_logprob, int64_t rows,
-                                             int64_t vocab) {
-  const int64_t packs_per_row = vocab / V;
-  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+__global__ void logprob_rows_backward_kernel(float* logits, const float* lse, const int32_t* targets,
+                                             const float* d_logprob, int64_t rows, int64_t vocab) {
+  constexpr int kPacks = 4;  // packs per thread and tile: loads in flight before the barrier
+  const int64_t tile = int64_t{kRowThreads} * V * kPacks;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    float* z = logits + row * vocab;
+    bf16* dz = reinterpret_cast<bf16*>(z);
     const int32_t t = targets[row];
     const float g = t < 0 ? 0.f : d_logprob[row], row_lse = lse[row];
-    for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < packs_per_row;
-         p += int64_t{gridDim.x} * blockDim.x) {
-      const int64_t col = p * V;
-      float out[V];
-      if (t < 0) {
+    for (int64_t c0 = 0; c0 < vocab; c0 += tile) {
+      float v[kPacks][V];
 #pragma unroll
-        for (int i = 0; i < V; ++i) out[i] = 0.f;
-      } else {
-        float z[V];
-        load_f32<V>(logits + row * vocab + col, z);
-#pragma unroll
-        for (int i = 0; i < V; ++i) out[i] = g * ((col + i == t ? 1.f : 0.f) - expf(z[i] - row_lse));
+      for (int u = 0; u < kPacks; ++u) {
+        const int64_t col = c0 + (int64_t{u} * kRowThreads + threadIdx.x) * V;
+        if (t >= 0 && col < vocab) load_f32<V>(z + col, v[u]);
       }
-      store_bf16<V>(dlogits + row * vocab + col, out);
+      __syncthreads();
+#pragma unroll
+      for (int u = 0; u < kPacks; ++u) {
+        const int64_t col = c0 + (int64_t{u} * kRowThreads + threadIdx.x) * V;
+        if (col >= vocab) continue;
+        float out[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = t < 0 ? 0.f : g * ((col + i == t ? 1.f : 0.f) - expf(v[u][i] - row_lse));
+        store_bf16<V>(dz + col, out);
+      }
     }
   }
 }
@@ -117,20 +124,18 @@ void logprob_rows(cudaStream_t s, float* logprob, float* lse, const float* logit
   RT_KERNEL_CHECK("logprob_rows_kernel", "rows=", rows, " vocab=", vocab);
 }
 
-void logprob_rows_backward(cudaStream_t s, bf16* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                           const float* d_logprob, int64_t rows, int64_t vocab) {
-  if (rows == 0) return;
-  RT_CHECK(vocab > 0, "logprob_rows_backward: vocab must be positive, got ", vocab);
-  const bool packed = vocab % 4 == 0 && all_aligned(16, logits) && all_aligned(8, dlogits);
-  const int64_t packs_per_row = packed ? vocab / 4 : vocab;
-  const dim3 grid(std::min<unsigned>(grid_for(packs_per_row, kThreads), 1024),
-                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-  if (packed) {
-    logprob_rows_backward_kernel<4><<<grid, kThreads, 0, s>>>(dlogits, logits, lse, targets, d_logprob, rows, vocab);
+bf16* logprob_rows_backward_in_place(cudaStream_t s, float* logits, const float* lse, const int32_t* targets,
+                                    const float* d_logprob, int64_t rows, int64_t vocab) {
+  if (rows == 0) return reinterpret_cast<bf16*>(logits);
+  RT_CHECK(vocab > 0, "logprob_rows_backward_in_place: vocab must be positive, got ", vocab);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 30));
+  if (vocab % 4 == 0 && all_aligned(16, logits)) {
+    logprob_rows_backward_kernel<4><<<grid, kRowThreads, 0, s>>>(logits, lse, targets, d_logprob, rows, vocab);
   } else {
-    logprob_rows_backward_kernel<1><<<grid, kThreads, 0, s>>>(dlogits, logits, lse, targets, d_logprob, rows, vocab);
+    logprob_rows_backward_kernel<1><<<grid, kRowThreads, 0, s>>>(logits, lse, targets, d_logprob, rows, vocab);
   }
   RT_KERNEL_CHECK("logprob_rows_backward_kernel", "rows=", rows, " vocab=", vocab);
+  return reinterpret_cast<bf16*>(logits);
 }
 
 }  // namespace ringtrain::model::cuda
