@@ -339,14 +339,14 @@ void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, bool accumul
     return;
   }
   if (dx) {
-    const PlanKey key{Product::DataGrad,         n, in, out, dy_ld, false, accumulate_dx, alignment_of(w, in, 2),
-                      alignment_of(dy, dy_ld, 2), alignment_of(dx, in, 2)};
+    const PlanKey key{Product::DataGrad, n, in, out, dy_ld, false, accumulate_dx,
+                      alignment_of(w, in, 2), alignment_of(dy, dy_ld, 2), alignment_of(dx, in, 2)};
     const Spec s{CUBLAS_OP_N, CUBLAS_OP_N, col_major(in, out), {uint64_t(out), uint64_t(n), dy_ld}, col_major(in, n),
                  CUDA_R_16BF};
     impl_->run(stream_, key, s, w, dy, dx, accumulate_dx ? 1.f : 0.f, nullptr);
   }
-  const PlanKey key{Product::WeightGrad,        n, in, out, dy_ld, false, accumulate_dw, alignment_of(x, in, 2),
-                    alignment_of(dy, dy_ld, 2), alignment_of(dw, in, 4)};
+  const PlanKey key{Product::WeightGrad, n, in, out, dy_ld, false, accumulate_dw,
+                    alignment_of(x, in, 2), alignment_of(dy, dy_ld, 2), alignment_of(dw, in, 4)};
   const Spec s{CUBLAS_OP_N, CUBLAS_OP_T, col_major(in, n), {uint64_t(out), uint64_t(n), dy_ld}, col_major(in, out),
                CUDA_R_32F};
   impl_->run(stream_, key, s, x, dy, dw, accumulate_dw ? 1.f : 0.f, nullptr);
