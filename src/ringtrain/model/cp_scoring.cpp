@@ -80,20 +80,24 @@ std::vector<T> cp_row_grads(const CpShard& shard, const std::vector<T>& d_logpro
   return d_rows;
 }
 
-template <typename T>
-std::vector<T> cp_sequence_logprobs(Model<T>& model, comm::Communicator& comm, const cp::CpConfig& config,
-                                    const std::vector<int32_t>& ids, int64_t chunk_tokens, bool for_backward) {
+CpCall make_cp_call(comm::Communicator& comm, const cp::CpConfig& config, const std::vector<int32_t>& ids) {
   RT_CHECK(!ids.empty(), "logprobs: empty sequence");
   const int64_t S = static_cast<int64_t>(ids.size());
   const cp::ZigzagLayout layout(comm.size(), comm.rank(), S);
-  const CpShard shard = make_cp_shard(layout, ids);
-  auto attention = make_cp_attention(comm, config, S);
-  const int64_t n = layout.local_len();
+  return {layout, make_cp_shard(layout, ids), make_cp_attention(comm, config, S)};
+}
+
+template <typename T>
+std::vector<T> cp_sequence_logprobs(Model<T>& model, comm::Communicator& comm, const cp::CpConfig& config,
+                                    const std::vector<int32_t>& ids, int64_t chunk_tokens, bool for_backward) {
+  const CpCall call = make_cp_call(comm, config, ids);
+  const CpShard& shard = call.shard;
+  const int64_t n = call.layout.local_len();
   std::vector<T> rows = model_row_logprobs(model, shard.tokens.data(), shard.positions.data(), shard.targets.data(),
-                                           1, n, *attention, chunk_tokens, for_backward);
+                                           1, n, *call.attention, chunk_tokens, for_backward);
   std::vector<T> all(static_cast<size_t>(n * comm.size()));
   comm.all_gather(rows.data(), all.data(), static_cast<size_t>(n), std::is_same_v<T, double> ? DType::F64 : DType::F32);
-  return cp_rows_to_tokens(all, comm.size(), S);
+  return cp_rows_to_tokens(all, comm.size(), static_cast<int64_t>(ids.size()));
 }
 
 template <typename T>
@@ -102,12 +106,9 @@ void cp_sequence_logprobs_backward(Model<T>& model, comm::Communicator& comm, co
                                    int64_t chunk_tokens) {
   RT_CHECK(d_logprobs.size() == ids.size(), "logprobs backward: ", d_logprobs.size(), " gradients for ", ids.size(),
            " tokens");
-  const int64_t S = static_cast<int64_t>(ids.size());
-  const cp::ZigzagLayout layout(comm.size(), comm.rank(), S);
-  const CpShard shard = make_cp_shard(layout, ids);
-  auto attention = make_cp_attention(comm, config, S);
-  const std::vector<T> d_rows = cp_row_grads(shard, d_logprobs);
-  model_row_logprobs_backward(model, shard.targets.data(), d_rows.data(), *attention, chunk_tokens);
+  const CpCall call = make_cp_call(comm, config, ids);
+  const std::vector<T> d_rows = cp_row_grads(call.shard, d_logprobs);
+  model_row_logprobs_backward(model, call.shard.targets.data(), d_rows.data(), *call.attention, chunk_tokens);
 }
 
 #define RT_INSTANTIATE(T)                                                                                          \

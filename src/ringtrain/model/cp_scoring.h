@@ -26,6 +26,14 @@ struct CpShard {
   std::vector<int64_t> global;  // global index of each local row
 };
 CpShard make_cp_shard(const cp::ZigzagLayout& layout, const std::vector<int32_t>& ids);
+// This rank's part of a CP scoring call on the whole sequence `ids` (not empty): its layout, its shard and the
+// attention over it. Shared by the CPU and GPU models.
+struct CpCall {
+  cp::ZigzagLayout layout;
+  CpShard shard;
+  std::unique_ptr<SequenceAttention> attention;
+};
+CpCall make_cp_call(comm::Communicator& comm, const cp::CpConfig& config, const std::vector<int32_t>& ids);
 // The whole [seq_len] log-probabilities in token order (position 0 = 0) from every rank's row results, gathered as
 // cp blocks of local_len rows (block r from rank r).
 template <typename T>

@@ -128,14 +128,11 @@ void sequence_logprobs_backward(GpuModel& model, const std::vector<int32_t>& ids
 
 std::vector<float> cp_sequence_logprobs(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
                                         const std::vector<int32_t>& ids, int64_t chunk_tokens, bool for_backward) {
-  RT_CHECK(!ids.empty(), "logprobs: empty sequence");
-  const int64_t S = static_cast<int64_t>(ids.size());
-  const cp::ZigzagLayout layout(comm.size(), comm.rank(), S);
-  const CpShard shard = make_cp_shard(layout, ids);
-  auto attention = make_cp_attention(comm, config, S);
-  const int64_t n = layout.local_len();
+  const CpCall call = make_cp_call(comm, config, ids);
+  const CpShard& shard = call.shard;
+  const int64_t n = call.layout.local_len();
   const std::vector<float> rows = model_row_logprobs(model, shard.tokens.data(), shard.positions.data(),
-                                                     shard.targets.data(), 1, n, *attention, chunk_tokens,
+                                                     shard.targets.data(), 1, n, *call.attention, chunk_tokens,
                                                      for_backward);
   // The gather runs in the communicator's memory (device memory for NCCL).
   const Tensor mine = Tensor::empty({n}, DType::F32, comm.device());
@@ -144,7 +141,7 @@ std::vector<float> cp_sequence_logprobs(GpuModel& model, comm::Communicator& com
   comm.all_gather(mine.data(), all.data(), static_cast<size_t>(n), DType::F32);
   std::vector<float> gathered(static_cast<size_t>(comm.size() * n));
   copy(contiguous_view(gathered.data(), DType::F32, Device::cpu(), {comm.size() * n}), all);
-  return cp_rows_to_tokens(gathered, comm.size(), S);
+  return cp_rows_to_tokens(gathered, comm.size(), static_cast<int64_t>(ids.size()));
 }
 
 void cp_sequence_logprobs_backward(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
@@ -152,12 +149,9 @@ void cp_sequence_logprobs_backward(GpuModel& model, comm::Communicator& comm, co
                                    int64_t chunk_tokens) {
   RT_CHECK(d_logprobs.size() == ids.size(), "logprobs backward: ", d_logprobs.size(), " gradients for ", ids.size(),
            " tokens");
-  const int64_t S = static_cast<int64_t>(ids.size());
-  const cp::ZigzagLayout layout(comm.size(), comm.rank(), S);
-  const CpShard shard = make_cp_shard(layout, ids);
-  auto attention = make_cp_attention(comm, config, S);
-  const std::vector<float> d_rows = cp_row_grads(shard, d_logprobs);
-  model_row_logprobs_backward(model, shard.targets.data(), d_rows.data(), *attention, chunk_tokens);
+  const CpCall call = make_cp_call(comm, config, ids);
+  const std::vector<float> d_rows = cp_row_grads(call.shard, d_logprobs);
+  model_row_logprobs_backward(model, call.shard.targets.data(), d_rows.data(), *call.attention, chunk_tokens);
 }
 
 }  // namespace ringtrain::model::cuda
