@@ -2,6 +2,7 @@
 // outputs, and error measures where NaN never passes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -24,6 +25,14 @@ void poison(const TensorView& t);
 double rel_error(const TensorView& a, const TensorView& b);
 // max |a - b| over elements, NaN-poisoned: +inf if any element is NaN.
 double max_abs_error(const TensorView& a, const TensorView& b);
+
+// Multi-GPU tests: a parent test starts this test program once per rank through comm::launch_local (the code of
+// `ringtrain launch`), and the per-rank tests run only inside those ranks (where RANK is set).
+bool inside_rank();
+// Runs the tests matching `filter` in `nproc` ranks of this program on a fresh port; the launcher's exit status.
+// grace: how long the launcher lets the other ranks finish after one has failed.
+int run_ranks_of_this_program(const std::string& filter, int nproc = 2,
+                              std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
 
 }  // namespace ringtrain::testing
 

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <random>
 
-#include "ringtrain/comm/launch.h"
 #include "ringtrain/comm/rendezvous.h"
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_NCCL
@@ -18,16 +17,9 @@
 namespace ringtrain::comm {
 namespace {
 
-bool inside_rank() { return std::getenv("RANK") != nullptr; }
+using testing::inside_rank;
 
-int run_ranks_of_this_program(const std::string& filter) {
-  LaunchOptions o;
-  o.nproc = 2;
-  o.master_port = 31000 + static_cast<int>(std::random_device{}() % 20000);
-  o.grace = std::chrono::milliseconds(2000);
-  return launch_local(o, {"/proc/self/exe", "--gtest_filter=" + filter});
-}
-
+constexpr std::chrono::milliseconds kGrace(2000);  // how long the launcher lets a rank finish after the other failed
 
 TEST(NcclGroup, CollectivesOnTwoGpus) {
   if (inside_rank()) GTEST_SKIP() << "parent test";
@@ -36,7 +28,7 @@ TEST(NcclGroup, CollectivesOnTwoGpus) {
   GTEST_SKIP() << "this build has no NCCL communicator";
 #endif
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << cuda_device_count();
-  EXPECT_EQ(run_ranks_of_this_program("NcclRank.*"), 0);
+  EXPECT_EQ(testing::run_ranks_of_this_program("NcclRank.*", 2, kGrace), 0);
 }
 
 TEST(NcclGroup, DeadPeerFailsTheSurvivorWithinTimeout) {
@@ -46,7 +38,7 @@ TEST(NcclGroup, DeadPeerFailsTheSurvivorWithinTimeout) {
   GTEST_SKIP() << "this build has no NCCL communicator";
 #endif
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << cuda_device_count();
-  EXPECT_EQ(run_ranks_of_this_program("NcclDeadPeer.*"), 0);
+  EXPECT_EQ(testing::run_ranks_of_this_program("NcclDeadPeer.*", 2, kGrace), 0);
 }
 
 #ifdef RINGTRAIN_WITH_NCCL

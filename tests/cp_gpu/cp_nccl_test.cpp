@@ -11,7 +11,6 @@
 #include <random>
 
 #include "ringtrain/attention/selection.h"
-#include "ringtrain/comm/launch.h"
 #include "ringtrain/comm/rendezvous.h"
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_NCCL
@@ -26,7 +25,7 @@ namespace {
 
 using attention::BackendId;
 
-bool inside_rank() { return std::getenv("RANK") != nullptr; }
+using testing::inside_rank;
 
 TEST(CpTwoGpus, ParityForEveryBackend) {
   if (inside_rank()) GTEST_SKIP() << "parent test";
@@ -35,10 +34,7 @@ TEST(CpTwoGpus, ParityForEveryBackend) {
   GTEST_SKIP() << "this build has no NCCL communicator";
 #endif
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << cuda_device_count();
-  comm::LaunchOptions o;
-  o.nproc = 2;
-  o.master_port = 33000 + static_cast<int>(std::random_device{}() % 20000);
-  EXPECT_EQ(comm::launch_local(o, {"/proc/self/exe", "--gtest_filter=CpRank.*"}), 0);
+  EXPECT_EQ(testing::run_ranks_of_this_program("CpRank.*"), 0);
 }
 
 #ifdef RINGTRAIN_WITH_NCCL

@@ -29,7 +29,6 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model_test_util.h"
-#include "ringtrain/comm/launch.h"
 #include "ringtrain/comm/rendezvous.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
@@ -56,7 +55,7 @@ constexpr double kLmHeadLogprobTol = 1e-4;
 constexpr double kLmHeadGradRelTol = 1e-2;
 
 // Inside a rank started by a parent test (GpuModelCp) rather than the parent itself.
-bool inside_rank() { return std::getenv("RANK") != nullptr; }
+using testing::inside_rank;
 
 #ifdef RINGTRAIN_WITH_CUDA
 using model::cuda::bf16;
@@ -515,10 +514,7 @@ TEST(GpuModelCp, TwoGpusMatchOneGpu) {
   GTEST_SKIP() << "this build has no NCCL communicator";
 #endif
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << cuda_device_count();
-  comm::LaunchOptions o;
-  o.nproc = 2;
-  o.master_port = 33000 + static_cast<int>(std::random_device{}() % 20000);
-  EXPECT_EQ(comm::launch_local(o, {"/proc/self/exe", "--gtest_filter=GpuModelCpRank.*"}), 0);
+  EXPECT_EQ(testing::run_ranks_of_this_program("GpuModelCpRank.*"), 0);
 }
 
 #ifdef RINGTRAIN_WITH_NCCL

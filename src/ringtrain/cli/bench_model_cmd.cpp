@@ -101,24 +101,25 @@ void cuda_ok(cudaError_t e, const char* what) {
 
 double gib(uint64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
 
-uint64_t pool_attribute(cudaMemPoolAttr attr) {
+// The current device's default pool, where Tensor allocates.
+cudaMemPool_t current_pool() {
   int device = 0;
   cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
   cudaMemPool_t pool;
   cuda_ok(cudaDeviceGetDefaultMemPool(&pool, device), "default memory pool");
+  return pool;
+}
+
+uint64_t pool_attribute(cudaMemPoolAttr attr) {
   uint64_t v = 0;
-  cuda_ok(cudaMemPoolGetAttribute(pool, attr, &v), "memory pool attribute");
+  cuda_ok(cudaMemPoolGetAttribute(current_pool(), attr, &v), "memory pool attribute");
   return v;
 }
 
 // Restarts the pool's high-water mark from what is in use now.
 void reset_pool_peak() {
-  int device = 0;
-  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
-  cudaMemPool_t pool;
-  cuda_ok(cudaDeviceGetDefaultMemPool(&pool, device), "default memory pool");
   uint64_t zero = 0;
-  cuda_ok(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), "resetting the pool's peak");
+  cuda_ok(cudaMemPoolSetAttribute(current_pool(), cudaMemPoolAttrUsedMemHigh, &zero), "resetting the pool's peak");
 }
 
 // One rank's share of a sequence: its rows (all of them on one GPU, the zigzag shard under CP) on the device.

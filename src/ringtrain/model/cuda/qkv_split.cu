@@ -76,6 +76,21 @@ __device__ inline void unrotate(const bf16* g, int64_t i, int64_t half, const fl
   }
 }
 
+// What the per-head RMSNorm backward reads at the pair (i, i + half) of one head: the gradient taken back through the
+// rotation (g), the norm's input (x) and its weight (w). Both of its passes read the same.
+template <int V>
+struct NormPair {
+  float ga[V], gb[V], xa[V], xb[V], wa[V], wb[V];
+  __device__ NormPair(const bf16* g, const bf16* x, const bf16* w, int64_t i, int64_t half, const float* cos_t,
+                      const float* sin_t) {
+    unrotate<V>(g, i, half, cos_t, sin_t, ga, gb);
+    load_bf16<V>(x + i, xa);
+    load_bf16<V>(x + half + i, xb);
+    load_bf16<V>(w + i, wa);
+    load_bf16<V>(w + half + i, wb);
+  }
+};
+
 template <int V>
 __global__ void qkv_split_forward_kernel(QkvShape sh, bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k,
                                          const bf16* qkv, const bf16* q_norm, const bf16* k_norm,
@@ -162,29 +177,20 @@ __global__ void qkv_split_backward_kernel(QkvShape sh, bf16* dqkv, float* dq_nor
       float* dw_block = is_q ? dwq_block : dwk_block;
       float dot = 0.f;
       for (int64_t i = lane * V; i < half; i += 32 * V) {
-        float ga[V], gb[V], xa[V], xb[V], wa[V], wb[V];
-        unrotate<V>(g, i, half, cos_t, sin_t, ga, gb);
-        load_bf16<V>(x + i, xa);
-        load_bf16<V>(x + half + i, xb);
-        load_bf16<V>(norm_w + i, wa);
-        load_bf16<V>(norm_w + half + i, wb);
+        const NormPair<V> p(g, x, norm_w, i, half, cos_t, sin_t);
 #pragma unroll
-        for (int j = 0; j < V; ++j) dot += wa[j] * ga[j] * xa[j] + wb[j] * gb[j] * xb[j];
+        for (int j = 0; j < V; ++j) dot += p.wa[j] * p.ga[j] * p.xa[j] + p.wb[j] * p.gb[j] * p.xb[j];
       }
       const float coef = r * r * r * warp_sum(dot) / static_cast<float>(d);
       for (int64_t i = lane * V; i < half; i += 32 * V) {
-        float ga[V], gb[V], xa[V], xb[V], wa[V], wb[V], out_a[V], out_b[V];
-        unrotate<V>(g, i, half, cos_t, sin_t, ga, gb);
-        load_bf16<V>(x + i, xa);
-        load_bf16<V>(x + half + i, xb);
-        load_bf16<V>(norm_w + i, wa);
-        load_bf16<V>(norm_w + half + i, wb);
+        const NormPair<V> p(g, x, norm_w, i, half, cos_t, sin_t);
+        float out_a[V], out_b[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          out_a[j] = r * wa[j] * ga[j] - coef * xa[j];
-          out_b[j] = r * wb[j] * gb[j] - coef * xb[j];
-          atomicAdd(&dw_block[i + j], ga[j] * xa[j] * r);
-          atomicAdd(&dw_block[half + i + j], gb[j] * xb[j] * r);
+          out_a[j] = r * p.wa[j] * p.ga[j] - coef * p.xa[j];
+          out_b[j] = r * p.wb[j] * p.gb[j] - coef * p.xb[j];
+          atomicAdd(&dw_block[i + j], p.ga[j] * p.xa[j] * r);
+          atomicAdd(&dw_block[half + i + j], p.gb[j] * p.xb[j] * r);
         }
         store_bf16<V>(dst + i, out_a);
         store_bf16<V>(dst + half + i, out_b);
