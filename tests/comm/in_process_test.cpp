@@ -194,6 +194,21 @@ TEST_P(Collectives, SendRecvRingExchange) {
     EXPECT_EQ(testing::max_abs_error(out[r], in[prev]), 0.0) << "rank " << r << " from its predecessor";
     EXPECT_EQ(testing::max_abs_error(out2[r], in2[next]), 0.0) << "rank " << r << " from its successor";
   }
+  // The same two buffers as the parts of one exchange (of unequal lengths), both from the predecessor.
+  for (int r = 0; r < world; ++r) testing::poison(out[r]), testing::poison(out2[r]);
+  comm::run_ranks(world, 10s, [&](Communicator& c) {
+    const int r = c.rank(), next = (r + 1) % world, prev = (r + world - 1) % world;
+    const comm::Transfer parts[2] = {{in[r].data(), out[r].data(), static_cast<size_t>(n)},
+                                     {in2[r].data(), out2[r].data(), static_cast<size_t>(n - 1)}};
+    c.exchange(parts, next, prev, DType::BF16)->wait();
+  });
+  for (int r = 0; r < world; ++r) {
+    const int prev = (r + world - 1) % world;
+    EXPECT_EQ(testing::max_abs_error(out[r], in[prev]), 0.0) << "rank " << r << ", part 0";
+    EXPECT_EQ(testing::max_abs_error(out2[r].view().slice(0, 0, n - 1), in2[prev].view().slice(0, 0, n - 1)), 0.0)
+        << "rank " << r << ", part 1";
+    EXPECT_TRUE(std::isnan(load_as_double(out2[r].data(), DType::BF16, n - 1))) << "rank " << r << ": past part 1";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3, 4, 8),

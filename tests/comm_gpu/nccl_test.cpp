@@ -110,6 +110,15 @@ TEST(NcclRank, EveryCollectiveMatchesTheHost) {
   comm->send_recv(send.data(), (r + 1) % w, recv.data(), (r + w - 1) % w, n, DType::F32)->wait();
   got = to_host(recv);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], all[(r + w - 1) % w][i]);
+
+  Tensor recv2 = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, dev);  // a ring step of two parts
+  const comm::Transfer parts[2] = {{send.data(), recv.data(), n / 2},
+                                   {static_cast<const float*>(send.data()) + n / 2, recv2.data(), n - n / 2}};
+  comm->exchange(parts, (r + w - 1) % w, (r + 1) % w, DType::F32)->wait();
+  got = to_host(recv);
+  const std::vector<float> got2 = to_host(recv2);
+  for (size_t i = 0; i < n / 2; ++i) ASSERT_EQ(got[i], all[(r + 1) % w][i]);
+  for (size_t i = n / 2; i < n; ++i) ASSERT_EQ(got2[i - n / 2], all[(r + 1) % w][i]);
   comm->barrier();
 }
 

@@ -105,10 +105,10 @@ class FailingComm final : public comm::Communicator {
   int size() const override { return inner_.size(); }
   Device device() const override { return inner_.device(); }
   std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
-  std::unique_ptr<comm::Request> send_recv(const void* send, int dst, void* recv, int src, size_t count, DType dtype,
-                                           void* stream) override {
+  std::unique_ptr<comm::Request> exchange(std::span<const comm::Transfer> parts, int dst, int src, DType dtype,
+                                          void* stream) override {
     if (++sends_ == fail_at_) throw Error(cat("injected failure at ring exchange ", sends_, " on rank ", rank()));
-    return inner_.send_recv(send, dst, recv, src, count, dtype, stream);
+    return inner_.exchange(parts, dst, src, dtype, stream);
   }
   void all_gather(const void* s, void* r, size_t n, DType t, void* st) override { inner_.all_gather(s, r, n, t, st); }
   void reduce_scatter(const void* s, void* r, size_t n, DType t, comm::ReduceOp op, void* st) override {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "ringtrain/core/error.h"
@@ -22,6 +23,13 @@ class CommError : public Error {
 };
 
 enum class ReduceOp { Sum, Max };
+
+// One buffer pair of a point-to-point exchange: `count` elements sent from `send`, as many received into `recv`.
+struct Transfer {
+  const void* send;
+  void* recv;
+  size_t count;
+};
 
 // A pending point-to-point exchange; wait() completes it (or throws CommError on timeout / peer failure).
 class Request {
@@ -40,8 +48,15 @@ class Communicator {
 
   // Paired exchange: send `count` elements to `dst` while receiving `count` elements from `src` (the ring step).
   // Returns at once; the buffers must stay untouched until wait(). `stream` orders it on the GPU (NCCL).
-  virtual std::unique_ptr<Request> send_recv(const void* send, int dst, void* recv, int src, size_t count,
-                                             DType dtype, void* stream = nullptr) = 0;
+  std::unique_ptr<Request> send_recv(const void* send, int dst, void* recv, int src, size_t count, DType dtype,
+                                     void* stream = nullptr) {
+    const Transfer one{send, recv, count};
+    return exchange(std::span<const Transfer>(&one, 1), dst, src, dtype, stream);
+  }
+  // The same for several buffer pairs at once (one NCCL group, so one posting): part i goes from this rank's
+  // parts[i].send to dst's parts[i].recv.
+  virtual std::unique_ptr<Request> exchange(std::span<const Transfer> parts, int dst, int src, DType dtype,
+                                            void* stream = nullptr) = 0;
   // recv holds size() blocks of `count` elements, block r from rank r.
   virtual void all_gather(const void* send, void* recv, size_t count, DType dtype, void* stream = nullptr) = 0;
   // send holds size() blocks of `count` elements; recv gets the reduction of everyone's block rank().

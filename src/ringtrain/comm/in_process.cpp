@@ -245,28 +245,32 @@ void reduce_block(const std::vector<Slot>& slots, size_t block, size_t n, Reduce
 
 class InProcessRequest final : public Request {
  public:
-  InProcessRequest(std::shared_ptr<Group> g, int self, int src, int64_t seq, void* recv, size_t count, DType dtype,
-                   std::string what)
-      : g_(std::move(g)), self_(self), src_(src), seq_(seq), recv_(recv), count_(count), dtype_(dtype),
-        what_(std::move(what)) {}
+  // One expected message per part: its sequence number from src, where it goes and how many elements it holds.
+  struct Part {
+    int64_t seq;
+    void* recv;
+    size_t count;
+  };
+  InProcessRequest(std::shared_ptr<Group> g, int self, int src, std::vector<Part> parts, DType dtype, std::string what)
+      : g_(std::move(g)), self_(self), src_(src), parts_(std::move(parts)), dtype_(dtype), what_(std::move(what)) {}
 
   void wait() override {
     if (done_) return;
-    Message m = g_->take(self_, src_, seq_, what_);
-    if (m.count != count_ || m.dtype != dtype_)
-      throw g_->fail(self_, cat(what_, " on rank ", self_, ": rank ", src_, " sent ", m.count, " ",
-                                dtype_name(m.dtype), " elements, this rank expected ", count_, " ",
-                                dtype_name(dtype_)));
-    if (!m.bytes.empty()) std::memcpy(recv_, m.bytes.data(), m.bytes.size());
+    for (const Part& p : parts_) {
+      Message m = g_->take(self_, src_, p.seq, what_);
+      if (m.count != p.count || m.dtype != dtype_)
+        throw g_->fail(self_, cat(what_, " on rank ", self_, ": rank ", src_, " sent ", m.count, " ",
+                                  dtype_name(m.dtype), " elements, this rank expected ", p.count, " ",
+                                  dtype_name(dtype_)));
+      if (!m.bytes.empty()) std::memcpy(p.recv, m.bytes.data(), m.bytes.size());
+    }
     done_ = true;
   }
 
  private:
   std::shared_ptr<Group> g_;
   int self_, src_;
-  int64_t seq_;
-  void* recv_;
-  size_t count_;
+  std::vector<Part> parts_;
   DType dtype_;
   std::string what_;
   bool done_ = false;
@@ -283,13 +287,17 @@ class InProcessCommunicator final : public Communicator {
   std::chrono::milliseconds timeout() const override { return g_->timeout(); }
   Group& group() { return *g_; }
 
-  std::unique_ptr<Request> send_recv(const void* send, int dst, void* recv, int src, size_t count, DType dtype,
-                                     void*) override {
+  std::unique_ptr<Request> exchange(std::span<const Transfer> parts, int dst, int src, DType dtype,
+                                    void*) override {
     const std::string what = cat("send_recv #", ++ops_, " (to rank ", dst, ", from rank ", src, ")");
     if (dst < 0 || dst >= size() || src < 0 || src >= size())
       throw g_->fail(rank_, cat(what, " on rank ", rank_, ": peer out of range for a group of ", size()));
-    g_->post(rank_, dst, send, count, dtype, what);
-    return std::make_unique<InProcessRequest>(g_, rank_, src, received_[src]++, recv, count, dtype, what);
+    std::vector<InProcessRequest::Part> expected;
+    for (const Transfer& t : parts) {
+      g_->post(rank_, dst, t.send, t.count, dtype, what);
+      expected.push_back({received_[src]++, t.recv, t.count});
+    }
+    return std::make_unique<InProcessRequest>(g_, rank_, src, std::move(expected), dtype, what);
   }
 
   void all_gather(const void* send, void* recv, size_t count, DType dtype, void*) override {

@@ -42,6 +42,7 @@ class NcclCommunicator final : public Communicator {
              gpus, " GPU(s)");
     check_cuda(cudaSetDevice(device_.index), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&after_legacy_, cudaEventDisableTiming), "cudaEventCreate");
     ncclUniqueId id{};
     if (rank_ == 0) RT_CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId failed");
     std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
@@ -64,6 +65,7 @@ class NcclCommunicator final : public Communicator {
     }
     if (barrier_buf_) cudaFree(barrier_buf_);
     if (own_stream_) cudaStreamDestroy(own_stream_);
+    if (after_legacy_) cudaEventDestroy(after_legacy_);
   }
 
   int rank() const override { return rank_; }
@@ -71,12 +73,14 @@ class NcclCommunicator final : public Communicator {
   Device device() const override { return device_; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
-  std::unique_ptr<Request> send_recv(const void* send, int dst, void* recv, int src, size_t count, DType dtype,
-                                     void* stream) override {
+  std::unique_ptr<Request> exchange(std::span<const Transfer> parts, int dst, int src, DType dtype,
+                                    void* stream) override {
     cudaStream_t s = pick(stream);
     group("send_recv", [&] {
-      ncclSend(send, count, nccl_type(dtype), dst, comm_, s);
-      ncclRecv(recv, count, nccl_type(dtype), src, comm_, s);
+      for (const Transfer& t : parts) {
+        ncclSend(t.send, t.count, nccl_type(dtype), dst, comm_, s);
+        ncclRecv(t.recv, t.count, nccl_type(dtype), src, comm_, s);
+      }
     });
     return std::make_unique<StreamRequest>(this, s, cat("send_recv (to rank ", dst, ", from rank ", src, ")"));
   }
@@ -170,13 +174,14 @@ class NcclCommunicator final : public Communicator {
   };
 
   // Without a caller stream the buffers were written by work on the legacy default stream (where ringtrain's
-  // kernels run when no stream is given): wait for it, then run on the communicator's own non-blocking stream,
-  // which later kernels do not wait for — so a send_recv overlaps with the compute launched after it, and
-  // exchanges already in flight on the own stream are not waited for here.
+  // kernels run when no stream is given): the communicator's own non-blocking stream waits for it on the GPU (an
+  // event, so the host goes on launching), and later kernels on the legacy stream do not wait for the exchange — so
+  // a send_recv overlaps with the compute launched after it.
   cudaStream_t pick(void* stream) {
     RT_CHECK(!aborted_, "nccl communicator on rank ", rank_, " was aborted: ", why_);
     if (stream) return static_cast<cudaStream_t>(stream);
-    check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "waiting for the buffers' producers");
+    check_cuda(cudaEventRecord(after_legacy_, cudaStreamLegacy), "cudaEventRecord (the buffers' producers)");
+    check_cuda(cudaStreamWaitEvent(own_stream_, after_legacy_, 0), "cudaStreamWaitEvent (the buffers' producers)");
     return own_stream_;
   }
 
@@ -227,6 +232,7 @@ class NcclCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t own_stream_ = nullptr;
+  cudaEvent_t after_legacy_ = nullptr;
   void* barrier_buf_ = nullptr;
   bool aborted_ = false;
   std::string why_;
