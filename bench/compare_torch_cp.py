@@ -3,8 +3,8 @@
 of `ringtrain bench cp`, in the same job, and the ours/PyTorch ratios.
 
 Run with one process per GPU (torchrun). bf16, [B, H, S, D], forward+backward with o.backward(ones), timed like the
-project's anchors (shared/anchors/cp_bench.py): 2 warm-ups, then the median of 5 runs, each ended by a device
-synchronize; per-GPU TFLOP/s = 3.5 * 4*B*H*S*S*D (/2 causal) / cp / time. With --ours (the JSON of
+project's anchors (shared/anchors/cp_bench.py): 2 warm-ups, then the median of 5 runs (--warmup, --iters), each
+ended by a device synchronize; per-GPU TFLOP/s = 3.5 * 4*B*H*S*S*D (/2 causal) / cp / time. With --ours (the JSON of
 `ringtrain bench cp --json`), rank 0 prints ringtrain's rows beside PyTorch's best and its flash, per length.
 """
 import argparse
@@ -25,6 +25,8 @@ ap.add_argument("--heads", type=int, default=32)
 ap.add_argument("--head-dim", type=int, default=128)
 ap.add_argument("--backends", default="FLASH_ATTENTION,CUDNN_ATTENTION,EFFICIENT_ATTENTION")
 ap.add_argument("--ours", help="JSON rows of `ringtrain bench cp --json`")
+ap.add_argument("--warmup", type=int, default=2, help="as `ringtrain bench cp --warmup`")
+ap.add_argument("--iters", type=int, default=5, help="timed runs, median (as `ringtrain bench cp --iters`)")
 args = ap.parse_args()
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -33,7 +35,7 @@ dist.init_process_group("nccl")
 mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("cp",))
 
 
-def median_ms(fn, warmup=2, iters=5):
+def median_ms(fn, warmup, iters):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -95,7 +97,7 @@ for S in [int(s) for s in args.seq.split(",")]:
                         o = F.scaled_dot_product_attention(ql, kl, vl, is_causal=True)
                     o.backward(torch.ones_like(o))
 
-                t = median_ms(fwd_bwd)
+                t = median_ms(fwd_bwd, args.warmup, args.iters)
             tf = flops / world / t / 1e9
             torch_rows[(S, name)] = tf
             if rank == 0:

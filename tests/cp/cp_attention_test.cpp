@@ -23,12 +23,13 @@ struct Case {
   int64_t batch, seq, heads_q, heads_kv, head_dim;
   BackendId block_backend;
   DType dtype = DType::F32;
+  bool keep_kv = true;  // the ring backward starts on the forward's last block, or fetches it
 };
 
 std::string case_name(const Case& c) {
   const char* heads = c.heads_kv == c.heads_q ? "mha" : (c.heads_kv == 1 ? "mqa" : "gqa");
   return cat("cp", c.cp, "_", cp::cp_comm_name(c.comm), c.causal ? "_causal_" : "_full_", heads, "_d", c.head_dim,
-             "_S", c.seq, "_B", c.batch, "_", attention::backend_name(c.block_backend), "_", dtype_name(c.dtype));
+             "_S", c.seq, "_B", c.batch, "_", attention::backend_name(c.block_backend), "_", dtype_name(c.dtype), c.keep_kv ? "" : "_fetch");
 }
 
 std::vector<Case> cases() {
@@ -43,7 +44,7 @@ std::vector<Case> cases() {
         for (const auto& h : heads) {
           const int64_t seq = n % 2 == 0 ? 2 * cp * 5 : 2 * cp * 4 + 1 + n % 7;
           out.push_back({cp, comm, causal, 1 + n % 2, seq, h[0], h[1], dims[n % 3],
-                         n % 4 < 2 ? BackendId::Flash : BackendId::Math});
+                         n % 4 < 2 ? BackendId::Flash : BackendId::Math, DType::F32, n % 5 != 4});
           ++n;
         }
   // Padding edge cases: a long ragged sequence, the last chunk partly padded, whole chunks of padding, and ranks
@@ -55,9 +56,11 @@ std::vector<Case> cases() {
       out.push_back({8, comm, causal, 1, 10, 2, 2, 64, BackendId::Math});
       out.push_back({8, comm, causal, 1, 3, 2, 1, 32, BackendId::Flash});
     }
-    // bf16 inputs: the running O/LSE stay fp32, outputs and gradients are rounded to bf16 once.
-    out.push_back({4, comm, true, 1, 90, 4, 2, 64, BackendId::Flash, DType::BF16});
+    // bf16 inputs: the running O/LSE stay fp32, outputs and gradients are rounded to bf16 once; every ring backward
+    // hop dtype (cp 2: one bf16 share; 3: bf16 then fp32; 4: and fp32 to fp32).
+    for (int cp : {2, 3, 4}) out.push_back({cp, comm, true, 1, 90, 4, 2, 64, BackendId::Flash, DType::BF16});
   }
+  out.push_back({3, CpComm::Ring, true, 1, 90, 4, 2, 64, BackendId::Flash, DType::BF16, /*keep_kv=*/false});
   // All-to-all (Ulysses): heads split over ranks, so both head counts are multiples of cp; GQA and MHA, padding.
   for (int cp : {1, 2, 3, 4, 8})
     for (bool causal : {true, false}) {
@@ -85,6 +88,7 @@ TEST_P(CpParity, MatchesTheSingleRankReference) {
   opt.cp = c.cp;
   opt.config.comm = c.comm;
   opt.timeout = std::chrono::milliseconds(60000);
+  opt.keep_kv = c.keep_kv;
   const cp::AttnResults got = cp::cp_attention_on_ranks(prob, in, opt);
   const attention::DispatchCounts counts = attention::dispatch_counts();
 

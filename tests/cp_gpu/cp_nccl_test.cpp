@@ -43,6 +43,7 @@ struct Case {
   CpComm comm;
   bool causal;
   int64_t seq, heads_q, heads_kv;
+  bool keep_kv = true;  // ring: the backward starts on the forward's last KV block, or fetches it
 };
 
 // bf16: both sides round fp32 results of the same products to 8 mantissa bits, in another order; 1e-2 relative
@@ -62,6 +63,7 @@ TEST(CpRank, EveryGpuBackendMatchesOneGpu) {
       const int64_t seq = (b == BackendId::Cudnn && c == CpComm::AllGather) ? 4096 : 4099;
       for (bool causal : {true, false}) cases.push_back({b, c, causal, seq, 8, 2});
     }
+    cases.push_back({b, CpComm::Ring, true, 4099, 8, 2, /*keep_kv=*/false});
   }
   ASSERT_FALSE(cases.empty()) << "no GPU backend is declared CP-capable";
   for (BackendId b : {BackendId::Flash, BackendId::Cudnn, BackendId::Efficient}) {
@@ -75,9 +77,10 @@ TEST(CpRank, EveryGpuBackendMatchesOneGpu) {
     opt.prob = {1, c.seq, c.heads_q, c.heads_kv, 128, c.causal, DType::BF16};
     opt.config.comm = c.comm;
     opt.seed = seed + c.seq;
+    opt.keep_kv = c.keep_kv;
     const DeviceRunResult r = run_cp_on_device(*comm, opt);
     const std::string what = cat(attention::backend_name(c.backend), " ", cp_comm_name(c.comm), c.causal ? " causal" : "",
-                                 " S=", c.seq);
+                                 " S=", c.seq, c.keep_kv ? "" : " (fetch)");
     if (comm->rank() == 0)
       std::printf("%s: O %.2e LSE %.2e dQ %.2e dK %.2e dV %.2e\n", what.c_str(), r.err_o, r.err_lse, r.err_dq, r.err_dk,
                   r.err_dv);

@@ -25,18 +25,19 @@ CpComm parse_cp_comm(std::string_view name) {
 }
 
 void attention_forward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
-                       const attention::AttnForwardArgs& a, int64_t global_len) {
+                       const attention::AttnForwardArgs& a, int64_t global_len, KeptKv* kept) {
+  if (kept) *kept = KeptKv{};
   switch (cfg.comm) {
-    case CpComm::Ring: return ring_attention_forward(comm, local, a, global_len);
+    case CpComm::Ring: return ring_attention_forward(comm, local, a, global_len, kept);
     case CpComm::AllGather: return allgather_attention_forward(comm, local, a, global_len);
     case CpComm::AllToAll: return ulysses_attention_forward(comm, local, a, global_len);
   }
 }
 
 void attention_backward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
-                        const attention::AttnBackwardArgs& a, int64_t global_len) {
+                        const attention::AttnBackwardArgs& a, int64_t global_len, KeptKv* kept) {
   switch (cfg.comm) {
-    case CpComm::Ring: return ring_attention_backward(comm, local, a, global_len);
+    case CpComm::Ring: return ring_attention_backward(comm, local, a, global_len, kept);
     case CpComm::AllGather: return allgather_attention_backward(comm, local, a, global_len);
     case CpComm::AllToAll: return ulysses_attention_backward(comm, local, a, global_len);
   }

@@ -30,11 +30,21 @@ struct CpConfig {
   CpComm comm = CpComm::Ring;
 };
 
+// The KV block a ring forward ends on (rank r+1's), kept for the backward of the same call: that backward starts on
+// it and ends on the own block, so none of its exchanges waits uncovered; without it, the backward first fetches the
+// block. Holds one local K+V block of memory until the backward takes it. The other algorithms leave it empty.
+struct KeptKv {
+  Tensor kv;                // [K | V] of the block, as KvPack lays it out
+  const void* k = nullptr;  // the forward's k and v: the backward must get the same ones
+  const void* v = nullptr;
+};
+
+// `kept` (optional) is filled by the forward and taken by the backward of the same q, k, v.
 void attention_forward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
-                       const attention::AttnForwardArgs& a, int64_t global_len);
+                       const attention::AttnForwardArgs& a, int64_t global_len, KeptKv* kept = nullptr);
 // a.o and a.lse are the outputs of attention_forward; accumulate must be false.
 void attention_backward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
-                        const attention::AttnBackwardArgs& a, int64_t global_len);
+                        const attention::AttnBackwardArgs& a, int64_t global_len, KeptKv* kept = nullptr);
 
 // Packed documents (THD, `local.packed`): the local tensors hold this rank's per-document zigzag shards
 // (PackedZigzag: 2 * c_d rows for document d, in order; LSE [Hq, T_local]); doc_lens are the global lengths.

@@ -132,11 +132,12 @@ AttnResults cp_attention_on_ranks(const AttnProblem& p, const AttnInputs& in, co
     ba.dv = dv;
     c.barrier();
     auto t0 = Clock::now();
-    attention_forward(c, opt.config, params, fa, p.seq);
+    KeptKv kept;
+    attention_forward(c, opt.config, params, fa, p.seq, opt.keep_kv ? &kept : nullptr);
     c.barrier();
     const double fwd = seconds_since(t0);
     t0 = Clock::now();
-    attention_backward(c, opt.config, params, ba, p.seq);
+    attention_backward(c, opt.config, params, ba, p.seq, opt.keep_kv ? &kept : nullptr);
     c.barrier();
     const double bwd = seconds_since(t0);
     if (c.rank() == 0) {

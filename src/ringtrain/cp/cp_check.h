@@ -41,6 +41,7 @@ struct CpRunOptions {
   // When not empty, every rank runs the CP calls inside BackendScope("model", model_scope): the situation of
   // the original bug (a model that allows every backend, inside the CP restriction).
   std::vector<attention::BackendId> model_scope;
+  bool keep_kv = true;  // hand the forward's last KV block to the backward (KeptKv), as a training step would
 };
 // Shards the inputs, runs CP forward then backward on opt.cp in-process ranks and unshards the results
 // (outputs poisoned with NaN before the run). Throws if a rank's padding rows are not O = 0, LSE = -inf and zero

@@ -123,7 +123,10 @@ inline float softplus(float x) { return std::max(x, 0.f) + std::log1p(std::exp(-
 
 void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b,
                    void* stream) {
-  for (const TensorView* t : {&o_a, &lse_a, &o_b, &lse_b}) check_f32("CP merge", *t, o_a.device);
+  for (const TensorView* t : {&lse_a, &lse_b}) check_f32("CP merge (LSE)", *t, o_a.device);
+  for (const TensorView* t : {&o_a, &o_b})
+    RT_CHECK(is_float(t->dtype) && t->device == o_a.device, "CP merge: O must be a float tensor on ",
+             device_name(o_a.device), ", got ", t->shape_str());
   RT_CHECK(o_a.ndim == 4 && o_b.ndim == 4 && lse_a.ndim == 3 && lse_b.ndim == 3, "CP merge: bad ranks ",
            o_a.shape_str(), " ", o_b.shape_str());
   for (int d = 0; d < 4; ++d)
@@ -137,8 +140,6 @@ void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorV
     return;
 #endif
   }
-  float* oa = o_a.ptr<float>();
-  const float* ob = o_b.ptr<const float>();
   float* la = lse_a.ptr<float>();
   const float* lb = lse_b.ptr<const float>();
   for (int64_t b = 0; b < batch; ++b) {
@@ -147,16 +148,16 @@ void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorV
         float& l_a = la[b * lse_a.stride[0] + h * lse_a.stride[1] + i * lse_a.stride[2]];
         const float l_b = lb[b * lse_b.stride[0] + h * lse_b.stride[1] + i * lse_b.stride[2]];
         if (l_b == kNegInf) continue;  // b saw no key: nothing to add
-        float* ra = oa + b * o_a.stride[0] + i * o_a.stride[1] + h * o_a.stride[2];
-        const float* rb = ob + b * o_b.stride[0] + i * o_b.stride[1] + h * o_b.stride[2];
-        if (l_a == kNegInf) {  // a saw no key yet: take b
-          for (int64_t c = 0; c < dim; ++c) ra[c * o_a.stride[3]] = rb[c * o_b.stride[3]];
-          l_a = l_b;
-          continue;
+        const int64_t ra = b * o_a.stride[0] + i * o_a.stride[1] + h * o_a.stride[2];
+        const int64_t rb = b * o_b.stride[0] + i * o_b.stride[1] + h * o_b.stride[2];
+        // a saw no key yet: take b (w = 1)
+        const float w = l_a == kNegInf ? 1.f : sigmoid(l_b - l_a);
+        for (int64_t c = 0; c < dim; ++c) {
+          const double x = load_as_double(o_a.data, o_a.dtype, ra + c * o_a.stride[3]);
+          const double y = load_as_double(o_b.data, o_b.dtype, rb + c * o_b.stride[3]);
+          store_from_double(o_a.data, o_a.dtype, ra + c * o_a.stride[3], x - w * (x - y));
         }
-        const float w = sigmoid(l_b - l_a);
-        for (int64_t c = 0; c < dim; ++c) ra[c * o_a.stride[3]] -= w * (ra[c * o_a.stride[3]] - rb[c * o_b.stride[3]]);
-        l_a = l_a + softplus(l_b - l_a);  // = L_a - logsigmoid(L_a - L_b)
+        l_a = l_a == kNegInf ? l_b : l_a + softplus(l_b - l_a);  // = L_a - logsigmoid(L_a - L_b)
       }
     }
   }

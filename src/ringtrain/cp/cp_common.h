@@ -52,9 +52,10 @@ void block_backward(const attention::AttnParams& local, const attention::AttnBac
                     int64_t nq, const TensorView& k, const TensorView& v, int64_t nk, attention::MaskType mask,
                     const TensorView& dq, const TensorView& dk, const TensorView& dv, bool accumulate = true);
 
-// Merges a partial result (o_b, lse_b) of the same query rows into the running (o_a, lse_a), all fp32:
+// Merges a partial result (o_b, lse_b) of the same query rows into the running (o_a, lse_a), in fp32:
 // O = O_a - sigmoid(L_b - L_a) (O_a - O_b), L = L_a - logsigmoid(L_a - L_b); a -inf side contributes nothing.
-// Enqueued on `stream` for device views.
+// O of either side may be of any float dtype (rounded once, on writing o_a); LSEs are fp32. Enqueued on `stream`
+// for device views.
 void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b,
                    void* stream);
 // Sets every element of an fp32 view to -inf (the LSE of rows that have seen no key yet).

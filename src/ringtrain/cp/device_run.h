@@ -20,6 +20,7 @@ struct DeviceRunOptions {
   int warmup = 0;     // timed runs: warm-up iterations, then `iters` timed ones (median); 0 iters = no timing
   int iters = 0;
   bool time_single = false;  // also time the single-GPU call on the whole sequence (for scaling efficiency)
+  bool keep_kv = true;       // hand the forward's last KV block to the backward (KeptKv)
 };
 
 struct DeviceRunResult {

@@ -1,10 +1,12 @@
 // Ring attention on rank r: at step i the rank holds the KV block of source s = (r - i) mod cp and attends the
 // part of its queries that sees that block (ring_block). The next block's send/recv is posted before the step's
-// compute and waited after it (double buffer). Running O and LSE stay fp32 and are merged per step.
-// Backward: same blocks, always with the final O and LSE; dQ accumulates locally in fp32; each step's dK/dV share is
-// computed (in the input dtype) while the sum of the earlier shares of the same block arrives from the previous
-// rank, then added and sent on, so the sum is back at its owner after cp hops of which only the last is not
-// overlapped.
+// compute and waited after it (double buffer). Each step's partial result is merged into the running O and LSE
+// (fp32 LSE; O in fp32, or the output itself when at most one merge rounds it).
+// Backward: the same blocks in the opposite direction, s = (r + 1 + i) mod cp, so that the own block comes last,
+// always with the final O and LSE. Each step's dK/dV share is computed while the sum of the earlier shares of the
+// same block arrives from the next rank, then added and sent on to the previous one; the sum gathers one share per
+// rank and ends complete at its owner, whose own share is the last. The forward ends holding block r + 1, the
+// backward's first: kept (KeptKv), no exchange of the backward waits uncovered.
 #include "ringtrain/cp/ring_attention.h"
 
 #include <algorithm>
@@ -31,70 +33,98 @@ struct RingBlock {
   bool empty() const { return nq == 0 || nk == 0; }
 };
 
-RingBlock ring_block(const ZigzagLayout& l, bool causal, int step, int src) {
+// Every block's rows end at the last valid row.
+RingBlock ring_block(const ZigzagLayout& l, bool causal, int src) {
   const int64_t c = l.chunk_len(), valid = l.valid_len();
   if (!causal) return {0, valid, l.valid_len(src), MaskType::None};
   // Own block: the local concatenation [chunk r, chunk 2cp-1-r] is in global order, so plain causal.
-  if (step == 0) return {0, valid, valid, MaskType::CausalTopLeft};
+  if (src == l.rank) return {0, valid, valid, MaskType::CausalTopLeft};
   // Earlier source: both local chunks come after its first chunk and before its second one.
   if (src < l.rank) return {0, valid, std::min(l.valid_len(src), c), MaskType::None};
   // Later source: only the second local chunk comes after (both of) its chunks.
   return {c, std::max<int64_t>(valid - c, 0), l.valid_len(src), MaskType::None};
 }
 
+// An exchange of a packed copy, which lives until the exchange completes.
+struct PackedRequest final : comm::Request {
+  explicit PackedRequest(KvPack p) : pack(std::move(p)) {}
+  void wait() override { request->wait(); }
+  KvPack pack;
+  std::unique_ptr<comm::Request> request;
+};
+
+// Sends the block (k, v) to `dst` while receiving a block from `src` into `into`. Views that are not one packed
+// buffer (the caller's own K and V) go as two parts of one exchange when contiguous, sparing a packing copy.
+std::unique_ptr<comm::Request> send_kv(comm::Communicator& comm, const TensorView& k, const TensorView& v, int dst,
+                                       const KvPack& into, int src, DType dtype, void* stream) {
+  if (static_cast<const char*>(v.data) == static_cast<const char*>(k.data) + k.nbytes())
+    return comm.send_recv(k.data, dst, into.buf.data(), src, into.count(), dtype, stream);
+  if (k.is_contiguous() && v.is_contiguous()) {
+    const comm::Transfer parts[2] = {{k.data, into.k.data, static_cast<size_t>(k.numel())},
+                                     {v.data, into.v.data, static_cast<size_t>(v.numel())}};
+    return comm.exchange(parts, dst, src, dtype, stream);
+  }
+  auto packed = std::make_unique<PackedRequest>(make_kv_pack(k, k.shape[1], dtype, comm.device(), false));
+  copy_async(packed->pack.k, k, stream);
+  copy_async(packed->pack.v, v, stream);
+  packed->request = comm.send_recv(packed->pack.buf.data(), dst, into.buf.data(), src, into.count(), dtype, stream);
+  return packed;
+}
+
 }  // namespace
 
 void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
-                            int64_t global_len) {
+                            int64_t global_len, KeptKv* kept) {
   const ZigzagLayout l = check_cp_call("ring attention forward", comm, p, global_len);
   attention::validate(p, a);
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
   const Device dev = comm.device();
   const bool causal = is_causal(p);
   const int next = (l.rank + 1) % l.cp, prev = (l.rank + l.cp - 1) % l.cp;
+  const int64_t len = l.local_len();
 
-  Tensor o_acc = empty_like(a.o, DType::F32, dev);
-  Tensor lse_acc = empty_like(a.lse, DType::F32, dev);
-  KvPack cur = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
-  KvPack nxt = make_kv_pack(a.k, l.local_len(), p.dtype, dev, false);
-  copy_async(cur.k, a.k, a.stream);
-  copy_async(cur.v, a.v, a.stream);
-
+  // The running result is a.o and a.lse (fp32) themselves when one merge at most rounds a.o (cp <= 2) or a.o is
+  // fp32, else an fp32 copy. Each step's partial O comes in the input dtype, what every backend writes natively.
+  const bool o_direct = l.cp <= 2 || a.o.dtype == DType::F32;
+  const Tensor o_acc = o_direct ? Tensor() : empty_like(a.o, DType::F32, dev);
+  const TensorView o_run = o_direct ? a.o : o_acc.view();
+  // Step 0 attends the own K and V where they are; the blocks that arrive alternate between two buffers.
+  KvPack arrived[2];
+  for (int i = 0; i < std::min(l.cp - 1, 2); ++i) arrived[i] = make_kv_pack(a.k, len, p.dtype, dev, false);
   for (int step = 0; step < l.cp; ++step) {
     const int src = (l.rank - step + l.cp) % l.cp;
+    const TensorView cur_k = step == 0 ? a.k : arrived[(step - 1) % 2].k;
+    const TensorView cur_v = step == 0 ? a.v : arrived[(step - 1) % 2].v;
     std::unique_ptr<comm::Request> kv_req;
-    if (step + 1 < l.cp)
-      kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
-    const RingBlock blk = ring_block(l, causal, step, src);
+    if (step + 1 < l.cp) kv_req = send_kv(comm, cur_k, cur_v, next, arrived[step % 2], prev, p.dtype, a.stream);
+    const RingBlock blk = ring_block(l, causal, src);
     if (step == 0) {  // rows no query of the own block has (padding): O = 0, LSE = -inf, as if they saw no key
-      const int64_t nq = blk.empty() ? 0 : blk.nq, n = l.local_len();
-      if (nq < n) {
-        fill_async(rows(o_acc, nq, n - nq), 0.0, a.stream);
-        fill_neg_inf(lse_rows(lse_acc, nq, n - nq), a.stream);
+      const int64_t nq = blk.empty() ? 0 : blk.nq;
+      if (nq < len) {
+        fill_async(rows(o_run, nq, len - nq), 0.0, a.stream);
+        fill_neg_inf(lse_rows(a.lse, nq, len - nq), a.stream);
       }
     }
     if (!blk.empty()) {
-      const TensorView o_rows = rows(o_acc, blk.q_start, blk.nq), lse_part = lse_rows(lse_acc, blk.q_start, blk.nq);
+      const TensorView o_rows = rows(o_run, blk.q_start, blk.nq), lse_part = lse_rows(a.lse, blk.q_start, blk.nq);
       if (step == 0) {  // the own block covers every valid row: it writes the running result directly
-        block_forward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, o_rows, lse_part);
+        block_forward(p, a, blk.q_start, blk.nq, cur_k, cur_v, blk.nk, blk.mask, o_rows, lse_part);
       } else {
-        Tensor o_step = empty_like(o_rows, DType::F32, dev);
+        Tensor o_step = empty_like(o_rows, p.dtype, dev);
         Tensor lse_step = empty_like(lse_part, DType::F32, dev);
-        block_forward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, o_step, lse_step);
+        block_forward(p, a, blk.q_start, blk.nq, cur_k, cur_v, blk.nk, blk.mask, o_step, lse_step);
         merge_partial(o_rows, lse_part, o_step, lse_step, a.stream);
       }
     }
-    if (kv_req) {
-      kv_req->wait();
-      std::swap(cur, nxt);
-    }
+    if (kv_req) kv_req->wait();
   }
-  copy_async(a.o, o_acc, a.stream);
-  copy_async(a.lse, lse_acc, a.stream);
+  if (!o_direct) copy_async(a.o, o_acc, a.stream);
+  if (kept && l.cp > 1)  // block r + 1, the last to arrive
+    *kept = KeptKv{std::move(arrived[l.cp % 2].buf), a.k.data, a.v.data};
 }
 
 void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
-                             int64_t global_len) {
+                             int64_t global_len, KeptKv* kept) {
   const ZigzagLayout l = check_cp_call("ring attention backward", comm, p, global_len);
   attention::validate(p, a);
   RT_CHECK(!a.accumulate, "ring attention backward: accumulate=true is not supported under context parallelism");
@@ -102,94 +132,104 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
   const Device dev = comm.device();
   const bool causal = is_causal(p);
   const int next = (l.rank + 1) % l.cp, prev = (l.rank + l.cp - 1) % l.cp;
-  const DType out_dtype = a.dk.dtype == a.dv.dtype ? a.dk.dtype : DType::F32;
-  RT_CHECK(dtype_size(out_dtype) <= dtype_size(DType::F32), "ring attention backward: dK/dV of dtype ",
-           dtype_name(out_dtype), " are not supported");
-
-  const int64_t len = l.local_len();
-  KvPack cur = make_kv_pack(a.k, len, p.dtype, dev, false);
-  KvPack nxt = make_kv_pack(a.k, len, p.dtype, dev, false);
-  copy_async(cur.k, a.k, a.stream);
-  copy_async(cur.v, a.v, a.stream);
-  // A step's gradients are written by the block's backward in the input dtype (dq_share, shares), which spares a
-  // backend that cannot accumulate (cuDNN) a conversion pass, and an fp32 buffer the zeroing, at every step. dQ is
-  // added into dq_acc (the own block, step 0, covers every valid row and starts it). The dK/dV share of block src
-  // is added into the sum of the earlier ranks' shares of that block, which arrives meanwhile, and the sum travels
-  // on: computing the share while the sums travel keeps the exchange off the critical path but for the last hop.
-  // What travels is as narrow as exact: the first hop carries the lone step-0 share in the input dtype, later hops
-  // fp32 sums, and the last hop (to the owner) the complete sum rounded to the output dtype, once.
-  Tensor dq_acc = empty_like(a.q, DType::F32, dev);
-  const Tensor dq_share = empty_like(a.q, p.dtype, dev);
-  const KvPack shares[2] = {make_kv_pack(a.k, len, p.dtype, dev, false), make_kv_pack(a.k, len, p.dtype, dev, false)};
-  const DType sum_dtype = l.cp > 2 ? DType::F32 : dtype_size(out_dtype) > dtype_size(p.dtype) ? out_dtype : p.dtype;
-  Tensor sum_in = Tensor::empty({static_cast<int64_t>(shares[0].count())}, sum_dtype, dev);
-  Tensor sum_out = Tensor::empty({static_cast<int64_t>(shares[0].count())}, sum_dtype, dev);
+  const int64_t len = l.local_len(), valid = l.valid_len();
   const auto as_kv = [&](const Tensor& buf, DType dtype) { return view_kv_pack(buf.data(), a.k, len, dtype, dev); };
 
-  for (int step = 0; step < l.cp; ++step) {
-    const int src = (l.rank - step + l.cp) % l.cp;
-    const KvPack& share = shares[step % 2];
-    const DType in_dtype = step == 1 ? p.dtype : DType::F32;  // the sum of `step` shares arriving now
-    std::unique_ptr<comm::Request> kv_req, dkv_req;
-    if (step + 1 < l.cp)
-      kv_req = comm.send_recv(cur.buf.data(), next, nxt.buf.data(), prev, cur.count(), p.dtype, a.stream);
-    if (step > 0)
-      dkv_req = comm.send_recv(step == 1 ? shares[0].buf.data() : sum_out.data(), next, sum_in.data(), prev,
-                               shares[0].count(), in_dtype, a.stream);
-    const RingBlock blk = ring_block(l, causal, step, src);
-    const int64_t nk = blk.empty() ? 0 : blk.nk;
-    if (nk > 0) {
-      block_backward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, dq_share, share.k, share.v,
-                     /*accumulate=*/false);
-      const TensorView dq_rows = rows(dq_acc, blk.q_start, blk.nq), share_rows = rows(dq_share, blk.q_start, blk.nq);
-      step == 0 ? copy_async(dq_rows, share_rows, a.stream) : add_async(dq_rows, share_rows, a.stream);
+  // The KV block of step 0 (rank r + 1's): kept by the forward, else fetched now. Later blocks but the own one
+  // arrive from the next rank while the step before computes.
+  KvPack cur, nxt;
+  if (l.cp > 1) {
+    if (kept && kept->kv.defined()) {
+      RT_CHECK(kept->k == a.k.data && kept->v == a.v.data,
+               "ring attention backward: the kept KV block comes from a forward on other k and v");
+      cur = as_kv(kept->kv, p.dtype);
+      cur.buf = std::move(kept->kv);
+    } else {
+      cur = make_kv_pack(a.k, len, p.dtype, dev, false);
+      send_kv(comm, a.k, a.v, prev, cur, next, p.dtype, a.stream)->wait();
     }
-    if (step == 0) {  // rows no query saw: zero in dQ and in the share that starts the sum
-      const int64_t nq = blk.empty() ? 0 : blk.nq;
-      if (nq < len) fill_async(rows(dq_acc, nq, len - nq), 0.0, a.stream);
+    if (l.cp > 2) nxt = make_kv_pack(a.k, len, p.dtype, dev, false);
+  }
+  // The other blocks' gradients are written by the block's backward in the input dtype (dq_share, shares), which
+  // spares a backend that cannot accumulate (cuDNN) a conversion pass, and a buffer the zeroing. The own block,
+  // last, writes a.dq, a.dk and a.dv directly, and the other blocks' sums are added in, rounding once.
+  // dQ: with one other block its share is the sum; with more, the shares add up in fp32 (dq_acc). Every block's rows
+  // end at the last valid row, so the rows holding a sum are [dq_from, valid).
+  // dK/dV: the sum of block s starts with the share of rank s - 1 at step 0 and travels towards the previous rank
+  // as narrow as exact: the first hop carries the lone share in the input dtype, later hops fp32 sums.
+  const Tensor dq_share = l.cp > 1 ? empty_like(a.q, p.dtype, dev) : Tensor();
+  const Tensor dq_acc = l.cp > 2 ? empty_like(a.q, DType::F32, dev) : Tensor();
+  const TensorView dq_sum = l.cp > 2 ? dq_acc.view() : dq_share.view();
+  int64_t dq_from = valid;
+  KvPack shares[2];
+  for (int i = 0; i < std::min(l.cp - 1, 2); ++i) shares[i] = make_kv_pack(a.k, len, p.dtype, dev, false);
+  const auto hop_dtype = [&](int step) { return step == 1 ? p.dtype : DType::F32; };  // `step` shares arrive
+  const int64_t sum_count = static_cast<int64_t>(shares[0].count());
+  Tensor sum_in = l.cp > 1 ? Tensor::empty({sum_count}, l.cp > 2 ? DType::F32 : p.dtype, dev) : Tensor();
+  Tensor sum_out = l.cp > 2 ? Tensor::empty({sum_count}, DType::F32, dev) : Tensor();
+
+  for (int step = 0; step < l.cp; ++step) {
+    const int src = (l.rank + 1 + step) % l.cp;
+    const bool own = src == l.rank;
+    const KvPack& share = shares[step % 2];
+    std::unique_ptr<comm::Request> kv_req, dkv_req;
+    if (step + 2 < l.cp)  // the block of step + 1, unless it is the own one
+      kv_req = comm.send_recv(cur.buf.data(), prev, nxt.buf.data(), next, cur.count(), p.dtype, a.stream);
+    if (step > 0)
+      dkv_req = comm.send_recv(step == 1 ? shares[0].buf.data() : sum_out.data(), prev, sum_in.data(), next,
+                               static_cast<size_t>(sum_count), hop_dtype(step), a.stream);
+    const RingBlock blk = ring_block(l, causal, src);
+    const int64_t nq = blk.empty() ? 0 : blk.nq, nk = blk.empty() ? 0 : blk.nk;
+    if (own) {
+      if (nk > 0) block_backward(p, a, 0, nq, a.k, a.v, nk, blk.mask, a.dq, a.dk, a.dv, /*accumulate=*/false);
+      if (nq < len) fill_async(rows(a.dq, nq, len - nq), 0.0, a.stream);  // padding rows
       if (nk < len)
+        for (const TensorView& t : {a.dk, a.dv}) fill_async(rows(t, nk, len - nk), 0.0, a.stream);
+      if (dq_from < valid) add_async(rows(a.dq, dq_from, valid - dq_from), rows(dq_sum, dq_from, valid - dq_from),
+                                     a.stream);
+    } else {
+      if (nk > 0) {
+        block_backward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, dq_share, share.k, share.v,
+                       /*accumulate=*/false);
+        if (l.cp > 2) {  // rows new to the sum are copied, the others added
+          if (blk.q_start < dq_from)
+            copy_async(rows(dq_acc, blk.q_start, dq_from - blk.q_start),
+                       rows(dq_share, blk.q_start, dq_from - blk.q_start), a.stream);
+          if (dq_from < valid)
+            add_async(rows(dq_acc, dq_from, valid - dq_from), rows(dq_share, dq_from, valid - dq_from), a.stream);
+        }
+        dq_from = std::min(dq_from, blk.q_start);
+      }
+      if (step == 0 && nk < len)  // the share that starts the sum: zero where no query saw the key
         for (const TensorView& t : {share.k, share.v}) fill_async(rows(t, nk, len - nk), 0.0, a.stream);
     }
     if (dkv_req) {
       dkv_req->wait();
-      // The sum goes on in fp32, or in the output dtype once it is complete (the last step); in place when the
-      // arriving sum has that dtype already, else converted into sum_out (free: its send has completed).
-      const DType res_dtype = step + 1 == l.cp ? out_dtype : DType::F32;
-      const KvPack in = as_kv(sum_in, in_dtype);
-      KvPack res = in;
-      if (in_dtype != res_dtype) {
-        res = as_kv(sum_out, res_dtype);
-        copy_async(res.k, in.k, a.stream);
-        copy_async(res.v, in.v, a.stream);
+      const KvPack in = as_kv(sum_in, hop_dtype(step));
+      if (own && nk > 0) {  // the other ranks' shares of the own block, complete
+        add_async(rows(a.dk, 0, nk), rows(in.k, 0, nk), a.stream);
+        add_async(rows(a.dv, 0, nk), rows(in.v, 0, nk), a.stream);
+      } else if (!own) {
+        // The sum goes on in fp32: in place when it arrived in fp32, else converted into sum_out (free: its send has
+        // completed).
+        KvPack res = in;
+        if (hop_dtype(step) != DType::F32) {
+          res = as_kv(sum_out, DType::F32);
+          copy_async(res.k, in.k, a.stream);
+          copy_async(res.v, in.v, a.stream);
+        }
+        if (nk > 0) {
+          add_async(rows(res.k, 0, nk), rows(share.k, 0, nk), a.stream);
+          add_async(rows(res.v, 0, nk), rows(share.v, 0, nk), a.stream);
+        }
+        if (hop_dtype(step) == DType::F32) std::swap(sum_in, sum_out);  // the result is in sum_out, to be sent next
       }
-      if (nk > 0) {
-        add_async(rows(res.k, 0, nk), rows(share.k, 0, nk), a.stream);
-        add_async(rows(res.v, 0, nk), rows(share.v, 0, nk), a.stream);
-      }
-      if (in_dtype == res_dtype) std::swap(sum_in, sum_out);  // the result is in sum_out, to be sent next
     }
     if (kv_req) {
       kv_req->wait();
       std::swap(cur, nxt);
     }
   }
-  // The last block's sum goes to its owner, the next rank, and what arrives is this rank's own block, complete.
-  // With one rank the sum is the lone share.
-  void* send = sum_out.data();
-  if (l.cp == 1) {
-    send = shares[0].buf.data();
-    if (out_dtype != p.dtype) {
-      const KvPack res = as_kv(sum_out, out_dtype);
-      copy_async(res.k, shares[0].k, a.stream);
-      copy_async(res.v, shares[0].v, a.stream);
-      send = sum_out.data();
-    }
-  }
-  const KvPack recv = as_kv(sum_in, out_dtype);
-  comm.send_recv(send, next, sum_in.data(), prev, shares[0].count(), out_dtype, a.stream)->wait();
-  copy_async(a.dq, dq_acc, a.stream);
-  copy_async(a.dk, recv.k, a.stream);
-  copy_async(a.dv, recv.v, a.stream);
 }
 
 }  // namespace ringtrain::cp

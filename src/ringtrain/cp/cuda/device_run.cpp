@@ -134,8 +134,10 @@ DeviceRunResult run_cp_on_device(comm::Communicator& comm, const DeviceRunOption
     res.selection = attention::explain(lp).report();
   }
 
-  auto cp_fwd = [&] { attention_forward(comm, opt.config, lp, local.fwd(), p.seq); };
-  auto cp_bwd = [&] { attention_backward(comm, opt.config, lp, local.bwd(), p.seq); };
+  KeptKv kept;
+  KeptKv* keep = opt.keep_kv ? &kept : nullptr;
+  auto cp_fwd = [&] { attention_forward(comm, opt.config, lp, local.fwd(), p.seq, keep); };
+  auto cp_bwd = [&] { attention_backward(comm, opt.config, lp, local.bwd(), p.seq, keep); };
   auto single_fwd = [&] {
     const attention::BackendScope one = attention::BackendScope::context_parallel(1);
     attention::forward(wp, whole.fwd());
