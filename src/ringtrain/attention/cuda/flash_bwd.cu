@@ -1,16 +1,18 @@
-// Tensor-core backward of `flash` and of `efficient` for 16-bit inputs (flash_tile.cuh: the variants),
-// FlashAttention-2 structure on mma.sync tensor cores:
+// Tensor-core backward of `efficient` for 16-bit inputs, and of `flash` in deterministic mode (flash_tile.cuh: the
+// variants), FlashAttention-2 structure on mma.sync tensor cores; flash's fast mode runs the Hopper kernels of
+// flash_bwd_sm90.cu after step 1:
 //  1. delta_kernel: Delta = rowsum(dO * O) per (row, head), fp32 (also the efficient SIMT backward's first step).
 //  2. flash_bwd_dkdv_kernel: one CTA per (key tile of BN = 16 * warps keys, kv head, sequence); each warp owns 16
 //     keys and keeps their dK/dV in registers while the CTA walks every query tile of every query head of the
 //     GQA group (Q/dO double-buffered through cp.async). The warp computes S^T = K Q^T and dP^T = V dO^T, so P^T
 //     and dS^T are already in the A-operand layout for dV += P^T dO and dK += dS^T Q.
-//     Fast mode: dS^T also goes to shared memory and dQ += dS K is added to an fp32 buffer with atomics.
+//     Fast mode (efficient): dS^T also goes to shared memory and dQ += dS K is added to an fp32 buffer with atomics.
 //  3. Deterministic mode instead runs flash_bwd_dq_kernel: one CTA per query tile, recomputing P and dS over the
 //     key tiles (dQ in registers, no atomics).
 // dS carries the softmax scale, so dK = dS^T Q and dQ = dS K need none.
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cuda/efficient_device.cuh"
+#include "ringtrain/attention/cuda/flash_sm90.h"
 
 namespace ringtrain::attention::cuda {
 namespace {
@@ -426,32 +428,19 @@ void compute_delta(const Call& c, const FlashStats& delta, cudaStream_t stream) 
          delta);
 }
 
-template <typename V, typename T, int D>
-void launch_bwd(const typename V::BwdCall& c, cudaStream_t stream) {
-  const FlashShape& s = c.s;
-  BwdKernelArgs<typename V::BwdCall> args{c, {}, {}};
-  const int64_t rows = s.total_q;
-  StreamScratch delta_buf(static_cast<size_t>(rows * s.heads_q) * 4, stream,
-                          cat(V::kBackend, " backward Delta").c_str());
-  args.delta.ptr = reinterpret_cast<float*>(delta_buf.bytes());
-  args.delta.row_stride = 1;
-  args.delta.head_stride = s.cu_q ? rows : s.seqlen_q;
-  args.delta.batch_stride = s.cu_q ? 0 : int64_t(s.heads_q) * s.seqlen_q;
-  compute_delta(c, args.delta, stream);
+// flash_bwd_dkdv_kernel's launch shape: 8 warps (128 keys) per CTA, query tiles of 64 rows.
+constexpr int kDkdvWarps = 8, kDkdvBM = 64;
+dim3 dkdv_grid(const FlashShape& s) {
+  return dim3((s.seqlen_kv + 16 * kDkdvWarps - 1) / (16 * kDkdvWarps), s.heads_kv, s.batch);
+}
 
-  constexpr int kWarps = 8, BM = 64;
-  const dim3 kv_grid((s.seqlen_kv + 16 * kWarps - 1) / (16 * kWarps), s.heads_kv, s.batch);
-  if (c.deterministic) {
-    using Cfg = DkdvConfig<D, kWarps, BM, false>;
-    launch(flash_bwd_dkdv_kernel<V, T, D, kWarps, BM, false>, "flash_bwd_dkdv_kernel", kv_grid, Cfg::kThreads,
-           Cfg::kSmemBytes, stream, s, args);
-    using QCfg = DqConfig<D, 4, 64>;
-    const dim3 q_grid((s.seqlen_q + QCfg::BM - 1) / QCfg::BM, s.heads_q, s.batch);
-    launch(flash_bwd_dq_kernel<V, T, D, 4, 64>, "flash_bwd_dq_kernel", q_grid, QCfg::kThreads, QCfg::kSmemBytes,
-           stream, s, args);
-    return;
-  }
-  // Fast mode: dQ is added with atomics into dq itself (accumulate, fp32) or into a zeroed fp32 buffer.
+// Fast mode of the mma.sync kernels: dQ is added with atomics into dq itself (accumulate, fp32) or into a zeroed
+// fp32 buffer.
+template <typename V, typename T, int D>
+void launch_bwd_atomic_dq(const typename V::BwdCall& c, BwdKernelArgs<typename V::BwdCall> args,
+                          cudaStream_t stream) {
+  const FlashShape& s = c.s;
+  const int64_t rows = s.total_q;
   const bool direct = c.accumulate;
   const size_t acc_bytes = direct ? 0 : static_cast<size_t>(rows * s.heads_q * s.head_dim) * 4;
   StreamScratch acc_buf(acc_bytes, stream, cat(V::kBackend, " backward dQ accumulator").c_str());
@@ -467,13 +456,43 @@ void launch_bwd(const typename V::BwdCall& c, cudaStream_t stream) {
       RT_CUDA_CHECK(cudaMemsetAsync(acc_buf.bytes(), 0, acc_bytes, stream),
                     cat("zeroing the ", V::kBackend, " dQ accumulator", shape_str(s)));
   }
-  using Cfg = DkdvConfig<D, kWarps, BM, true>;
-  launch(flash_bwd_dkdv_kernel<V, T, D, kWarps, BM, true>, "flash_bwd_dkdv_kernel", kv_grid, Cfg::kThreads,
-         Cfg::kSmemBytes, stream, s, args);
+  using Cfg = DkdvConfig<D, kDkdvWarps, kDkdvBM, true>;
+  launch(flash_bwd_dkdv_kernel<V, T, D, kDkdvWarps, kDkdvBM, true>, "flash_bwd_dkdv_kernel", dkdv_grid(s),
+         Cfg::kThreads, Cfg::kSmemBytes, stream, s, args);
   if (!direct) {
     const int64_t pairs = rows * s.heads_q * s.head_dim / 2;
     launch(flash_bwd_dq_convert_kernel<T, typename V::BwdCall>, "flash_bwd_dq_convert_kernel",
            dim3(static_cast<unsigned>((pairs + 255) / 256)), 256, 0, stream, s, args);
+  }
+}
+
+template <typename V, typename T, int D>
+void launch_bwd(const typename V::BwdCall& c, cudaStream_t stream) {
+  const FlashShape& s = c.s;
+  BwdKernelArgs<typename V::BwdCall> args{c, {}, {}};
+  const int64_t rows = s.total_q;
+  StreamScratch delta_buf(static_cast<size_t>(rows * s.heads_q) * 4, stream,
+                          cat(V::kBackend, " backward Delta").c_str());
+  args.delta.ptr = reinterpret_cast<float*>(delta_buf.bytes());
+  args.delta.row_stride = 1;
+  args.delta.head_stride = s.cu_q ? rows : s.seqlen_q;
+  args.delta.batch_stride = s.cu_q ? 0 : int64_t(s.heads_q) * s.seqlen_q;
+  compute_delta(c, args.delta, stream);
+
+  if (c.deterministic) {
+    using Cfg = DkdvConfig<D, kDkdvWarps, kDkdvBM, false>;
+    launch(flash_bwd_dkdv_kernel<V, T, D, kDkdvWarps, kDkdvBM, false>, "flash_bwd_dkdv_kernel", dkdv_grid(s),
+           Cfg::kThreads, Cfg::kSmemBytes, stream, s, args);
+    using QCfg = DqConfig<D, 4, 64>;
+    const dim3 q_grid((s.seqlen_q + QCfg::BM - 1) / QCfg::BM, s.heads_q, s.batch);
+    launch(flash_bwd_dq_kernel<V, T, D, 4, 64>, "flash_bwd_dq_kernel", q_grid, QCfg::kThreads, QCfg::kSmemBytes,
+           stream, s, args);
+    return;
+  }
+  if constexpr (std::is_same_v<V, FlashVariant>) {
+    flash_backward_sm90(c, args.delta, stream);
+  } else {
+    launch_bwd_atomic_dq<V, T, D>(c, args, stream);
   }
 }
 

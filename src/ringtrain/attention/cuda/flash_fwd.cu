@@ -1,5 +1,5 @@
-// Tensor-core forward of `flash` and of `efficient` for 16-bit inputs (flash_tile.cuh: the variants):
-// FlashAttention-2 structure on mma.sync tensor cores.
+// Tensor-core forward of `efficient` for 16-bit inputs (flash_tile.cuh: the variants): FlashAttention-2 structure
+// on mma.sync tensor cores. (flash's own forward is the Hopper kernel of flash_fwd_sm90.cu.)
 // One CTA per (query tile of BM rows, query head, sequence); each warp owns MT 16-row slices of the tile. K and V
 // tiles of BN keys stream through shared memory with cp.async: V_n loads while S = Q K_n^T is computed, K_{n+1}
 // while the softmax and O += P V_n run. Online softmax in the log2 domain; O is rescaled once at the end.
@@ -202,15 +202,13 @@ void launch_fwd(const typename V::FwdCall& c, cudaStream_t stream) {
 template <typename V>
 void forward(const typename V::FwdCall& c, cudaStream_t stream) {
   if (c.s.seqlen_q == 0) return;
-  // The tile width: the head dim for flash (64 or 128), the padded one for efficient (<= 128).
+  // The tile width: the padded head dim (<= 128).
   const bool d64 = c.s.head_dim <= 64;
   if (c.s.bf16) d64 ? launch_fwd<V, __nv_bfloat16, 64>(c, stream) : launch_fwd<V, __nv_bfloat16, 128>(c, stream);
   else d64 ? launch_fwd<V, __half, 64>(c, stream) : launch_fwd<V, __half, 128>(c, stream);
 }
 
 }  // namespace
-
-void flash_forward(const FlashFwdCall& c, cudaStream_t stream) { forward<FlashVariant>(c, stream); }
 
 // No bias: the instantiation without the bias code, which spills less at D = 128.
 void efficient_forward_tc(const EffFwdCall& c, cudaStream_t stream) {
