@@ -123,12 +123,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
     wg::cp_async_wait<0>();
     wg::fence_async_smem();
     __syncthreads();  // this step's tiles visible; every warpgroup is done with the previous step's
-    if (step + 1 < steps) {
-      prefetch(step + 1, buf ^ 1);
-      cp_async_commit();
-    }
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys.
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys; the next step's copies go out meanwhile.
     float sp[BM / 2], dp[BM / 2];
     wg::fence();
 #pragma unroll
@@ -139,6 +135,10 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
     for (int k = 0; k < D / 16; ++k)
       wg::Mma<T, BM>::template ss<0, 0>(dp, wg::desc_k(sV, BN, wgi * 64, k), wg::desc_k(sDO, BM, 0, k), k > 0);
     wg::commit();
+    if (step + 1 < steps) {
+      prefetch(step + 1, buf ^ 1);
+      cp_async_commit();
+    }
     wg::wait<1>();
     wg::keep(sp);
 
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float& x = sp[4 * j + 2 * half + e];
-          x = key0 + 8 * half < lim ? exp2f(x * scale_log2 - lse2) : 0.f;
+          x = key0 + 8 * half < lim ? exp2_approx(x * scale_log2 - lse2) : 0.f;
         }
       }
     }

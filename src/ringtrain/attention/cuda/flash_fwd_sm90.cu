@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(256, 1) flash_fwd_sm90_kernel(FlashFwdCall c) 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = sc[4 * j + 2 * half + e];
-          x = exp2f(x * scale_log2 - m_use);
+          x = exp2_approx(x * scale_log2 - m_use);
           sum += x;
         }
       }

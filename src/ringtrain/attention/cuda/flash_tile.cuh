@@ -181,6 +181,14 @@ __device__ __forceinline__ void c_to_a(const float (&c0)[4], const float (&c1)[4
   a[3] = pack2<T>(c1[2], c1[3]);
 }
 
+// 2^x in one MUFU instruction (exp2f adds range handling around it); results below 2^-126 flush to 0, which a
+// softmax weight never misses.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

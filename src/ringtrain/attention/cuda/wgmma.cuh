@@ -47,13 +47,20 @@ __device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo_bytes, uin
   return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
          (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (uint64_t(1) << 62);
 }
+// The descriptor `d` with its start address moved by `bytes`. The add is opaque so that the compiler keeps one base
+// descriptor live instead of hoisting a descriptor per k step out of the loops (which made the backward spill).
+__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) {
+  uint64_t r;
+  asm volatile("add.s64 %0, %1, %2;\n" : "=l"(r) : "l"(d), "l"(static_cast<uint64_t>(bytes >> 4)));
+  return r;
+}
 // K-major operand: rows [row0, row0 + 64 or N) of a panel tile of `rows` rows, 16-wide k step `k`.
 __device__ __forceinline__ uint64_t desc_k(uint32_t tile, int rows, int row0, int k) {
-  return desc(tile + (k / 4) * rows * 128 + row0 * 128 + (k % 4) * 32, 16, 1024);
+  return desc_at(desc(tile + row0 * 128, 16, 1024), (k / 4) * rows * 128 + (k % 4) * 32);
 }
 // MN-major operand: K rows [16k, 16k + 16) of a panel tile of `rows` rows, MN columns from panel `panel0`.
 __device__ __forceinline__ uint64_t desc_mn(uint32_t tile, int rows, int k, int panel0) {
-  return desc(tile + panel0 * rows * 128 + k * 16 * 128, rows * 128, 1024);
+  return desc_at(desc(tile + panel0 * rows * 128, rows * 128, 1024), k * 16 * 128);
 }
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
