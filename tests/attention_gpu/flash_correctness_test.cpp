@@ -278,6 +278,14 @@ TEST(FlashCuda, PackedRaggedBottomRightDeterministic) {
               .kv_lens = {300, 200, 1000, 100}, .deterministic = true});
 }
 
+// The Hopper backward's fast mode on sequences that start off its 64-row dQ tiles, with an empty sequence and one
+// whose rows see no key, adding into fp32 gradients.
+TEST(FlashCuda, PackedRaggedBottomRightAccumulate) {
+  RT_REQUIRE_GPU();
+  check_case({.hq = 4, .hkv = 2, .d = 64, .mask = MaskType::CausalBottomRight, .q_lens = {5, 200, 0, 64, 333, 70},
+              .kv_lens = {300, 200, 0, 1000, 100, 0}, .fp32_accumulate = true});
+}
+
 TEST(FlashCuda, Fp32OutputAndAccumulatedGradients) {
   RT_REQUIRE_GPU();
   check_case({.hq = 4, .hkv = 4, .d = 128, .sq = 777, .skv = 777, .mask = MaskType::CausalTopLeft,

@@ -142,19 +142,29 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
     wg::wait<1>();
     wg::keep(sp);
 
-    // P^T; masked where the query row is past the sequence or cannot see the key.
-    const bool need_mask = m0 + BM > seq.sq || n0 + BN > seq.skv || (causal && n0 + BN > m0 + 1 + seq.shift);
+    // P^T, then zeros where the query row is past the sequence or cannot see the key (only tiles that have such).
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = 8 * j + 2 * t + e, row = m0 + col;
-        const float lse2 = lse_log2(s_lse[col]);
-        const int lim = !need_mask ? seq.skv : row < seq.sq ? key_limit(s, seq, row) : 0;
+        const float lse2 = lse_log2(s_lse[8 * j + 2 * t + e]);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           float& x = sp[4 * j + 2 * half + e];
-          x = key0 + 8 * half < lim ? exp2_approx(x * scale_log2 - lse2) : 0.f;
+          x = exp2_approx(x * scale_log2 - lse2);
+        }
+      }
+    }
+    if (m0 + BM > seq.sq || n0 + BN > seq.skv || (causal && n0 + BN > m0 + 1 + seq.shift)) {
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int row = m0 + 8 * j + 2 * t + e;
+          const int lim = row < seq.sq ? key_limit(s, seq, row) : 0;
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            if (key0 + 8 * half >= lim) sp[4 * j + 2 * half + e] = 0.f;
         }
       }
     }

@@ -71,20 +71,23 @@ __global__ void __launch_bounds__(256, 1) flash_fwd_sm90_kernel(FlashFwdCall c) 
   // Masks and exponentiates sc (tile nb) into pn, updating the running max and sum; alpha rescales what O held.
   auto softmax = [&](int nb, uint32_t (&pn)[BN / 16][4], float (&alpha)[2]) {
     const int n0 = nb * BN;
-    const bool need_mask = n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift);
+    // Only tiles that reach past the sequence end or a row's causal limit pay for the mask.
+    if (n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift)) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int lim = key_limit(s, seq, row0 + 8 * half) - n0;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (8 * j + 2 * t + e >= lim) sc[4 * j + 2 * half + e] = -INFINITY;
+      }
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int lim = need_mask ? key_limit(s, seq, row0 + 8 * half) : seq.skv;
       float mx = row_max[half];
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = sc[4 * j + 2 * half + e];
-          if (need_mask && n0 + 8 * j + 2 * t + e >= lim) x = -INFINITY;
-          mx = fmaxf(mx, x);
-        }
-      }
+      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * half], sc[4 * j + 2 * half + 1]));
       mx = quad_max(mx);
       // A row that has seen no finite score yet keeps max -inf; use 0 so that exp2 gives 0, not NaN.
       const float m_use = mx == -INFINITY ? 0.f : mx * scale_log2;
