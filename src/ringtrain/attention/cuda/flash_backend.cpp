@@ -1,5 +1,6 @@
-// The `flash` backend on CUDA: our own tensor-core kernels (flash_fwd.cu, flash_bwd.cu). This file checks what
-// the kernels need and turns the call's tensors into the kernels' plain description (flash_kernels.h).
+// The `flash` backend on CUDA: our own Hopper wgmma kernels (flash_fwd_sm90.cu, flash_bwd_sm90.cu; the mma.sync
+// flash_bwd.cu in deterministic mode). This file checks what the kernels need and turns the call's tensors into
+// the kernels' plain description (flash_kernels.h).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -315,10 +315,14 @@ void launch_bwd(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t str
 }  // namespace
 
 void flash_backward_sm90(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t stream) {
-  if (c.s.total_q == 0) return;  // no keys: dq is still written (zeros, or unchanged when accumulating)
+  // No query rows: nothing to write. (Without keys dq is still written: zeros, or unchanged when accumulating.)
+  if (c.s.total_q == 0) return;
   const bool d64 = c.s.head_dim == 64;
-  if (c.s.bf16) d64 ? launch_bwd<__nv_bfloat16, 64>(c, delta, stream) : launch_bwd<__nv_bfloat16, 128>(c, delta, stream);
-  else d64 ? launch_bwd<__half, 64>(c, delta, stream) : launch_bwd<__half, 128>(c, delta, stream);
+  if (c.s.bf16) {
+    d64 ? launch_bwd<__nv_bfloat16, 64>(c, delta, stream) : launch_bwd<__nv_bfloat16, 128>(c, delta, stream);
+  } else {
+    d64 ? launch_bwd<__half, 64>(c, delta, stream) : launch_bwd<__half, 128>(c, delta, stream);
+  }
 }
 
 }  // namespace ringtrain::attention::cuda

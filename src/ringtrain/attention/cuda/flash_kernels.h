@@ -1,5 +1,6 @@
 // The `flash` GPU kernels' view of one attention call: plain data shared by the host code (flash_backend.cpp)
-// and the kernels (flash_fwd.cu, flash_bwd.cu). Strides are in elements; the head dimension has unit stride.
+// and the kernels (flash_fwd_sm90.cu, flash_bwd_sm90.cu; flash_bwd.cu in deterministic mode). Strides are in
+// elements; the head dimension has unit stride.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,4 +1,5 @@
-// Tile helpers of the tensor-core kernels (`flash`, and `efficient` for 16-bit inputs): their two variants, async
+// Tile helpers of the mma.sync tensor-core kernels (`efficient` for 16-bit inputs, flash's deterministic backward),
+// and the softmax and sequence helpers the Hopper flash kernels share with them: their two variants, async
 // global->shared copies, swizzled shared tiles, ldmatrix and the m16n8k16 tensor-core MMA, fragment conversions,
 // and the per-call sequence geometry.
 //
@@ -21,8 +22,8 @@ namespace ringtrain::attention::cuda::tile {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The two users of the tensor-core kernels (flash_fwd.cu, flash_bwd.cu) as compile-time variants. A feature a
-// variant lacks is cut by `if constexpr` (or folds to a constant), so the flash instantiations carry no code for it.
+// The two users of the mma.sync kernels (flash_fwd.cu, flash_bwd.cu; flash only for its deterministic backward) as
+// compile-time variants. A feature a variant lacks is cut by `if constexpr` (or folds to a constant).
 //  kPadHeadDim: head_dim is any multiple of 8 up to the tile width D. Columns >= head_dim are zero-filled in shared
 //    memory, so they add nothing to any product, and are never stored.
 //  kBias: the kernel carries the additive-bias code (EffBias; a null ptr skips it at run time, one uniform branch).
