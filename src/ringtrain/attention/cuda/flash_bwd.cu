@@ -26,9 +26,6 @@ struct BwdKernelArgs {
   FlashRows dq_acc;  // fp32 target of the atomic dQ adds
 };
 
-// The LSE of a row in the log2 domain; a row that saw no key (LSE = -inf) gets +inf so that P = exp2(x - inf) = 0.
-__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
-
 // One warp per (query row, head): Delta = sum_d dO * O, any float dtypes.
 template <typename Call>
 __global__ void delta_kernel(Call c, FlashStats delta) {

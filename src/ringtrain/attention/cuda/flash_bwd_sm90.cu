@@ -38,9 +38,6 @@ struct BwdSm90Args {
   int64_t tiles_per_head;
 };
 
-// The LSE of a row in the log2 domain; a row that saw no key (LSE = -inf) gets +inf so that P = exp2(x - inf) = 0.
-__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
-
 // First dQ accumulator tile of sequence b: packed sequences start at cu_q[b] / 64 + b, which leaves each one at
 // least its ceil(length / 64) tiles before the next.
 __device__ __forceinline__ int64_t dq_tile_base(const FlashShape& s, int b) {
@@ -169,10 +166,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
       }
     }
     uint32_t pt[BM / 16][4];
-#pragma unroll
-    for (int k = 0; k < BM / 16; ++k)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) pt[k][r] = pack2<T>(sp[8 * k + 2 * r], sp[8 * k + 2 * r + 1]);
+    wg::acc_to_a<T, BM>(sp, pt);
 
     // dV += P^T dO
     wg::fence();
@@ -196,10 +190,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
       }
     }
     uint32_t dst[BM / 16][4];
-#pragma unroll
-    for (int k = 0; k < BM / 16; ++k)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) dst[k][r] = pack2<T>(dp[8 * k + 2 * r], dp[8 * k + 2 * r + 1]);
+    wg::acc_to_a<T, BM>(dp, dst);
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll

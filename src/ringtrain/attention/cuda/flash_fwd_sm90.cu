@@ -105,10 +105,7 @@ __global__ void __launch_bounds__(256, 1) flash_fwd_sm90_kernel(FlashFwdCall c) 
       }
       row_sum[half] = row_sum[half] * alpha[half] + sum;
     }
-#pragma unroll
-    for (int k = 0; k < BN / 16; ++k)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) pn[k][r] = pack2<T>(sc[8 * k + 2 * r], sc[8 * k + 2 * r + 1]);
+    wg::acc_to_a<T, BN>(sc, pn);
   };
 
   if (n_tiles > 0) {

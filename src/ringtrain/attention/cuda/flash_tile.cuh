@@ -190,6 +190,9 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// The LSE of a row in the log2 domain; a row that saw no key (LSE = -inf) gets +inf so that P = exp2(x - inf) = 0.
+__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
