@@ -237,8 +237,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
     wg::fence_async_smem();
     wg::named_sync(1 + wgi, 128);
     if (tid % 128 == 0) {
-      float* dst_tile = a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D;
-      wg::bulk_reduce_add_f32(dst_tile + (D == 128 ? wgi * BM * 64 : 0), s_dq, Cfg::kDqBlock);
+      float* acc_tile = a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D;
+      wg::bulk_reduce_add_f32(acc_tile + (D == 128 ? wgi * BM * 64 : 0), s_dq, Cfg::kDqBlock);
     }
   }
   if (tid % 128 == 0) wg::bulk_wait();
