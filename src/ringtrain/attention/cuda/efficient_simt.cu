@@ -280,11 +280,6 @@ __global__ void __launch_bounds__(kThreads) eff_simt_dq_kernel(SimtBwdArgs args)
     if (8 * k < d) store_elem(c.dq.ptr, c.dq.elem, off + 8 * k, dq[k] * s.scale, c.accumulate);
 }
 
-std::string shape_str(const FlashShape& s) {
-  return cat(" for B=", s.batch, " Hq=", s.heads_q, " Hkv=", s.heads_kv, " D=", s.head_dim, " Sq=", s.seqlen_q,
-             " Skv=", s.seqlen_kv);
-}
-
 template <typename Kernel, typename Args>
 void launch(Kernel kernel, const char* name, dim3 grid, int smem, cudaStream_t stream, const Args& args,
             const FlashShape& s) {
@@ -294,7 +289,7 @@ void launch(Kernel kernel, const char* name, dim3 grid, int smem, cudaStream_t s
                   cat(name, ": setting ", smem, " bytes of shared memory"));
   kernel<<<grid, kThreads, smem, stream>>>(args);
   RT_CUDA_CHECK(cudaGetLastError(),
-                cat("launching ", name, " grid (", grid.x, ", ", grid.y, ", ", grid.z, ")", shape_str(s)));
+                cat("launching ", name, " grid (", grid.x, ", ", grid.y, ", ", grid.z, ")", flash_shape_str(s)));
 }
 
 int tile_floats(const FlashShape& s) { return kTile * (s.head_dim + 1); }

@@ -401,11 +401,6 @@ __global__ void flash_bwd_dq_convert_kernel(BwdKernelArgs<Call> args) {
   store_pair<T>(c.dq.ptr, c.dq.elem, row_off(c.dq, b, i, h) + d, v.x, v.y, false);
 }
 
-std::string shape_str(const FlashShape& s) {
-  return cat(" for B=", s.batch, " Hq=", s.heads_q, " Hkv=", s.heads_kv, " D=", s.head_dim, " Sq=", s.seqlen_q,
-             " Skv=", s.seqlen_kv);
-}
-
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, const char* name, dim3 grid, int threads, int smem, cudaStream_t stream,
             const FlashShape& s, const Args&... args) {
@@ -415,7 +410,7 @@ void launch(Kernel kernel, const char* name, dim3 grid, int threads, int smem, c
                   cat(name, ": setting ", smem, " bytes of shared memory"));
   kernel<<<grid, threads, smem, stream>>>(args...);
   RT_CUDA_CHECK(cudaGetLastError(),
-                cat("launching ", name, " grid (", grid.x, ", ", grid.y, ", ", grid.z, ")", shape_str(s)));
+                cat("launching ", name, " grid (", grid.x, ", ", grid.y, ", ", grid.z, ")", flash_shape_str(s)));
 }
 
 template <typename Call>
@@ -451,7 +446,7 @@ void launch_bwd_atomic_dq(const typename V::BwdCall& c, BwdKernelArgs<typename V
     args.dq_acc.batch_stride = s.cu_q ? 0 : int64_t(s.seqlen_q) * args.dq_acc.row_stride;
     if (acc_bytes > 0)
       RT_CUDA_CHECK(cudaMemsetAsync(acc_buf.bytes(), 0, acc_bytes, stream),
-                    cat("zeroing the ", V::kBackend, " dQ accumulator", shape_str(s)));
+                    cat("zeroing the ", V::kBackend, " dQ accumulator", flash_shape_str(s)));
   }
   using Cfg = DkdvConfig<D, kDkdvWarps, kDkdvBM, true>;
   launch(flash_bwd_dkdv_kernel<V, T, D, kDkdvWarps, kDkdvBM, true>, "flash_bwd_dkdv_kernel", dkdv_grid(s),

@@ -273,11 +273,6 @@ __global__ void flash_dq_convert_sm90_kernel(BwdSm90Args a) {
   }
 }
 
-std::string shape_str(const FlashShape& s) {
-  return cat(" for B=", s.batch, " Hq=", s.heads_q, " Hkv=", s.heads_kv, " D=", s.head_dim, " Sq=", s.seqlen_q,
-             " Skv=", s.seqlen_kv);
-}
-
 template <typename T, int D>
 void launch_bwd(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t stream) {
   using Cfg = BwdSm90Config<D>;
@@ -287,7 +282,8 @@ void launch_bwd(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t str
   const size_t acc_bytes = static_cast<size_t>(a.tiles_per_head * s.heads_q) * 64 * D * 4;
   StreamScratch acc(acc_bytes, stream, "flash backward dQ accumulator");
   a.dq_acc = reinterpret_cast<float*>(acc.bytes());
-  RT_CUDA_CHECK(cudaMemsetAsync(a.dq_acc, 0, acc_bytes, stream), cat("zeroing the flash dQ accumulator", shape_str(s)));
+  RT_CUDA_CHECK(cudaMemsetAsync(a.dq_acc, 0, acc_bytes, stream),
+                cat("zeroing the flash dQ accumulator", flash_shape_str(s)));
 
   auto kernel = flash_bwd_sm90_kernel<T, D>;
   RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
@@ -296,11 +292,11 @@ void launch_bwd(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t str
   if (grid.x > 0) {
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
     RT_CUDA_CHECK(cudaGetLastError(), cat("launching flash_bwd_sm90_kernel grid (", grid.x, ", ", grid.y, ", ",
-                                          grid.z, ")", shape_str(s)));
+                                          grid.z, ")", flash_shape_str(s)));
   }
   const dim3 q_grid((s.seqlen_q + 63) / 64, s.heads_q, s.batch);
   flash_dq_convert_sm90_kernel<T, D><<<q_grid, 256, 0, stream>>>(a);
-  RT_CUDA_CHECK(cudaGetLastError(), cat("launching flash_dq_convert_sm90_kernel", shape_str(s)));
+  RT_CUDA_CHECK(cudaGetLastError(), cat("launching flash_dq_convert_sm90_kernel", flash_shape_str(s)));
 }
 
 }  // namespace

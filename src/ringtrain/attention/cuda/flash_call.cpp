@@ -42,6 +42,11 @@ FlashStats flash_stats(const AttnParams& p, const TensorView& lse) {
   return s;
 }
 
+std::string flash_shape_str(const FlashShape& s) {
+  return cat(" for B=", s.batch, " Hq=", s.heads_q, " Hkv=", s.heads_kv, " D=", s.head_dim, " Sq=", s.seqlen_q,
+             " Skv=", s.seqlen_kv);
+}
+
 FlashShape flash_shape(const AttnParams& p, const TensorView& q, const TensorView& cu_q, const TensorView& cu_kv) {
   RT_CHECK(p.seqlen_q < (int64_t(1) << 31) && p.seqlen_kv < (int64_t(1) << 31),
            "attention (cuda): sequence too long for the kernels' 32-bit row counts: ", p.describe());

@@ -192,8 +192,7 @@ void launch_fwd(const FlashFwdCall& c, cudaStream_t stream) {
   const dim3 grid((c.s.seqlen_q + Cfg::BM - 1) / Cfg::BM, c.s.heads_q, c.s.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(c);
   RT_CUDA_CHECK(cudaGetLastError(), cat("flash: launching flash_fwd_sm90_kernel<D=", D, "> grid (", grid.x, ", ",
-                                        grid.y, ", ", grid.z, ") for B=", c.s.batch, " Hq=", c.s.heads_q,
-                                        " D=", c.s.head_dim, " Sq=", c.s.seqlen_q, " Skv=", c.s.seqlen_kv));
+                                        grid.y, ", ", grid.z, ")", flash_shape_str(c.s)));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace ringtrain::attention::cuda {
 
@@ -50,6 +51,9 @@ struct FlashBwdCall {
   bool accumulate = false;
   bool deterministic = false;
 };
+
+// " for B=.. Hq=.. Hkv=.. D=.. Sq=.. Skv=..": the shape in the kernels' launch errors (flash_call.cpp).
+std::string flash_shape_str(const FlashShape& s);
 
 // Both throw ringtrain::Error naming the kernel and the shape when a launch fails.
 void flash_forward(const FlashFwdCall& c, cudaStream_t stream);
