@@ -1,0 +1,91 @@
+// One interface over the CPU model (model.h, fp32 or fp64) and the GPU model (cuda/gpu_model.h, bf16 weights with
+// fp32 gradients): scoring, the backward of a per-token weight on the logprobs, and the flat weight and gradient
+// buffers by Hugging Face name, with context parallelism inside. Nothing above model/ branches on the device: it
+// makes a Policy with make_policy / load_policy and calls it.
+//
+// Under context parallelism every rank of the cp group makes its own Policy over the same communicator and calls it
+// with the same sequences; each rank computes its zigzag shard and every rank gets the whole results back.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ringtrain/comm/communicator.h"
+#include "ringtrain/core/tensor.h"
+#include "ringtrain/cp/cp_attention.h"
+#include "ringtrain/model/hf_config.h"
+#include "ringtrain/model/model.h"
+#include "ringtrain/model/params.h"
+
+namespace ringtrain::model {
+
+struct PolicyOptions {
+  Device device = Device::cpu();
+  // The compute dtype: F32 or F64 on the CPU (F64 for gradient checks), BF16 on a GPU.
+  DType dtype = DType::F32;
+  ModelOptions model;          // the model's attention allow-list and activation checkpointing
+  int64_t logprob_chunk = 0;   // tokens per LM-head chunk; 0 = the device's default
+  // The context-parallel group (null or size 1: no CP). Not owned; it must outlive the policy.
+  comm::Communicator* cp_group = nullptr;
+  cp::CpConfig cp;
+};
+
+// Token sequences of one microbatch, each whole (under CP every rank of the group passes the same ones).
+struct TokenBatch {
+  std::vector<std::vector<int32_t>> sequences;
+  int64_t tokens() const;
+};
+
+// Per sequence, in token order: logprobs[b][p] = log P(seq[p] | seq[<p]), with logprobs[b][0] = 0; entropy[b][p] the
+// entropy of the distribution that predicted token p (0 at p = 0), only when asked for.
+struct TokenScores {
+  std::vector<std::vector<float>> logprobs;
+  std::vector<std::vector<float>> entropy;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Hugging Face names and shapes; its specs()' order is the order of params() / set_params().
+  virtual const ParamLayout& layout() const = 0;
+  virtual Device device() const = 0;
+  virtual DType dtype() const = 0;
+
+  // Scores every sequence of the batch. With for_backward the activations backward() needs are kept (until the next
+  // score()). with_entropy adds the per-token entropy, computed inside the chunked LM head.
+  virtual TokenScores score(const TokenBatch& batch, bool for_backward, bool with_entropy = false) = 0;
+  // After score(batch, true): adds into the gradients the gradient of sum_b sum_p d_logprobs[b][p] * logprobs[b][p]
+  // (under CP, this rank's share: the sum over the cp group is the gradient). d_logprobs has the shape of the
+  // scores; entry 0 of each sequence is ignored.
+  virtual void backward(const std::vector<std::vector<float>>& d_logprobs) = 0;
+
+  // The flat buffers the optimizer works on, in the policy's own element order (not necessarily layout()'s): the
+  // compute weights (F32/F64 on the CPU, BF16 on a GPU) and the gradients (F32, or F64 when dtype() is F64), both on
+  // device(). Every Hugging Face tensor is one contiguous slice of them, starting at flat_offsets()[i] for
+  // layout().specs()[i].
+  virtual TensorView weights() = 0;
+  virtual TensorView grads() = 0;
+  virtual const std::vector<int64_t>& flat_offsets() const = 0;
+  // Makes every gradient zero before the first backward of a step.
+  virtual void zero_grads() = 0;
+
+  // Host values in layout() order (fp32; fp64 for an F64 policy is rounded), and the way back in.
+  virtual std::vector<float> params() const = 0;
+  virtual void set_params(const std::vector<float>& values) = 0;
+  virtual std::vector<float> grads_by_layout() const = 0;
+  // One tensor by Hugging Face name; an unknown name is an error naming it.
+  std::vector<float> param(const std::string& name) const;
+  std::vector<float> grad(const std::string& name) const;
+};
+
+std::unique_ptr<Policy> make_policy(const ModelConfig& config, const std::vector<float>& params,
+                                    const PolicyOptions& options);
+// config.json + safetensors from a checkpoint folder.
+std::unique_ptr<Policy> load_policy(const std::filesystem::path& dir, const PolicyOptions& options);
+
+}  // namespace ringtrain::model
