@@ -6,8 +6,6 @@
 #include <cstdlib>
 #include <random>
 
-#include "ringtrain/comm/launch.h"
-
 namespace ringtrain::testing {
 
 uint64_t fresh_seed() {
@@ -68,16 +66,6 @@ double max_abs_error(const TensorView& a, const TensorView& b) {
     else m = std::max(m, std::fabs(x - y));
   });
   return (!ok || bad) ? std::numeric_limits<double>::infinity() : m;
-}
-
-bool inside_rank() { return std::getenv("RANK") != nullptr; }
-
-int run_ranks_of_this_program(const std::string& filter, int nproc, std::chrono::milliseconds grace) {
-  comm::LaunchOptions o;
-  o.nproc = nproc;
-  o.master_port = 31000 + static_cast<int>(std::random_device{}() % 20000);
-  o.grace = grace;
-  return comm::launch_local(o, {"/proc/self/exe", "--gtest_filter=" + filter});
 }
 
 }  // namespace ringtrain::testing

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "ringtrain/cp/cp_check.h"
+#include "ringtrain/check/attention_check.h"
 
 namespace ringtrain::cli {
 
@@ -24,7 +24,9 @@ void add_init_model_command(CLI::App& app);
 void add_logprobs_command(CLI::App& app);
 
 // attention-check on GPUs with cp > 1 (one process per GPU): parity against one GPU; returns the exit code.
-int gpu_cp_attention_check(const cp::AttnProblem& prob, const cp::CpConfig& cfg, int cp, uint64_t seed,
+int gpu_cp_attention_check(const check::AttnProblem& prob, const cp::CpConfig& cfg, int cp, uint64_t seed,
                            std::chrono::milliseconds timeout);
+// Prints the errors of a parity check, one line each ("relative error<against>"), then PASS or FAIL.
+void print_parity(const check::ParityReport& report, const char* against);
 
 }  // namespace ringtrain::cli

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ringtrain/cli/commands.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/params.h"
 
@@ -11,35 +12,31 @@ namespace ringtrain::cli {
 
 void add_init_model_command(CLI::App& app) {
   struct Opts {
-    std::string arch = "llama", dtype = "fp32", out;
-    int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 256;
+    ModelShapeOptions shape;
+    std::string dtype = "fp32", out;
     uint64_t seed = 0;
     double rope_theta = 10000.0;
     bool tie = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("init-model", "Write a randomly initialised checkpoint");
-  cmd->add_option("--arch", o->arch, "llama, qwen2, qwen3 or mistral")->capture_default_str();
-  cmd->add_option("--layers", o->layers)->capture_default_str();
-  cmd->add_option("--hidden", o->hidden)->capture_default_str();
-  cmd->add_option("--heads", o->heads, "query heads")->capture_default_str();
-  cmd->add_option("--kv-heads", o->kv_heads, "key/value heads (default: --heads)");
-  cmd->add_option("--head-dim", o->head_dim, "default: hidden / heads");
-  cmd->add_option("--ffn", o->ffn, "MLP width (default: 4 x hidden)");
-  cmd->add_option("--vocab", o->vocab)->capture_default_str();
+  o->shape.add_to(*cmd);
   cmd->add_option("--seed", o->seed)->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "storage dtype: fp32, bf16 or fp16")->capture_default_str();
-  cmd->add_option("--rope-theta", o->rope_theta)->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "storage dtype: fp32, bf16 or fp16")
+      ->check(dtype_name_check())
+      ->capture_default_str();
+  cmd->add_option("--rope-theta", o->rope_theta)->check(CLI::Range(1e-3, 1e12))->capture_default_str();
   cmd->add_flag("--tie", o->tie, "tie the LM head to the embeddings");
   cmd->add_option("--out", o->out, "checkpoint folder")->required();
   cmd->callback([o] {
     using namespace model;
     ModelConfig c;
-    c.arch = parse_arch(o->arch);
-    c.layers = o->layers, c.hidden = o->hidden, c.heads = o->heads, c.vocab = o->vocab;
-    c.kv_heads = o->kv_heads ? o->kv_heads : o->heads;
-    c.head_dim = o->head_dim ? o->head_dim : (o->heads > 0 ? o->hidden / o->heads : 0);
-    c.ffn = o->ffn ? o->ffn : 4 * o->hidden;
+    const ModelShapeOptions& s = o->shape;
+    c.arch = parse_arch(s.arch);
+    c.layers = s.layers, c.hidden = s.hidden, c.heads = s.heads, c.vocab = s.vocab;
+    c.kv_heads = s.kv_heads ? s.kv_heads : s.heads;
+    c.head_dim = s.head_dim ? s.head_dim : s.hidden / s.heads;
+    c.ffn = s.ffn ? s.ffn : 4 * s.hidden;
     c.tie_embeddings = o->tie;
     c.qkv_bias = c.arch == Arch::Qwen2;
     c.qk_norm = c.arch == Arch::Qwen3;

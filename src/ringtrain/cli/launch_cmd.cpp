@@ -1,5 +1,6 @@
 // `ringtrain launch --nproc N -- COMMAND ...`: one process per rank on this node (torchrun's variables).
 #include "ringtrain/cli/commands.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/comm/launch.h"
 
 namespace ringtrain::cli {
@@ -12,10 +13,11 @@ void add_launch_command(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("launch", "Run COMMAND once per rank on this node (RANK, WORLD_SIZE, ...)");
-  cmd->add_option("--nproc", o->launch.nproc, "processes (ranks), one per GPU")->required();
+  add_bounded(*cmd, "--nproc", o->launch.nproc, "processes (ranks), one per GPU", 1, kMaxRanks)->required();
   cmd->add_option("--master-addr", o->launch.master_addr)->capture_default_str();
-  cmd->add_option("--master-port", o->launch.master_port)->capture_default_str();
-  cmd->add_option("--grace-ms", o->grace_ms, "after a rank fails: ms between SIGTERM and SIGKILL of the others")
+  add_bounded(*cmd, "--master-port", o->launch.master_port, "rank 0's rendezvous port", 1, 65535)->capture_default_str();
+  add_bounded(*cmd, "--grace-ms", o->grace_ms, "after a rank fails: ms between SIGTERM and SIGKILL of the others", 0,
+              3600 * 1000)
       ->capture_default_str();
   cmd->add_option("command", o->command, "the command to run, after --")->required();
   cmd->callback([o] {

@@ -12,6 +12,7 @@
 #include "ringtrain/attention/backend.h"
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -93,29 +94,38 @@ std::vector<std::vector<float>> gpu_logprobs(const std::filesystem::path& dir, D
 
 void add_logprobs_command(CLI::App& app) {
   struct Opts {
-    std::string model, data, device = "cpu", out, backends, cp_comm = "ring";
+    std::string model, data, device = "cpu", out, backends, model_backends, cp_comm = "ring";
     int cp = 1;
-    int timeout_s = 600;
+    int64_t timeout_s = 600;
     int64_t chunk = 0;  // 0: the device's default
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("logprobs", "Next-token log-probabilities of token sequences");
   cmd->add_option("--model", o->model, "checkpoint folder (config.json + safetensors)")->required();
   cmd->add_option("--data", o->data, "JSONL file, one {\"input_ids\": [...]} per line")->required();
-  cmd->add_option("--cp", o->cp, "context-parallel size (CPU: ranks are threads of this process)")
+  add_bounded(*cmd, "--cp", o->cp, "context-parallel size (CPU: ranks are threads of this process)", 1, kMaxRanks)
       ->capture_default_str();
-  cmd->add_option("--cp-comm", o->cp_comm, "ring, allgather or a2a (heads divisible by cp)")->capture_default_str();
-  cmd->add_option("--timeout", o->timeout_s, "seconds a rank waits for the others")->capture_default_str();
-  cmd->add_option("--device", o->device, "cpu (fp32) or cuda (bf16; --cp N uses N GPUs)")->capture_default_str();
+  cmd->add_option("--cp-comm", o->cp_comm, "ring, allgather or a2a (heads divisible by cp)")
+      ->check(cp_comm_check())
+      ->capture_default_str();
+  add_bounded(*cmd, "--timeout", o->timeout_s, "seconds a rank waits for the others", int64_t{1}, kMaxTimeoutMs / 1000)
+      ->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu (fp32) or cuda (bf16; --cp N uses N GPUs)")
+      ->check(device_name_check())
+      ->capture_default_str();
   cmd->add_option("--out", o->out, "output JSONL (default: stdout)");
-  cmd->add_option("--backends", o->backends, "the model's attention allow-list, e.g. flash,math");
-  cmd->add_option("--chunk", o->chunk, "tokens per LM-head chunk (default: 1024 on the CPU, within 896 MiB on a GPU)");
+  cmd->add_option("--backends", o->backends, "the root attention allow-list, e.g. flash,math")
+      ->check(backend_list_check());
+  cmd->add_option("--model-backends", o->model_backends, "the model's own attention allow-list (default: all)")
+      ->check(backend_list_check());
+  add_bounded(*cmd, "--chunk", o->chunk, "tokens per LM-head chunk (default: 1024 on the CPU, within 896 MiB on a GPU)",
+              int64_t{1}, kMaxSeq);
   cmd->callback([o] {
     using namespace model;
     const Device device = parse_device(o->device);
-    RT_CHECK(o->cp >= 1, "--cp ", o->cp, ": must be at least 1");
+    const RootBackends root(o->backends, "--backends");
     ModelOptions opts;
-    if (!o->backends.empty()) opts.attention_backends = attention::parse_backend_list(o->backends);
+    if (!o->model_backends.empty()) opts.attention_backends = attention::parse_backend_list(o->model_backends);
     cp::CpConfig cfg;
     cfg.comm = cp::parse_cp_comm(o->cp_comm);
     if (device.is_cuda()) {

@@ -1,16 +1,17 @@
 #include "ringtrain/cli/multi_gpu.h"
 
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "ringtrain/cli/commands.h"
+#include "ringtrain/comm/gpu_communicator.h"
 #include "ringtrain/comm/launch.h"
 #include "ringtrain/comm/rendezvous.h"
+#include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
-#ifdef RINGTRAIN_WITH_NCCL
-#include "ringtrain/comm/nccl/nccl_communicator.h"
-#endif
 
 namespace ringtrain::cli {
 
@@ -22,12 +23,13 @@ bool inside_ranks(int world) {
   return true;
 }
 
-int relaunch_self(int world) {
+int relaunch_self(int world, const std::vector<std::string>& extra_args) {
   std::ifstream f("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> argv;
   for (std::string arg; std::getline(f, arg, '\0');) argv.push_back(arg);
   RT_CHECK(!argv.empty(), "cannot read this process's command line from /proc/self/cmdline");
   argv[0] = "/proc/self/exe";
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   comm::LaunchOptions o;
   o.nproc = world;
   o.master_port = 29500 + static_cast<int>(std::random_device{}() % 10000);  // no clash with a job next door
@@ -35,12 +37,25 @@ int relaunch_self(int world) {
 }
 
 std::unique_ptr<comm::Communicator> nccl_from_environment(std::chrono::milliseconds timeout) {
-#ifdef RINGTRAIN_WITH_NCCL
-  return comm::make_nccl_communicator(comm::rank_info_from_environment(), timeout);
-#else
-  (void)timeout;
-  throw Error("this build of ringtrain has no NCCL communicator (build with CUDA and NCCL to run on several GPUs)");
-#endif
+  return comm::make_gpu_communicator(comm::rank_info_from_environment(), timeout);
+}
+
+void require_gpus(int gpus, const char* what) {
+  if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+    std::fprintf(stderr, "ringtrain %s: needs GPUs: %s\n", what, why.c_str());
+    throw Exit{2};
+  }
+  if (cuda_device_count() < gpus) {
+    std::fprintf(stderr, "ringtrain %s: --cp %d needs %d GPUs on this node, found %d\n", what, gpus, gpus,
+                 cuda_device_count());
+    throw Exit{2};
+  }
+  if (gpus > 1) {
+    if (const std::string why = comm::gpu_communicator_unavailable_reason(); !why.empty()) {
+      std::fprintf(stderr, "ringtrain %s: --cp %d cannot run here: %s\n", what, gpus, why.c_str());
+      throw Exit{2};
+    }
+  }
 }
 
 }  // namespace ringtrain::cli

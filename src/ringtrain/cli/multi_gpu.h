@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "ringtrain/comm/communicator.h"
 
@@ -11,9 +13,13 @@ namespace ringtrain::cli {
 
 // True when this process is one of `world` ranks (rank variables present with that world size).
 bool inside_ranks(int world);
-// Runs this process's own command line again as `world` local ranks (ringtrain launch) and returns their exit code.
-int relaunch_self(int world);
-// This rank's NCCL communicator (GPU = local rank); a clear error when the build has no NCCL.
+// Runs this process's own command line again as `world` local ranks (ringtrain launch), with `extra_args` appended
+// (e.g. a seed every rank must share), and returns their exit code.
+int relaunch_self(int world, const std::vector<std::string>& extra_args = {});
+// This rank's GPU communicator (GPU = local rank); a clear error when the build has none.
 std::unique_ptr<comm::Communicator> nccl_from_environment(std::chrono::milliseconds timeout);
+// Ends the command with exit code 2 and the reason unless this node has `gpus` usable GPUs (and, for more than one,
+// a GPU communicator). `what` names the command in the message.
+void require_gpus(int gpus, const char* what);
 
 }  // namespace ringtrain::cli

@@ -9,7 +9,7 @@
 
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/comm/in_process.h"
-#include "ringtrain/cp/cp_check.h"
+#include "ringtrain/check/attention_check.h"
 #include "ringtrain/cp/zigzag.h"
 #include "root_list_guard.h"
 #include "test_util.h"
@@ -25,16 +25,16 @@ const std::vector<BackendId> kAllFour = {BackendId::Cudnn, BackendId::Flash, Bac
 TEST(CpSelection, ModelScopeListingAllBackendsRunsOnlyCpCapableOnes) {
   testing::RootListGuard guard;
   attention::set_root_backends(kAllFour, "test: model config");
-  const cp::AttnProblem prob{1, 48, 4, 2, 32, true, DType::F32};  // 48 = 2 * 4 * 6: every ring block is non-empty
-  const cp::AttnInputs in = cp::random_inputs(prob, testing::fresh_seed());
-  const cp::AttnResults ref = cp::reference_attention(prob, in);
+  const check::AttnProblem prob{1, 48, 4, 2, 32, true, DType::F32};  // 48 = 2 * 4 * 6: every ring block is non-empty
+  const check::AttnInputs in = check::random_inputs(prob, testing::fresh_seed());
+  const check::AttnResults ref = check::reference_attention(prob, in);
   for (cp::CpComm comm : {cp::CpComm::Ring, cp::CpComm::AllGather}) {
     attention::reset_dispatch_counts();
-    cp::CpRunOptions opt;
+    check::CpRunOptions opt;
     opt.cp = 4;
     opt.config.comm = comm;
     opt.model_scope = kAllFour;  // what the model of the original bug did
-    const cp::AttnResults got = cp::cp_attention_on_ranks(prob, in, opt);
+    const check::AttnResults got = check::cp_attention_on_ranks(prob, in, opt);
     const attention::DispatchCounts n = attention::dispatch_counts();
     SCOPED_TRACE(cat(cp::cp_comm_name(comm), ": ", attention::format_dispatch_counts(n)));
     // Ring: cp blocks per rank; all-gather: one block per local query chunk (2 per rank).
@@ -83,14 +83,14 @@ TEST(CpSelection, ScopeWithoutCpCapableBackendFailsWithEveryReason) {
     }
   }
   // The same through the CP entry points: every rank fails with the report, nobody hangs.
-  const cp::AttnProblem prob{1, 16, 2, 2, 32, true, DType::F32};
-  const cp::AttnInputs in = cp::random_inputs(prob, testing::fresh_seed());
-  cp::CpRunOptions opt;
+  const check::AttnProblem prob{1, 16, 2, 2, 32, true, DType::F32};
+  const check::AttnInputs in = check::random_inputs(prob, testing::fresh_seed());
+  check::CpRunOptions opt;
   opt.cp = 2;
   opt.timeout = std::chrono::milliseconds(10000);
   opt.model_scope = {BackendId::Cudnn, BackendId::Efficient};
   try {
-    cp::cp_attention_on_ranks(prob, in, opt);
+    check::cp_attention_on_ranks(prob, in, opt);
     FAIL() << "CP attention ran although no backend may run";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no attention backend can serve this call"), std::string::npos) << e.what();

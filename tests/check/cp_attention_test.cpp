@@ -6,7 +6,7 @@
 #include "ringtrain/attention/cpu/cpu_backends.h"
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/comm/in_process.h"
-#include "ringtrain/cp/cp_check.h"
+#include "ringtrain/check/attention_check.h"
 #include "root_list_guard.h"
 #include "test_util.h"
 
@@ -77,19 +77,19 @@ class CpParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CpParity, MatchesTheSingleRankReference) {
   const Case& c = GetParam();
-  const cp::AttnProblem prob{c.batch, c.seq, c.heads_q, c.heads_kv, c.head_dim, c.causal, c.dtype};
-  const cp::AttnInputs in = cp::random_inputs(prob, testing::fresh_seed());
-  const cp::AttnResults ref = cp::reference_attention(prob, in);
+  const check::AttnProblem prob{c.batch, c.seq, c.heads_q, c.heads_kv, c.head_dim, c.causal, c.dtype};
+  const check::AttnInputs in = check::random_inputs(prob, testing::fresh_seed());
+  const check::AttnResults ref = check::reference_attention(prob, in);
 
   testing::RootListGuard guard;
   attention::set_root_backends({c.block_backend}, "test");
   attention::reset_dispatch_counts();
-  cp::CpRunOptions opt;
+  check::CpRunOptions opt;
   opt.cp = c.cp;
   opt.config.comm = c.comm;
   opt.timeout = std::chrono::milliseconds(60000);
   opt.keep_kv = c.keep_kv;
-  const cp::AttnResults got = cp::cp_attention_on_ranks(prob, in, opt);
+  const check::AttnResults got = check::cp_attention_on_ranks(prob, in, opt);
   const attention::DispatchCounts counts = attention::dispatch_counts();
 
   // fp32: flash accumulates in fp32 (relative error about sqrt(S) * 2^-24 per dot product, a few 1e-7 here) and

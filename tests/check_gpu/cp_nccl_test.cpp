@@ -11,12 +11,12 @@
 #include <random>
 
 #include "ringtrain/attention/selection.h"
+#include "ringtrain/check/device_checks.h"
 #include "ringtrain/comm/rendezvous.h"
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_NCCL
 #include "ringtrain/comm/nccl/nccl_communicator.h"
 #include "ringtrain/cp/cp_common.h"
-#include "ringtrain/cp/device_run.h"
 #include "ringtrain/cp/zigzag.h"
 #endif
 
@@ -24,6 +24,9 @@ namespace ringtrain::cp {
 namespace {
 
 using attention::BackendId;
+using check::DeviceRunOptions;
+using check::DeviceRunResult;
+using check::run_cp_on_device;
 
 using testing::inside_rank;
 

@@ -1,0 +1,50 @@
+// The check layer's registration file: the GPU checks of device_checks.h come from check/cuda/ in a CUDA build, and
+// say why they cannot run in the others.
+#include "ringtrain/check/device_checks.h"
+
+#include "ringtrain/core/error.h"
+#ifdef RINGTRAIN_WITH_CUDA
+#include "ringtrain/check/cuda/cuda_checks.h"
+#endif
+
+namespace ringtrain::check {
+
+ParityReport DeviceRunResult::parity(double tolerance) const {
+  ParityReport r;
+  r.tolerance = tolerance;
+  r.errors = {{"O", err_o}, {"LSE", err_lse}, {"dQ", err_dq}, {"dK", err_dk}, {"dV", err_dv}};
+  return r;
+}
+
+#ifdef RINGTRAIN_WITH_CUDA
+std::unique_ptr<DeviceClock> make_cuda_clock(Device dev, void* stream) { return cuda::make_event_clock(dev, stream); }
+std::string gpu_name(int device) { return cuda::gpu_name(device); }
+DeviceRunResult run_cp_on_device(comm::Communicator& comm, const DeviceRunOptions& opt) {
+  return cuda::run_cp_on_device(comm, opt);
+}
+AttentionBenchRow bench_attention_backend(attention::BackendId id, const AttnProblem& prob, int warmup, int iters) {
+  return cuda::bench_attention_backend(id, prob, warmup, iters);
+}
+void run_model_bench(const ModelBenchOptions& opt, comm::Communicator* comm, const ModelBenchReport& report) {
+  cuda::run_model_bench(opt, comm, report);
+}
+#else
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  throw Error(cat(what, ": not available in this build: ringtrain was built without CUDA support"));
+}
+}  // namespace
+std::unique_ptr<DeviceClock> make_cuda_clock(Device dev, void*) { no_cuda("timing GPU work"); }
+std::string gpu_name(int) { no_cuda("GPU name"); }
+DeviceRunResult run_cp_on_device(comm::Communicator&, const DeviceRunOptions&) {
+  no_cuda("context-parallel attention on GPUs");
+}
+AttentionBenchRow bench_attention_backend(attention::BackendId, const AttnProblem&, int, int) {
+  no_cuda("the attention benchmark");
+}
+void run_model_bench(const ModelBenchOptions&, comm::Communicator*, const ModelBenchReport&) {
+  no_cuda("the model benchmark");
+}
+#endif
+
+}  // namespace ringtrain::check

@@ -1,0 +1,147 @@
+#include "ringtrain/cli/options.h"
+
+#include "ringtrain/core/checked.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/hf_config.h"
+
+namespace ringtrain::cli {
+namespace {
+
+// A validator that accepts what `parse` accepts and otherwise reports its error.
+template <typename Parse>
+CLI::Validator parser_check(const char* what, Parse parse) {
+  return CLI::Validator(
+      [parse](std::string& value) {
+        try {
+          parse(value);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      },
+      what);
+}
+
+}  // namespace
+
+CLI::Validator device_name_check() {
+  return parser_check("DEVICE", [](const std::string& s) { parse_device(s); });
+}
+CLI::Validator dtype_name_check() {
+  return parser_check("DTYPE", [](const std::string& s) { parse_dtype(s); });
+}
+CLI::Validator backend_list_check() {
+  return parser_check("LIST", [](const std::string& s) { attention::parse_backend_list(s); });
+}
+CLI::Validator cp_comm_check() {
+  return parser_check("COMM", [](const std::string& s) { cp::parse_cp_comm(s); });
+}
+
+void AttnShapeOptions::add_to(CLI::App& cmd, unsigned fields) {
+  if (fields & kDevice)
+    cmd.add_option("--device", device, "cpu, cuda or cuda:N")->check(device_name_check())->capture_default_str();
+  if (fields & kDtype)
+    cmd.add_option("--dtype", dtype, "fp32, bf16, fp16 (fp64: backends only)")
+        ->check(dtype_name_check())
+        ->capture_default_str();
+  if (fields & kBatch) add_bounded(cmd, "--batch", batch, "batch size", int64_t{1}, kMaxBatch)->capture_default_str();
+  if (fields & kSeq)
+    add_bounded(cmd, "--seq", seq, "sequence length (query length)", int64_t{1}, kMaxSeq)->capture_default_str();
+  if (fields & kSeqList)
+    cmd.add_option("--seq", seqs, "sequence lengths, comma-separated")
+        ->delimiter(',')
+        ->check(CLI::Range(int64_t{1}, kMaxSeq))
+        ->capture_default_str();
+  if (fields & kKvSeq) add_bounded(cmd, "--kv-seq", kv_seq, "key length (default: --seq)", int64_t{1}, kMaxSeq);
+  if (fields & kHeads) {
+    add_bounded(cmd, "--heads", heads, "query heads", int64_t{1}, kMaxHeads)->capture_default_str();
+    CLI::Option* o = add_bounded(cmd, "--kv-heads", kv_heads, "key/value heads (default: --heads)", int64_t{1}, kMaxHeads);
+    if (kv_heads) o->capture_default_str();
+  }
+  if (fields & kHeadDim)
+    add_bounded(cmd, "--head-dim", head_dim, "head dimension", int64_t{1}, kMaxHeadDim)->capture_default_str();
+  if (fields & kCausal) cmd.add_flag("--causal", causal, "causal mask (top-left)");
+  if (fields & kMask) {
+    cmd.add_option("--mask", mask, "none, causal_top_left or causal_bottom_right (overrides --causal)")
+        ->check(parser_check("MASK", [](const std::string& s) { attention::parse_mask(s); }));
+    cmd.add_flag("--packed", packed, "packed sequences (THD with cu_seqlens)");
+  }
+  if (fields & kCp) add_bounded(cmd, "--cp", cp, "context-parallel size (ranks)", 1, kMaxRanks)->capture_default_str();
+  if (fields & kCpComm) {
+    cmd.add_option("--cp-comm,--comm", cp_comm, "ring, allgather or a2a (heads divisible by cp)")
+        ->check(cp_comm_check())
+        ->capture_default_str();
+  }
+  if (fields & kBackends) {
+    CLI::Option* o = cmd.add_option("--backends", backends,
+                                    "ordered root allow-list of attention backends, e.g. cudnn,flash,efficient,math");
+    o->check(backend_list_check());
+    if (!backends.empty()) o->capture_default_str();
+  }
+}
+
+attention::MaskType AttnShapeOptions::parsed_mask() const {
+  if (!mask.empty()) return attention::parse_mask(mask);
+  return causal ? attention::MaskType::CausalTopLeft : attention::MaskType::None;
+}
+
+check::AttnProblem AttnShapeOptions::problem(int64_t seq_len) const {
+  const int64_t hkv = kv_heads_or_heads();
+  RT_CHECK(heads % hkv == 0, "--heads (", heads, ") must be a multiple of --kv-heads (", hkv, ")");
+  // The largest tensor of the problem is q (or dO, O, dQ): batch * seq * heads * head_dim elements.
+  checked_mul(checked_mul(checked_mul(batch, seq_len, "--batch * --seq"), heads, "--batch * --seq * --heads"),
+              head_dim, "--batch * --seq * --heads * --head-dim");
+  return check::AttnProblem{batch, seq_len, heads, hkv, head_dim, causal, parsed_dtype()};
+}
+
+attention::AttnParams AttnShapeOptions::params(int64_t seq_len) const {
+  const check::AttnProblem prob = problem(seq_len);
+  attention::AttnParams p;
+  p.device = parsed_device();
+  p.dtype = prob.dtype;
+  p.batch = prob.batch;
+  p.heads_q = prob.heads_q;
+  p.heads_kv = prob.heads_kv;
+  p.head_dim = prob.head_dim;
+  p.seqlen_q = seq_len;
+  p.seqlen_kv = kv_seq ? kv_seq : seq_len;
+  checked_mul(checked_mul(batch, p.seqlen_kv, "--batch * --kv-seq"), heads, "--batch * --kv-seq * --heads");
+  p.mask = parsed_mask();
+  p.packed = packed;
+  return p;
+}
+
+RootBackends::RootBackends(const std::string& list, const std::string& source) {
+  if (list.empty()) return;
+  previous_ = attention::root_backends();
+  attention::set_root_backends(attention::parse_backend_list(list), source);
+  set_ = true;
+}
+
+RootBackends::~RootBackends() {
+  if (set_) attention::set_root_backends(previous_, "the allow-list before --backends");
+}
+
+void ModelShapeOptions::add_to(CLI::App& cmd) {
+  cmd.add_option("--arch", arch, "llama, qwen2, qwen3 or mistral")
+      ->check(parser_check("ARCH", [](const std::string& s) { model::parse_arch(s); }))
+      ->capture_default_str();
+  add_bounded(cmd, "--layers", layers, "decoder layers", int64_t{1}, kMaxLayers)->capture_default_str();
+  add_bounded(cmd, "--hidden", hidden, "hidden size", int64_t{1}, kMaxHidden)->capture_default_str();
+  add_bounded(cmd, "--heads", heads, "query heads", int64_t{1}, kMaxHeads)->capture_default_str();
+  CLI::Option* kv = add_bounded(cmd, "--kv-heads", kv_heads, "key/value heads (default: --heads)", int64_t{1}, kMaxHeads);
+  if (kv_heads) kv->capture_default_str();
+  CLI::Option* hd = add_bounded(cmd, "--head-dim", head_dim, "head dimension (default: hidden / heads)", int64_t{1},
+                                kMaxHeadDim);
+  if (head_dim) hd->capture_default_str();
+  CLI::Option* ffn_opt = add_bounded(cmd, "--ffn", ffn, "MLP width (default: 4 x hidden)", int64_t{1}, 4 * kMaxHidden);
+  if (ffn) ffn_opt->capture_default_str();
+  add_bounded(cmd, "--vocab", vocab, "vocabulary size", int64_t{1}, kMaxVocab)->capture_default_str();
+}
+
+CLI::Option* add_timeout_ms(CLI::App& cmd, int64_t& timeout_ms) {
+  return add_bounded(cmd, "--timeout-ms", timeout_ms, "communicator timeout (ms)", int64_t{1}, kMaxTimeoutMs)
+      ->capture_default_str();
+}
+
+}  // namespace ringtrain::cli

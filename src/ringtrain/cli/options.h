@@ -1,0 +1,102 @@
+// The options that several commands take, each declared once with its range check (a bad value is refused at parse
+// time with the option's name), and the helpers that turn them into the lower layers' types.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ringtrain/attention/selection.h"
+#include "ringtrain/check/attention_check.h"
+#include "ringtrain/cp/cp_attention.h"
+
+namespace ringtrain::cli {
+
+// Upper bounds of the integer options: far above any real run, low enough that a typo (or 2^63 - 1) is refused and
+// that the products of sizes fit 64 bits long before any allocation.
+constexpr int64_t kMaxBatch = int64_t{1} << 16;
+constexpr int64_t kMaxSeq = int64_t{1} << 30;
+constexpr int64_t kMaxHeads = int64_t{1} << 12;
+constexpr int64_t kMaxHeadDim = int64_t{1} << 10;
+constexpr int kMaxRanks = 1024;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHidden = int64_t{1} << 18;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int kMaxIters = 1000000;
+constexpr int64_t kMaxTimeoutMs = int64_t{7} * 24 * 3600 * 1000;  // a week
+
+// Adds an integer option that must lie in [lo, hi].
+template <typename T>
+CLI::Option* add_bounded(CLI::App& cmd, const std::string& name, T& value, const std::string& help, T lo, T hi) {
+  return cmd.add_option(name, value, help)->check(CLI::Range(lo, hi));
+}
+
+// The shape of an attention call or problem and where it runs. Each command sets the defaults it wants, then adds
+// the fields it takes.
+struct AttnShapeOptions {
+  enum Field : unsigned {
+    kDevice = 1u << 0,
+    kDtype = 1u << 1,
+    kBatch = 1u << 2,
+    kSeq = 1u << 3,      // --seq N
+    kSeqList = 1u << 4,  // --seq N,M,... (benchmarks)
+    kKvSeq = 1u << 5,
+    kHeads = 1u << 6,   // --heads and --kv-heads
+    kHeadDim = 1u << 7,
+    kCausal = 1u << 8,
+    kMask = 1u << 9,  // --mask (alignment of the causal mask), --packed
+    kCp = 1u << 10,
+    kCpComm = 1u << 11,  // --cp-comm (alias --comm)
+    kBackends = 1u << 12,
+  };
+  std::string device = "cpu", dtype = "fp32", mask, cp_comm = "ring", backends;
+  int64_t batch = 1, seq = 4096, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 64;  // 0: as --seq / --heads
+  std::vector<int64_t> seqs;
+  bool causal = false, packed = false;
+  int cp = 1;
+
+  void add_to(CLI::App& cmd, unsigned fields);
+
+  int64_t kv_heads_or_heads() const { return kv_heads ? kv_heads : heads; }
+  Device parsed_device() const { return parse_device(device); }
+  DType parsed_dtype() const { return parse_dtype(dtype); }
+  cp::CpComm parsed_comm() const { return cp::parse_cp_comm(cp_comm); }
+  attention::MaskType parsed_mask() const;  // --mask, else --causal (top-left) or none
+  // The problem for one sequence length; throws unless heads is a multiple of kv_heads and the tensors' element
+  // counts fit 64 bits.
+  check::AttnProblem problem(int64_t seq_len) const;
+  // The call's parameters (seqlen_kv: --kv-seq, else seq_len); the same checks as problem().
+  attention::AttnParams params(int64_t seq_len) const;
+};
+
+// The root allow-list (`--backends`) for as long as this lives, when one is given; the previous list after.
+class RootBackends {
+ public:
+  RootBackends(const std::string& list, const std::string& source);
+  ~RootBackends();
+  RootBackends(const RootBackends&) = delete;
+  RootBackends& operator=(const RootBackends&) = delete;
+
+ private:
+  bool set_ = false;
+  std::vector<attention::BackendId> previous_;
+};
+
+// Validators for the named choices: the lower layer's parser decides, at parse time.
+CLI::Validator device_name_check();
+CLI::Validator dtype_name_check();
+CLI::Validator backend_list_check();
+CLI::Validator cp_comm_check();
+
+// The shape of a transformer (init-model, bench model).
+struct ModelShapeOptions {
+  std::string arch = "llama";
+  int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 256;  // 0: derived
+  void add_to(CLI::App& cmd);
+};
+
+// The communicator timeout of multi-rank commands.
+CLI::Option* add_timeout_ms(CLI::App& cmd, int64_t& timeout_ms);
+
+}  // namespace ringtrain::cli
