@@ -15,7 +15,8 @@ status=0
 step() { echo "== $*"; "$@" 2>&1 | tee -a "$out/cp-device.log" | grep -vE '^\[ +(RUN|OK) +\]|^\[seed'; local rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "!! exit $rc: $*"; status=1; }; }
 step timeout 60 "$bin/test_core" --gtest_filter='HashedNormal*'
 step timeout 120 "$bin/test_comm_gpu"
-step timeout 300 "$bin/test_cp_gpu"
+step timeout 60 "$bin/test_cp_gpu"
+step timeout 300 "$bin/test_check_gpu"
 step timeout 120 "$bin/ringtrain" attention-check --device cuda --cp 2 --seq 8191 --heads 8 --kv-heads 2 \
   --head-dim 128 --causal --dtype bf16 --backends cudnn,flash
 # The bars' comparison: our best backend and PyTorch's, 20 timed runs after 3 warm-ups on both sides.
