@@ -65,6 +65,11 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Waits for the work enqueued on a GPU; CPU work is done when the call returns.
+void synchronize(Device dev) {
+  if (dev.is_cuda()) cuda_synchronize(dev.index);
+}
+
 // Host results of the problem's shape: o, dq, dk, dv of `dtype`, lse fp32, all NaN until written.
 AttnResults host_results(const AttnProblem& p, DType dtype) {
   AttnProblem of_dtype = p;
@@ -157,14 +162,14 @@ AttnResults attention_on_device(const AttnProblem& p, const AttnInputs& in, Devi
   const AttnParams params = attention::params_for(b.q, b.k, p.mask());
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(1);
   AttnResults r = host_results(p, p.dtype);
-  cuda_synchronize(dev.index);
+  synchronize(dev);
   auto t0 = Clock::now();
   attention::forward(params, b.forward_args());
-  cuda_synchronize(dev.index);
+  synchronize(dev);
   r.forward_seconds = seconds_since(t0);
   t0 = Clock::now();
   attention::backward(params, b.backward_args());
-  cuda_synchronize(dev.index);
+  synchronize(dev);
   r.backward_seconds = seconds_since(t0);
   copy(r.o, b.o);
   copy(r.lse, b.lse);
