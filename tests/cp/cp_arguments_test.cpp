@@ -1,0 +1,70 @@
+// CP attention refuses what it cannot do with a clear message: all-to-all with heads not divisible by cp, a local
+// shard of the wrong length, packed sequences and an additive bias through the dense entry points.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "ringtrain/attention/selection.h"
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/cp/cp_attention.h"
+
+namespace ringtrain {
+namespace {
+
+using cp::CpComm;
+
+// Calls the CP forward on one in-process rank and returns its error message ("" if it ran).
+std::string cp_forward_error(const attention::AttnParams& p, const attention::AttnForwardArgs& a, int64_t global_len) {
+  try {
+    comm::run_ranks(1, std::chrono::milliseconds(5000), [&](comm::Communicator& c) {
+      cp::attention_forward(c, {}, p, a, global_len);
+    });
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CpArguments, AllToAllNeedsHeadsDivisibleByCp) {
+  try {
+    comm::run_ranks(2, std::chrono::milliseconds(5000), [&](comm::Communicator& c) {
+      const Tensor q = Tensor::empty({1, 4, 4, 32}, DType::F32), kv = Tensor::empty({1, 4, 1, 32}, DType::F32);
+      const Tensor o = Tensor::empty({1, 4, 4, 32}, DType::F32), lse = Tensor::empty({1, 4, 4}, DType::F32);
+      cp::CpConfig cfg;
+      cfg.comm = CpComm::AllToAll;
+      cp::attention_forward(c, cfg, attention::params_for(q, kv, attention::MaskType::None), {q, kv, kv, o, lse}, 8);
+    });
+    FAIL() << "MQA cannot split one kv head over 2 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv heads (1) must both be divisible by cp=2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CpArguments, PackedAndWrongLengthsAreRejectedClearly) {
+  const Tensor q = Tensor::empty({1, 10, 2, 32}, DType::F32), o = Tensor::empty({1, 10, 2, 32}, DType::F32);
+  const Tensor lse = Tensor::empty({1, 2, 10}, DType::F32);
+  attention::AttnForwardArgs a;
+  a.q = a.k = a.v = q;
+  a.o = o;
+  a.lse = lse;
+  attention::AttnParams p = attention::params_for(q, q, attention::MaskType::CausalTopLeft);
+  // cp = 1 holds 2 chunks of ceil(S / 2): S = 10 needs 10 local rows, S = 7 needs 8.
+  EXPECT_EQ(cp_forward_error(p, a, 10), "");
+  const std::string wrong_len = cp_forward_error(p, a, 7);
+  EXPECT_NE(wrong_len.find("local shard has Sq=10 Skv=10, expected 8"), std::string::npos) << wrong_len;
+  p.packed = true;
+  const std::string packed = cp_forward_error(p, a, 10);
+  EXPECT_NE(packed.find("packed sequences (THD) go through cp::packed_attention_forward/backward"), std::string::npos)
+      << packed;
+  p.packed = false;
+  p.has_bias = true;
+  a.bias = Tensor::empty({1, 2, 10, 10}, DType::F32);
+  const std::string bias = cp_forward_error(p, a, 10);
+  EXPECT_NE(bias.find("an additive attention bias is not supported under context parallelism"), std::string::npos)
+      << bias;
+}
+
+}  // namespace
+}  // namespace ringtrain
