@@ -28,6 +28,7 @@
 #include "ringtrain/model/cuda/gpu_logprobs.h"
 #include "ringtrain/model/cuda/gpu_model.h"
 #include "ringtrain/model/hf_config.h"
+#include "ringtrain/model/logprobs.h"
 
 namespace ringtrain::check::cuda {
 namespace {
