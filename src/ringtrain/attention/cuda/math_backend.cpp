@@ -9,6 +9,8 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <thread>
+#include <tuple>
 #include <utility>
 
 #include "ringtrain/attention/cuda/cuda_backends.h"
@@ -31,14 +33,16 @@ constexpr int64_t kScratchBudgetBytes = int64_t{12} << 30;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// The products' Gemm of (device, stream), made on the first call there and kept for the process: it owns a cuBLASLt
-// handle, a workspace and the plans of the shapes seen. Never destroyed (a Gemm waits for its stream when it dies,
-// and at exit the stream may be gone).
+// The products' Gemm of (device, stream, calling thread), made on the first call there and kept for the process: it
+// owns a cuBLASLt handle, a workspace and the plans of the shapes seen, and is not shared between threads (its plan
+// cache is not synchronised). Never destroyed: a Gemm waits for its stream when it dies, and at exit the stream may
+// be gone.
 ringtrain::cuda::Gemm& gemm_for(int device, cudaStream_t stream) {
+  using Key = std::tuple<int, cudaStream_t, std::thread::id>;
   static std::mutex mu;
-  static auto* gemms = new std::map<std::pair<int, cudaStream_t>, std::unique_ptr<ringtrain::cuda::Gemm>>;
+  static auto* gemms = new std::map<Key, std::unique_ptr<ringtrain::cuda::Gemm>>;
   std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<ringtrain::cuda::Gemm>& g = (*gemms)[{device, stream}];
+  std::unique_ptr<ringtrain::cuda::Gemm>& g = (*gemms)[Key{device, stream, std::this_thread::get_id()}];
   if (!g) g = std::make_unique<ringtrain::cuda::Gemm>(stream);
   return *g;
 }
