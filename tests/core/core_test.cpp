@@ -1,10 +1,13 @@
-// core: 16-bit float conversions against values worked out by hand from the formats' definitions, and tensor
-// views (slices, strided copies, error messages).
+// core: 16-bit float conversions against values worked out by hand from the formats' definitions, tensor views
+// (slices, strided copies, error messages) and the device tables behind them.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
+#include "ringtrain/core/device_info.h"
+#include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/dtype.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/tensor.h"
@@ -164,6 +167,57 @@ TEST(AsyncOps, DeviceKernelsMatchTheHost) {
   RT_REQUIRE_GPU();
   check_async_ops(Device::cuda(0));
   cuda_synchronize(0);
+}
+
+TEST(DeviceOps, HostViewsUseTheHostTable) {
+  const DeviceOps* host = find_device_ops(DeviceKind::CPU);
+  ASSERT_NE(host, nullptr);
+  EXPECT_EQ(host->kind(), DeviceKind::CPU);
+  Tensor t = Tensor::empty({3, 5}, DType::BF16);
+  EXPECT_EQ(&device_ops(t, "test"), host);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);  // the host table's allocations are 64-byte aligned
+  // zeros through the table's fill: every element written, also after poisoning memory of the same size.
+  testing::poison(t);
+  Tensor z = Tensor::zeros({3, 5}, DType::BF16);
+  for (int64_t i = 0; i < z.numel(); ++i) EXPECT_EQ(z.ptr<uint16_t>()[i], 0u) << i;
+  fill(t, -0.0);  // -0 is not the all-zero bit pattern: the memset shortcut must not take it
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.ptr<uint16_t>()[i], 0x8000u) << i;
+}
+
+// Without CUDA support a CUDA view is an Error naming the operation and the view, never a host access.
+TEST(DeviceOps, CudaViewsWithoutCudaSupportAreClearErrors) {
+  if (find_device_ops(DeviceKind::CUDA)) GTEST_SKIP() << "this build has CUDA support";
+  EXPECT_EQ(cuda_device_count(), 0);
+  EXPECT_EQ(cuda_unavailable_reason(), "this build of ringtrain has no CUDA support");
+  EXPECT_EQ(hopper_unavailable_reason(Device::cuda(0)), "this build of ringtrain has no CUDA support");
+  EXPECT_EQ(hopper_unavailable_reason(Device::cpu()), "runs on CUDA devices, not cpu");
+  EXPECT_EQ(cuda_arch(0), 0);
+  cuda_synchronize(0);  // nothing to wait for
+
+  float host[6] = {};
+  // A device address that must never be touched: any host access would crash the test.
+  const TensorView gpu = contiguous_view(reinterpret_cast<void*>(uintptr_t{0x10}), DType::F32, Device::cuda(1), {2, 3});
+  const TensorView cpu = contiguous_view(host, DType::F32, Device::cpu(), {2, 3});
+  const auto expect_error = [](const std::function<void()>& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[2, 3] fp32 cuda:1"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("no CUDA support"), std::string::npos) << msg;
+    }
+  };
+  expect_error([&] { copy(cpu, gpu); }, "copy");
+  expect_error([&] { copy(gpu, cpu); }, "copy");
+  expect_error([&] { copy_async(gpu, gpu, nullptr); }, "copy_async");
+  expect_error([&] { add_async(gpu, gpu, nullptr); }, "add_async");
+  expect_error([&] { fill(gpu, 1.0); }, "fill");
+  expect_error([&] { fill_async(gpu, 1.0, nullptr); }, "fill_async");
+  expect_error([&] { fill_normal_hashed(gpu, 1); }, "fill_normal_hashed");
+  expect_error([&] { Tensor::empty({2, 3}, DType::F32, Device::cuda(1)); }, "allocating");
+  EXPECT_THROW(copy_async(cpu, gpu, nullptr), Error);  // different devices
 }
 
 }  // namespace

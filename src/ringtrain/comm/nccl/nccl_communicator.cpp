@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "ringtrain/core/cuda/check.h"
+
 namespace ringtrain::comm {
 namespace {
 
@@ -27,9 +29,6 @@ ncclDataType_t nccl_type(DType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
 
-void check_cuda(cudaError_t e, const char* what) {
-  RT_CHECK(e == cudaSuccess, "nccl communicator: ", what, ": ", cudaGetErrorString(e));
-}
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -37,12 +36,12 @@ class NcclCommunicator final : public Communicator {
       : rank_(info.rank), world_(info.world), device_(Device::cuda(info.local_rank)), timeout_(timeout) {
     ::setenv("NCCL_NVLS_ENABLE", "0", 1);
     int gpus = 0;
-    check_cuda(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
+    RT_CUDA_CHECK(cudaGetDeviceCount(&gpus));
     RT_CHECK(info.local_rank < gpus, "rank ", rank_, " has local rank ", info.local_rank, " but this node has only ",
              gpus, " GPU(s)");
-    check_cuda(cudaSetDevice(device_.index), "cudaSetDevice");
-    check_cuda(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaEventCreateWithFlags(&after_legacy_, cudaEventDisableTiming), "cudaEventCreate");
+    RT_CUDA_CHECK(cudaSetDevice(device_.index));
+    RT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+    RT_CUDA_CHECK(cudaEventCreateWithFlags(&after_legacy_, cudaEventDisableTiming));
     ncclUniqueId id{};
     if (rank_ == 0) RT_CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId failed");
     std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
@@ -122,7 +121,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    if (!barrier_buf_) check_cuda(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc (barrier)");
+    if (!barrier_buf_) RT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc (barrier)");
     all_reduce(barrier_buf_, 1, DType::I32, ReduceOp::Sum, nullptr);
   }
 
@@ -136,8 +135,8 @@ class NcclCommunicator final : public Communicator {
   // Polls the stream until the work enqueued so far is done, the timeout passes, or NCCL reports an error.
   void wait_stream(cudaStream_t s, const std::string& what) {
     cudaEvent_t ev;
-    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ev, s), "cudaEventRecord");
+    RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    RT_CUDA_CHECK(cudaEventRecord(ev, s));
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       const cudaError_t q = cudaEventQuery(ev);
@@ -180,8 +179,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t pick(void* stream) {
     RT_CHECK(!aborted_, "nccl communicator on rank ", rank_, " was aborted: ", why_);
     if (stream) return static_cast<cudaStream_t>(stream);
-    check_cuda(cudaEventRecord(after_legacy_, cudaStreamLegacy), "cudaEventRecord (the buffers' producers)");
-    check_cuda(cudaStreamWaitEvent(own_stream_, after_legacy_, 0), "cudaStreamWaitEvent (the buffers' producers)");
+    RT_CUDA_CHECK(cudaEventRecord(after_legacy_, cudaStreamLegacy), "cudaEventRecord (the buffers' producers)");
+    RT_CUDA_CHECK(cudaStreamWaitEvent(own_stream_, after_legacy_, 0), "cudaStreamWaitEvent (the buffers' producers)");
     return own_stream_;
   }
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/cp/zigzag.h"
 
@@ -18,7 +19,6 @@ using attention::AttnForwardArgs;
 using attention::AttnParams;
 using attention::MaskType;
 
-void check_cuda(cudaError_t e, const char* what) { RT_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e)); }
 
 // q/k/v/dO, outputs and gradients of one attention problem on one device.
 struct Buffers {
@@ -44,22 +44,22 @@ struct Buffers {
 std::pair<double, double> time_runs(comm::Communicator& comm, int warmup, int iters, const std::function<void()>& fwd,
                                     const std::function<void()>& bwd) {
   cudaEvent_t e0, e1, e2;
-  check_cuda(cudaEventCreate(&e0), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&e1), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&e2), "cudaEventCreate");
+  RT_CUDA_CHECK(cudaEventCreate(&e0));
+  RT_CUDA_CHECK(cudaEventCreate(&e1));
+  RT_CUDA_CHECK(cudaEventCreate(&e2));
   std::vector<double> f, fb;
   for (int it = 0; it < warmup + iters; ++it) {
     comm.barrier();
-    check_cuda(cudaDeviceSynchronize(), "synchronize before a timed run");
-    check_cuda(cudaEventRecord(e0, nullptr), "cudaEventRecord");
+    RT_CUDA_CHECK(cudaDeviceSynchronize(), "synchronize before a timed run");
+    RT_CUDA_CHECK(cudaEventRecord(e0, nullptr));
     fwd();
-    check_cuda(cudaEventRecord(e1, nullptr), "cudaEventRecord");
+    RT_CUDA_CHECK(cudaEventRecord(e1, nullptr));
     bwd();
-    check_cuda(cudaEventRecord(e2, nullptr), "cudaEventRecord");
-    check_cuda(cudaDeviceSynchronize(), "synchronize after a timed run");
+    RT_CUDA_CHECK(cudaEventRecord(e2, nullptr));
+    RT_CUDA_CHECK(cudaDeviceSynchronize(), "synchronize after a timed run");
     float a = 0, b = 0;
-    check_cuda(cudaEventElapsedTime(&a, e0, e1), "cudaEventElapsedTime");
-    check_cuda(cudaEventElapsedTime(&b, e0, e2), "cudaEventElapsedTime");
+    RT_CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+    RT_CUDA_CHECK(cudaEventElapsedTime(&b, e0, e2));
     if (it >= warmup) {
       f.push_back(a);
       fb.push_back(b);
@@ -113,7 +113,7 @@ std::pair<double, double> error_sums(const TensorView& got, const TensorView& re
 DeviceRunResult run_cp_on_device(comm::Communicator& comm, const DeviceRunOptions& opt) {
   const Device dev = comm.device();
   RT_CHECK(dev.is_cuda(), "run_cp_on_device: the communicator's buffers are on ", device_name(dev), ", not a GPU");
-  check_cuda(cudaSetDevice(dev.index), "cudaSetDevice");
+  RT_CUDA_CHECK(cudaSetDevice(dev.index));
   const AttnProblem& p = opt.prob;
   const ZigzagLayout l(comm.size(), comm.rank(), p.seq);
   const MaskType mask = p.causal ? MaskType::CausalTopLeft : MaskType::None;
@@ -151,14 +151,14 @@ DeviceRunResult run_cp_on_device(comm::Communicator& comm, const DeviceRunOption
   local.poison();
   cp_fwd();
   cp_bwd();
-  check_cuda(cudaDeviceSynchronize(), "CP attention");
+  RT_CUDA_CHECK(cudaDeviceSynchronize(), "CP attention");
   res.dispatches = attention::dispatch_counts();
 
   if (opt.check) {
     whole.poison();
     single_fwd();
     single_bwd();
-    check_cuda(cudaDeviceSynchronize(), "single-GPU attention");
+    RT_CUDA_CHECK(cudaDeviceSynchronize(), "single-GPU attention");
     Buffers ref(p, l.local_len(), dev);
     shard(whole.o, 1, l, ref.o);
     shard(whole.lse, 2, l, ref.lse);

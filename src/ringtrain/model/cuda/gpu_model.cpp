@@ -1,6 +1,7 @@
 #include "ringtrain/model/cuda/gpu_model.h"
 
 #include "ringtrain/attention/selection.h"
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/layers.h"
 
@@ -11,9 +12,6 @@ namespace {
 // kernels want; inside a fused group (q/k/v, gate/up) tensors follow each other without a gap.
 constexpr int64_t kGroupAlign = 64;
 
-void cuda_ok(cudaError_t e, const char* what) {
-  RT_CHECK(e == cudaSuccess, "gpu model: ", what, ": ", cudaGetErrorString(e));
-}
 
 template <typename T>
 T* at(T* base, int64_t offset) {
@@ -96,7 +94,7 @@ void GpuLayerActs::allocate(const ModelConfig& c, int64_t batch, int64_t seqlen,
 GpuModel::GpuModel(ModelConfig config, ModelOptions options, int device)
     : config_(std::move(config)), layout_(config_), dev_(layout_), options_(std::move(options)),
       device_(Device::cuda(device)) {
-  cuda_ok(cudaSetDevice(device), "cudaSetDevice");
+  RT_CUDA_CHECK(cudaSetDevice(device));
   gemm_ = std::make_unique<Gemm>(stream());
   weights_ = Tensor::empty({dev_.total()}, DType::BF16, device_);
   const std::vector<float> inv_freq = rope_inv_freq(config_.rope, config_.head_dim);
@@ -169,7 +167,7 @@ bool GpuModel::grad_fresh(int64_t device_offset) const {
 void GpuModel::clear_summed_grads() {
   float* G = grads_.ptr<float>();
   const auto clear = [&](int64_t begin, int64_t end) {
-    cuda_ok(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
+    RT_CUDA_CHECK(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
             "clearing the summed gradients");
   };
   clear(dev_.summed_begin(), dev_.total());
@@ -196,7 +194,7 @@ TensorView GpuModel::grad_buffer() {
 std::vector<float> GpuModel::grads() const {
   std::vector<float> out(static_cast<size_t>(layout_.total()), 0.f);
   if (!grads_.defined()) return out;
-  cuda_ok(cudaStreamSynchronize(stream()), "waiting for the gradients");
+  RT_CUDA_CHECK(cudaStreamSynchronize(stream()), "waiting for the gradients");
   const std::vector<ParamSpec>& specs = layout_.specs();
   for (size_t i = 0; i < specs.size(); ++i) {
     const int64_t at_device = dev_.device_offsets()[i];
@@ -212,7 +210,7 @@ std::vector<float> GpuModel::grad(const std::string& name) const {
   RT_CHECK(spec != nullptr, "gpu model: no weight named '", name, "' in a ", arch_class_name(config_.arch));
   std::vector<float> out(static_cast<size_t>(spec->numel), 0.f);
   if (!grads_.defined()) return out;
-  cuda_ok(cudaStreamSynchronize(stream()), "waiting for the gradients");
+  RT_CUDA_CHECK(cudaStreamSynchronize(stream()), "waiting for the gradients");
   const int64_t device_offset = dev_.device_offsets()[static_cast<size_t>(spec - layout_.specs().data())];
   if (grad_fresh(device_offset)) return out;
   copy(contiguous_view(out.data(), DType::F32, Device::cpu(), {spec->numel}),

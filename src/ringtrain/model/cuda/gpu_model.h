@@ -20,12 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/core/cuda/gemm.h"
 #include "ringtrain/core/tensor.h"
-#include "ringtrain/model/cuda/gemm.h"
 #include "ringtrain/model/cuda/layer_kernels.h"
 #include "ringtrain/model/model.h"
 
 namespace ringtrain::model::cuda {
+
+using ringtrain::cuda::Gemm;  // the cuBLASLt products are core's
 
 // A weight gradient to add into; `fresh` while it holds nothing since zero_grads(), so that the first contribution
 // writes it instead of adding (and nothing has to clear it first).

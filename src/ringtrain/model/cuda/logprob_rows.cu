@@ -141,7 +141,7 @@ void logprob_rows(cudaStream_t s, float* logprob, float* lse, const float* logit
   const bool packs = vocab % 4 == 0 && all_aligned(16, logits);
   if (entropy) launch(packs ? logprob_rows_kernel<4, true> : logprob_rows_kernel<1, true>);
   else launch(packs ? logprob_rows_kernel<4, false> : logprob_rows_kernel<1, false>);
-  RT_KERNEL_CHECK("logprob_rows_kernel", "rows=", rows, " vocab=", vocab);
+  RT_CUDA_CHECK_LAUNCH("logprob_rows_kernel ", "rows=", rows, " vocab=", vocab);
 }
 
 bf16* logprob_rows_backward_in_place(cudaStream_t s, float* logits, const float* lse, const int32_t* targets,
@@ -154,7 +154,7 @@ bf16* logprob_rows_backward_in_place(cudaStream_t s, float* logits, const float*
   } else {
     logprob_rows_backward_kernel<1><<<grid, kRowThreads, 0, s>>>(logits, lse, targets, d_logprob, rows, vocab);
   }
-  RT_KERNEL_CHECK("logprob_rows_backward_kernel", "rows=", rows, " vocab=", vocab);
+  RT_CUDA_CHECK_LAUNCH("logprob_rows_backward_kernel ", "rows=", rows, " vocab=", vocab);
   return reinterpret_cast<bf16*>(logits);
 }
 
