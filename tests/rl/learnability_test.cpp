@@ -3,7 +3,7 @@
 // on-policy GRPO loop (group-normalised advantages, one update per batch, so no ratio clipping is needed) from the
 // warmed-up policy. Prints reward curves and timings; the assertions are the levels the task is meant to reach.
 //   RINGTRAIN_RL_SFT_STEPS (default 300), RINGTRAIN_RL_WARMUP_STEPS (GRPO's start, default 60),
-//   RINGTRAIN_RL_GRPO_STEPS (default 60), RINGTRAIN_RL_HIDDEN (default 64).
+//   RINGTRAIN_RL_GRPO_STEPS (default 60), RINGTRAIN_RL_GRPO_LR (default 1e-3), RINGTRAIN_RL_HIDDEN (default 64).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -96,10 +96,11 @@ TEST(RlLearnability, SftThenGrpo) {
   if (!std::getenv("RINGTRAIN_RL_EXPERIMENT")) GTEST_SKIP() << "set RINGTRAIN_RL_EXPERIMENT=1 to run the experiment";
   const int64_t sft_steps = env_int("RINGTRAIN_RL_SFT_STEPS", 300), warmup = env_int("RINGTRAIN_RL_WARMUP_STEPS", 60);
   const int64_t grpo_steps = env_int("RINGTRAIN_RL_GRPO_STEPS", 60), hidden = env_int("RINGTRAIN_RL_HIDDEN", 64);
+  const double grpo_lr = std::getenv("RINGTRAIN_RL_GRPO_LR") ? std::stod(std::getenv("RINGTRAIN_RL_GRPO_LR")) : 1e-3;
   constexpr int64_t kBatch = 32, kEval = 256;
 
   // SFT curve from scratch.
-  {
+  if (sft_steps > 0) {
     TinyRun run(hidden);
     model::Sampler sampler(*run.policy);
     const auto t0 = std::chrono::steady_clock::now();
@@ -110,6 +111,7 @@ TEST(RlLearnability, SftThenGrpo) {
         const auto [s_partial, s_exact] = run.evaluate(sampler, sampling(1, step), kEval);
         std::printf("sft step %4lld  greedy partial %.3f exact %.3f  T=1 partial %.3f exact %.3f  (%.1f s training)\n",
                     static_cast<long long>(step), g_partial, g_exact, s_partial, s_exact, sft_time);
+        std::fflush(stdout);
         if (step == sft_steps) {
           EXPECT_GT(g_partial, 0.8);
         }
@@ -153,6 +155,7 @@ TEST(RlLearnability, SftThenGrpo) {
       const auto [s_partial, s_exact] = run.evaluate(sampler, sampling(1, 1000 + step), kEval);
       std::printf("grpo step %3lld  greedy partial %.3f exact %.3f  T=1 partial %.3f exact %.3f  (%.1f s)\n",
                   static_cast<long long>(step), g_partial, g_exact, s_partial, s_exact, seconds_since(t0));
+      std::fflush(stdout);
       if (first < 0) first = s_partial;
       last = s_partial;
     }
@@ -180,7 +183,7 @@ TEST(RlLearnability, SftThenGrpo) {
       // Token-mean policy gradient: maximise sum A * logprob / tokens.
       weight.push_back(-advantage / static_cast<double>(tokens));
     }
-    run.update(prompts, responses, weight, 1e-3);
+    run.update(prompts, responses, weight, grpo_lr);
   }
   EXPECT_GT(last, first + 0.1) << "GRPO did not raise the sampled reward";
 }

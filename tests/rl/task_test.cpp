@@ -141,8 +141,9 @@ class PromptFile : public ::testing::Test {
 };
 
 TEST_F(PromptFile, ReadsRecordsSkippingBlankLines) {
-  const auto examples = rl::read_prompt_file(
-      write("{\"prompt\": \"12+3=\", \"answer\": \"15\"}\n\n  \r\n{\"answer\": \"ba\", \"prompt\": \"rev ab:\"}"), tok_);
+  const std::string text =
+      "{\"prompt\": \"12+3=\", \"answer\": \"15\"}\n\n  \r\n{\"answer\": \"ba\", \"prompt\": \"rev ab:\"}";
+  const auto examples = rl::read_prompt_file(write(text), tok_);
   ASSERT_EQ(examples.size(), 2u);
   EXPECT_EQ(examples[0].prompt, "12+3=");
   EXPECT_EQ(examples[0].answer, "15");

@@ -243,11 +243,7 @@ std::vector<Generation> Sampler::generate(const std::vector<std::vector<int32_t>
            " token slots) needs ", bytes, " bytes, more than max_cache_bytes = ", options_.max_cache_bytes);
   cache.data.assign(static_cast<size_t>(elements), 0.f);
 
-  const std::vector<attention::BackendId> allowed =
-      options_.attention_backends.empty()
-          ? std::vector<attention::BackendId>(std::begin(attention::kAllBackends), std::end(attention::kAllBackends))
-          : options_.attention_backends;
-  attention::BackendScope scope("sampler", allowed);
+  attention::BackendScope scope("sampler", ModelOptions{options_.attention_backends, {}}.allowed_backends());
   Decoder decoder{config_, layout_, inv_freq_, weights(), cache};
 
   // Prefill: each prompt alone; its last row's logits start its generation.

@@ -18,7 +18,8 @@ Example ReverseDigitsTask::example(uint64_t index) const {
   // Draw k of the example comes from hash(seed, index, k): the length first, then each digit.
   const uint64_t base = splitmix64(splitmix64(seed_) ^ index);
   const auto draw = [&](uint64_t k, uint64_t n) { return splitmix64(base ^ splitmix64(k)) % n; };
-  const int64_t digits = min_digits_ + static_cast<int64_t>(draw(0, static_cast<uint64_t>(max_digits_ - min_digits_ + 1)));
+  const uint64_t lengths = static_cast<uint64_t>(max_digits_ - min_digits_ + 1);
+  const int64_t digits = min_digits_ + static_cast<int64_t>(draw(0, lengths));
   Example e;
   for (int64_t i = 0; i < digits; ++i) e.prompt += static_cast<char>('0' + draw(static_cast<uint64_t>(i) + 1, 10));
   e.answer.assign(e.prompt.rbegin(), e.prompt.rend());
