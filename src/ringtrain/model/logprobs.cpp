@@ -15,11 +15,12 @@ void check_targets(const int32_t* targets, int64_t n, int64_t vocab) {
              " is outside the vocabulary [0, ", vocab, ")");
 }
 
-// Turns a chunk's logits [m, vocab] into log-softmax in place (sums in double: vocabularies are large). With
-// `entropy`, row r's entropy goes to entropy[r] from the same pass: with e_v = exp(z_v - max),
+}  // namespace
+
+// Sums in double: vocabularies are large. Entropy from the same pass: with e_v = exp(z_v - max),
 // H = lse - sum_v p_v z_v = log(sum e) - sum(e (z - max)) / sum e.
 template <typename T>
-void log_softmax_rows(T* logits, int64_t m, int64_t vocab, T* entropy = nullptr) {
+void log_softmax_rows(T* logits, int64_t m, int64_t vocab, T* entropy) {
   parallel_items(m, vocab, [&](int64_t r) {
     T* z = logits + r * vocab;
     const T mx = *std::max_element(z, z + vocab);
@@ -34,8 +35,6 @@ void log_softmax_rows(T* logits, int64_t m, int64_t vocab, T* entropy = nullptr)
     for (int64_t v = 0; v < vocab; ++v) z[v] -= lse;
   });
 }
-
-}  // namespace
 
 template <typename T>
 void token_logprobs(T* out, const T* hidden, const T* lm_head, const int32_t* targets, int64_t n,
@@ -136,6 +135,7 @@ void sequence_logprobs_backward(Model<T>& model, const std::vector<int32_t>& ids
 }
 
 #define RT_INSTANTIATE(T)                                                                                          \
+  template void log_softmax_rows<T>(T*, int64_t, int64_t, T*);                                                     \
   template void token_logprobs<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, T*); \
   template void token_logprobs_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t, \
                                            int64_t, int64_t);                                                      \

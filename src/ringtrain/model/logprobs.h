@@ -12,6 +12,11 @@ namespace ringtrain::model {
 
 constexpr int64_t kDefaultLogprobChunk = 1024;
 
+// Turns logits [m, vocab] into log-softmax in place. With `entropy` (optional, [m]), entropy[r] = the entropy of
+// row r's distribution, from the same pass.
+template <typename T>
+void log_softmax_rows(T* logits, int64_t m, int64_t vocab, T* entropy = nullptr);
+
 // out[i] = log P(targets[i] | row i) for rows [n, hidden_dim]; 0 where targets[i] < 0 (no next token). With
 // `entropy` (optional, [n]), entropy[i] = the entropy of row i's whole distribution, from the same pass.
 template <typename T>
