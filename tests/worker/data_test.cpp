@@ -107,7 +107,7 @@ TEST(WorkerData, BadRowsNameFileLineAndField) {
       {ok + "\n" + ok, "d.jsonl:2: blank line"},
       {ok + "  \t\n", "d.jsonl:2: blank line"},
       {ok + "{\"input_ids\": [[1]]}\n", "d.jsonl:2: nested deeper"},
-      {ok + "{\"input_ids\": " + std::string(100000, '[') + "}\n", "d.jsonl:2: nested deeper than a row of lists"},
+      {ok + "{\"input_ids\": " + std::string(100000, '[') + "}\n", "d.jsonl:2: nested deeper than 2 levels"},
       {ok + "{\"a\": {\"b\": {\"c\": 1}}}\n", "nested deeper"},
       {ok + "{\"token_mask\": [1]}\n", "d.jsonl:2: missing input_ids"},
       {"{\"input_ids\": [1, 2], \"prev_logprobs\": [0, -1]}\n" + ok, "d.jsonl:2: prev_logprobs missing"},

@@ -10,32 +10,15 @@
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/safetensors.h"
+#include "ringtrain/worker/json_line.h"
 
 namespace ringtrain::worker {
 namespace {
 
 using nlohmann::json;
 
-// A row is an object (container depth 0) of lists of numbers (depth 1). A container deeper than that is refused while
-// parsing, before it is built.
+// A row is an object of lists of numbers.
 constexpr int kMaxRowDepth = 2;
-
-struct TooDeep {};
-
-json parse_row(std::string_view line, const std::string& where) {
-  const json::parser_callback_t limit = [](int depth, json::parse_event_t event, json&) {
-    if (depth >= kMaxRowDepth && (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start))
-      throw TooDeep{};
-    return true;
-  };
-  try {
-    return json::parse(line.begin(), line.end(), limit);
-  } catch (const TooDeep&) {
-    throw Error(cat(where, ": nested deeper than a row of lists (", kMaxRowDepth, " levels)"));
-  } catch (const json::exception& e) {
-    throw Error(cat(where, ": invalid JSON: ", e.what()));
-  }
-}
 
 std::string short_dump(const json& v) {
   std::string s = v.dump();
@@ -208,7 +191,7 @@ Dataset parse_jsonl(std::string_view text, const std::string& source, const Data
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const std::string where = cat(source, ":", lineno);
     RT_CHECK(line.find_first_not_of(" \t") != std::string_view::npos, where, ": blank line (one JSON object per line)");
-    const json row = parse_row(line, where);
+    const json row = parse_json_line(line, kMaxRowDepth, where);
     const RowReader r{row, where, spec};
     if (d.pairs) {
       check_keys(row, kPairKeys, where);
