@@ -15,7 +15,7 @@
 namespace ringtrain::worker {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // A row is an object of lists of numbers.
 constexpr int kMaxRowDepth = 2;

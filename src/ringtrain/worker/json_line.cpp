@@ -9,8 +9,8 @@ struct TooDeep {};
 
 }  // namespace
 
-nlohmann::json parse_json_line(std::string_view line, int max_depth, const std::string& where) {
-  using nlohmann::json;
+nlohmann::ordered_json parse_json_line(std::string_view line, int max_depth, const std::string& where) {
+  using json = nlohmann::ordered_json;
   // The callback sees a container's depth before it is entered (the outermost one at 0).
   const json::parser_callback_t limit = [max_depth](int depth, json::parse_event_t event, json&) {
     const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;

@@ -9,7 +9,8 @@
 
 namespace ringtrain::worker {
 
-// max_depth counts containers: 1 allows an object of scalars, 2 an object of lists. Errors name `where`.
-nlohmann::json parse_json_line(std::string_view line, int max_depth, const std::string& where);
+// max_depth counts containers: 1 allows an object of scalars, 2 an object of lists. Keys keep their order in the line.
+// Errors name `where`.
+nlohmann::ordered_json parse_json_line(std::string_view line, int max_depth, const std::string& where);
 
 }  // namespace ringtrain::worker

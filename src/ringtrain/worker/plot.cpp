@@ -129,7 +129,7 @@ std::vector<Series> read_metrics(const std::filesystem::path& jsonl) {
     ++lineno;
     const std::string where = cat(jsonl.string(), ":", lineno);
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const nlohmann::json j = parse_json_line(line, 1, where);  // an object of scalars
+    const nlohmann::ordered_json j = parse_json_line(line, 1, where);  // an object of scalars
     RT_CHECK(j.is_object() && j.contains("step") && j["step"].is_number(), where,
              ": expected an object with a numeric \"step\"");
     const double step = j["step"].get<double>();
