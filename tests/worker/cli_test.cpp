@@ -21,7 +21,8 @@ TEST(WorkerCli, ConfigPrintsTheResolvedConfig) {
   const std::string file = std::string(RINGTRAIN_SOURCE_DIR) + "/configs/grpo.yaml";
   const testing::CliResult r = run_cli(file + " policy.train_micro_batch_size=2 'attention.backends=[math]'");
   ASSERT_NE(r.code, 0);  // no subcommand: usage error
-  const testing::CliResult ok = run_cli("config " + file + " policy.train_micro_batch_size=2 'attention.backends=[math]'");
+  const testing::CliResult ok =
+      run_cli("config " + file + " policy.train_micro_batch_size=2 'attention.backends=[math]'");
   ASSERT_EQ(ok.code, 0) << ok.output;
   const Config printed = parse_config(ok.output, "stdout");
   EXPECT_TRUE(printed == load_config(file, {"policy.train_micro_batch_size=2", "attention.backends=[math]"}));

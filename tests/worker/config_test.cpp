@@ -2,10 +2,10 @@
 // mesh and shape validation, and hostile files (every bad input an Error naming where, never a crash).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "ringtrain/core/error.h"
 #include "ringtrain/worker/config.h"
@@ -82,8 +82,8 @@ TEST(WorkerConfig, ReadsNestedOriginalKeys) {
   EXPECT_EQ(c.parallel.cp, 2);
   EXPECT_EQ(c.parallel.world(), 4);
   EXPECT_EQ(c.parallel.cp_comm, cp::CpComm::AllGather);
-  EXPECT_EQ(c.attention_backends, (std::vector<attention::BackendId>{attention::BackendId::Flash,
-                                                                      attention::BackendId::Math}));
+  EXPECT_EQ(c.attention_backends,
+            (std::vector<attention::BackendId>{attention::BackendId::Flash, attention::BackendId::Math}));
   EXPECT_DOUBLE_EQ(c.policy.optimizer.lr, 1e-5);
   EXPECT_DOUBLE_EQ(c.policy.optimizer.beta1, 0.8);
   EXPECT_DOUBLE_EQ(c.policy.optimizer.beta2, 0.95);
@@ -92,11 +92,11 @@ TEST(WorkerConfig, ReadsNestedOriginalKeys) {
 }
 
 TEST(WorkerConfig, PrintedYamlReadsBackEqual) {
-  Config c = parse_config(kMinimal, "cfg.yaml",
-                          {"loss_fn.type=dpo", "loss_fn.ratio_clip_c=2.5", "policy.optimizer.kwargs.lr=3.3e-7",
-                           "attention.backends=[math]", "parallel.cp=3", "parallel.cp_comm=a2a", "train.seed=18446744073709551615",
-                           "policy.scheduler.kind=cosine", "train.steps=100", "policy.sequence_packing.enabled=true",
-                           "policy.sequence_packing.train_mb_tokens=9000"});
+  Config c = parse_config(
+      kMinimal, "cfg.yaml",
+      {"loss_fn.type=dpo", "loss_fn.ratio_clip_c=2.5", "policy.optimizer.kwargs.lr=3.3e-7", "attention.backends=[math]",
+       "parallel.cp=3", "parallel.cp_comm=a2a", "train.seed=18446744073709551615", "policy.scheduler.kind=cosine",
+       "train.steps=100", "policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=9000"});
   const std::string yaml = to_yaml(c);
   const Config back = parse_config(yaml, "printed");
   EXPECT_TRUE(back == c) << yaml;
@@ -173,8 +173,9 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
     std::string want;
   };
   const std::vector<Case> cases = {
-      {{"parallel.dp=3"}, "policy.train_global_batch_size = 32 must be a multiple of parallel.dp (3) x "
-                          "policy.train_micro_batch_size (4) = 12"},
+      {{"parallel.dp=3"},
+       "policy.train_global_batch_size = 32 must be a multiple of parallel.dp (3) x "
+       "policy.train_micro_batch_size (4) = 12"},
       {{"policy.train_global_batch_size=6", "policy.train_micro_batch_size=4"}, "must be a multiple"},
       {{"policy.precision=bfloat16"}, "the CPU policy computes in float32 or float64"},
       {{"device=cuda"}, "policy.precision = float32 with device cuda:0"},
@@ -262,11 +263,11 @@ TEST(WorkerConfig, HostileFilesAreErrorsNotCrashes) {
             std::string::npos);
   std::string deep_block;
   for (int i = 0; i < 1000; ++i) deep_block += std::string(static_cast<size_t>(i), ' ') + "k:\n";
-  EXPECT_NE(error_of(write("deep_block.yaml", deep_block)).find("YAML error"),
-            std::string::npos);
+  EXPECT_NE(error_of(write("deep_block.yaml", deep_block)).find("YAML error"), std::string::npos);
   std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n";
-  for (int i = 0; i < 9; ++i) bomb += cat(char('b' + i), ": &", char('b' + i), " [*", char('a' + i), ", *",
-                                          char('a' + i), ", *", char('a' + i), "]\n");
+  for (int i = 0; i < 9; ++i)
+    bomb += cat(char('b' + i), ": &", char('b' + i), " [*", char('a' + i), ", *", char('a' + i), ", *", char('a' + i),
+                "]\n");
   EXPECT_NE(error_of(write("alias_bomb.yaml", bomb)).find("unknown key 'a'"), std::string::npos);
   const std::string aliased = error_of(write("alias.yaml", "policy: &p {model_name: *p}\n"));
   EXPECT_NE(aliased.find("policy.model_name"), std::string::npos) << aliased;

@@ -42,7 +42,8 @@ std::string error_of(const std::string& text, const DataSpec& s = spec()) {
 
 TEST(WorkerData, ReadsRowsWithDefaultsAndPerSampleAdvantages) {
   const Dataset d = parse_jsonl(
-      "{\"input_ids\": [1, 2, 3], \"advantages\": -0.5, \"token_mask\": [0, true, 1], \"prev_logprobs\": [0, -1.5, -2]}\n"
+      "{\"input_ids\": [1, 2, 3], \"advantages\": -0.5, \"token_mask\": [0, true, 1], \"prev_logprobs\": [0, -1.5, "
+      "-2]}\n"
       "{\"input_ids\": [99], \"advantages\": [2.25], \"sample_mask\": 0, \"prev_logprobs\": [0]}\r\n",
       "d.jsonl", spec(LossType::ClippedPg));
   ASSERT_EQ(d.samples.size(), 2u);
@@ -76,8 +77,9 @@ TEST(WorkerData, DpoPairsBecomeChosenThenRejected) {
   EXPECT_EQ(d.samples[1].input_ids, (std::vector<int32_t>{5, 8}));
   EXPECT_EQ(d.samples[1].token_mask, (std::vector<float>{0, 1}));
   EXPECT_EQ(d.samples[3].token_mask, (std::vector<float>{1, 1, 1, 0}));
-  EXPECT_NE(error_of("{\"chosen_input_ids\": [1]}\n", spec(LossType::Dpo)).find("d.jsonl:1: missing rejected_input_ids"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("{\"chosen_input_ids\": [1]}\n", spec(LossType::Dpo)).find("d.jsonl:1: missing rejected_input_ids"),
+      std::string::npos);
   EXPECT_NE(error_of("{\"input_ids\": [1]}\n", spec(LossType::Dpo)).find("unknown field 'input_ids'"),
             std::string::npos);
 }
@@ -217,8 +219,8 @@ TEST(WorkerData, ExampleDataFilesMatchTheirConfigs) {
   for (const char* name : {"sft", "grpo", "dpo"}) {
     SCOPED_TRACE(name);
     const Config c = load_config(fs::path(RINGTRAIN_SOURCE_DIR) / "configs" / (std::string(name) + ".yaml"));
-    const Dataset d = load_dataset(fs::path(RINGTRAIN_SOURCE_DIR) / c.train.data,
-                                   data_spec(c, resolve_model_config(c.policy)));
+    const Dataset d =
+        load_dataset(fs::path(RINGTRAIN_SOURCE_DIR) / c.train.data, data_spec(c, resolve_model_config(c.policy)));
     EXPECT_GE(d.units(), c.policy.train_global_batch_size);
   }
 }

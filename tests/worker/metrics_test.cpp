@@ -40,7 +40,9 @@ uint64_t le64(const std::string& s, size_t at) {
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
   return v;
 }
-uint32_t le32(const std::string& s, size_t at) { return static_cast<uint32_t>(le64(s.substr(at, 4) + std::string(4, '\0'), 0)); }
+uint32_t le32(const std::string& s, size_t at) {
+  return static_cast<uint32_t>(le64(s.substr(at, 4) + std::string(4, '\0'), 0));
+}
 
 // Splits an event file into its payloads, checking the framing and both CRCs of every record.
 std::vector<std::string> read_records(const fs::path& file) {

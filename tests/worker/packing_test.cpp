@@ -136,8 +136,8 @@ TEST(WorkerPacking, PairsStayTogether) {
   std::mt19937_64 rng(testing::fresh_seed());
   std::vector<int64_t> lengths(40);
   for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % 50);
-  for (const auto& bins : {first_fit_decreasing(lengths, 100, 2), bucket_by_length(lengths, 200, 2),
-                           fixed_microbatches(lengths, 3, 2)}) {
+  for (const auto& bins :
+       {first_fit_decreasing(lengths, 100, 2), bucket_by_length(lengths, 200, 2), fixed_microbatches(lengths, 3, 2)}) {
     check_partition(bins, lengths, std::numeric_limits<int64_t>::max());
     for (const Microbatch& b : bins) {
       ASSERT_EQ(b.sequences.size() % 2, 0u);
@@ -159,7 +159,8 @@ TEST(WorkerPacking, BucketsByLengthWithinThePaddedBudget) {
   int64_t previous_longest = 0;
   for (size_t m = 0; m < mbs.size(); ++m) {
     int64_t longest = 0, shortest = std::numeric_limits<int64_t>::max();
-    for (int64_t i : mbs[m].sequences) longest = std::max(longest, lengths[i]), shortest = std::min(shortest, lengths[i]);
+    for (int64_t i : mbs[m].sequences)
+      longest = std::max(longest, lengths[i]), shortest = std::min(shortest, lengths[i]);
     const int64_t n = static_cast<int64_t>(mbs[m].sequences.size());
     EXPECT_LE(n * longest, budget);
     EXPECT_GE(shortest, previous_longest);  // sorted: microbatches do not overlap in length

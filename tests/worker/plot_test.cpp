@@ -54,7 +54,10 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
       l *= std::exp(-0.05 + 0.02 * std::normal_distribution<double>()(rng));
       loss.push_back(l);
       kl.push_back(step == 9 ? std::nan("") : 1e-3 * static_cast<double>(step));
-      w.write(step, {{"loss", l}, {"grad_norm", 1.0 + 0.1 * step}, {"lr", 1e-5}, {"kl_to_ref", kl.back()},
+      w.write(step, {{"loss", l},
+                     {"grad_norm", 1.0 + 0.1 * step},
+                     {"lr", 1e-5},
+                     {"kl_to_ref", kl.back()},
                      {"reward/mean", std::normal_distribution<double>()(rng)}});
     }
   }
@@ -83,8 +86,8 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
     ASSERT_GE(xt.size(), 3u);
     ASSERT_GE(yt.size(), 3u);
     auto inverse = [](const std::vector<std::pair<double, double>>& t, double pixel) {
-      return t.front().first + (pixel - t.front().second) / (t.back().second - t.front().second) *
-                                   (t.back().first - t.front().first);
+      return t.front().first +
+             (pixel - t.front().second) / (t.back().second - t.front().second) * (t.back().first - t.front().first);
     };
     // Ticks cover the data.
     EXPECT_LE(xt.front().first, s.steps.front());

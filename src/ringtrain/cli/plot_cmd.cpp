@@ -25,7 +25,8 @@ void add_plot_command(CLI::App& app) {
   cmd->callback([o] {
     const std::vector<worker::Series> all = worker::read_metrics(o->metrics);
     const std::vector<std::string> names = o->panels.empty() ? worker::default_panels(all) : o->panels;
-    RT_CHECK(!names.empty(), o->metrics, ": none of loss, grad_norm, reward or kl has a finite value; name the "
+    RT_CHECK(!names.empty(), o->metrics,
+             ": none of loss, grad_norm, reward or kl has a finite value; name the "
              "metrics with --metrics");
     const auto panels = worker::select_series(all, names);
     worker::write_svg(o->out, worker::render_svg(panels, o->title.empty() ? o->metrics : o->title));

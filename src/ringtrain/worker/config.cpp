@@ -55,8 +55,8 @@ int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string
   const std::string& s = scalar(n, key, where);
   int64_t v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  RT_CHECK(ec != std::errc::result_out_of_range, where, ": ", key, " = ", excerpt(s), ": out of range [", lo, ", ",
-           hi, "]");
+  RT_CHECK(ec != std::errc::result_out_of_range, where, ": ", key, " = ", excerpt(s), ": out of range [", lo, ", ", hi,
+           "]");
   RT_CHECK(ec == std::errc() && end == s.data() + s.size(), where, ": ", key, " = '", excerpt(s),
            "': expected an integer");
   RT_CHECK(v >= lo && v <= hi, where, ": ", key, " = ", v, ": out of range [", lo, ", ", hi, "]");
@@ -182,42 +182,56 @@ Field enum_field(std::string path, std::string doc, Get get, const EnumName<E> (
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = [] {
     std::vector<Field> f;
-    f.push_back(string_field("policy.model_name", "checkpoint folder (config.json + safetensors) or builtin:<name>",
-                             [](auto& c) -> auto& { return c.policy.model_name; }));
-    f.push_back(int_field("policy.train_global_batch_size", "sequences (DPO: pairs) per optimizer step, all dp ranks",
-                          [](auto& c) -> auto& { return c.policy.train_global_batch_size; }, 1, kMaxBatch));
-    f.push_back(int_field("policy.train_micro_batch_size", "sequences (DPO: pairs) per forward/backward on a dp rank",
-                          [](auto& c) -> auto& { return c.policy.train_micro_batch_size; }, 1, kMaxBatch));
-    f.push_back(int_field("policy.logprob_batch_size", "sequences per scoring call",
-                          [](auto& c) -> auto& { return c.policy.logprob_batch_size; }, 1, kMaxBatch));
-    f.push_back(int_field("policy.max_total_sequence_length", "longest sequence (prompt + response) in tokens",
-                          [](auto& c) -> auto& { return c.policy.max_total_sequence_length; }, 2, kMaxTokens));
-    f.push_back(enum_field("policy.precision", "compute dtype: bfloat16 (GPU), float32 or float64 (CPU)",
-                           [](auto& c) -> auto& { return c.policy.precision; }, kPrecisions));
-    f.push_back(double_field("policy.max_grad_norm", "clip gradients to this global L2 norm; 0 = no clipping",
-                             [](auto& c) -> auto& { return c.policy.max_grad_norm; }, 0.0, 1e30));
-    f.push_back(int_field("policy.logprob_chunk_size", "tokens per LM-head chunk; 0 = the device's default",
-                          [](auto& c) -> auto& { return c.policy.logprob_chunk_size; }, 0, kMaxTokens));
-    Field cp_alias = int_field("policy.dtensor_cfg.context_parallel_size", "context-parallel size (= parallel.cp)",
-                               [](auto& c) -> auto& { return c.parallel.cp; }, 1, 1 << 16);
+    f.push_back(string_field(
+        "policy.model_name", "checkpoint folder (config.json + safetensors) or builtin:<name>",
+        [](auto& c) -> auto& { return c.policy.model_name; }));
+    f.push_back(int_field(
+        "policy.train_global_batch_size", "sequences (DPO: pairs) per optimizer step, all dp ranks",
+        [](auto& c) -> auto& { return c.policy.train_global_batch_size; }, 1, kMaxBatch));
+    f.push_back(int_field(
+        "policy.train_micro_batch_size", "sequences (DPO: pairs) per forward/backward on a dp rank",
+        [](auto& c) -> auto& { return c.policy.train_micro_batch_size; }, 1, kMaxBatch));
+    f.push_back(int_field(
+        "policy.logprob_batch_size", "sequences per scoring call",
+        [](auto& c) -> auto& { return c.policy.logprob_batch_size; }, 1, kMaxBatch));
+    f.push_back(int_field(
+        "policy.max_total_sequence_length", "longest sequence (prompt + response) in tokens",
+        [](auto& c) -> auto& { return c.policy.max_total_sequence_length; }, 2, kMaxTokens));
+    f.push_back(enum_field(
+        "policy.precision", "compute dtype: bfloat16 (GPU), float32 or float64 (CPU)",
+        [](auto& c) -> auto& { return c.policy.precision; }, kPrecisions));
+    f.push_back(double_field(
+        "policy.max_grad_norm", "clip gradients to this global L2 norm; 0 = no clipping",
+        [](auto& c) -> auto& { return c.policy.max_grad_norm; }, 0.0, 1e30));
+    f.push_back(int_field(
+        "policy.logprob_chunk_size", "tokens per LM-head chunk; 0 = the device's default",
+        [](auto& c) -> auto& { return c.policy.logprob_chunk_size; }, 0, kMaxTokens));
+    Field cp_alias = int_field(
+        "policy.dtensor_cfg.context_parallel_size", "context-parallel size (= parallel.cp)",
+        [](auto& c) -> auto& { return c.parallel.cp; }, 1, 1 << 16);
     cp_alias.storage = "parallel.cp";
     f.push_back(cp_alias);
-    f.push_back(bool_field("policy.dtensor_cfg.activation_checkpointing", "recompute each layer's forward in backward",
-                           [](auto& c) -> auto& { return c.policy.dtensor_cfg.activation_checkpointing; }));
-    f.push_back(int_field("policy.dtensor_cfg.tensor_parallel_size", "must be 1: ringtrain has no tensor parallelism",
-                          [](auto& c) -> auto& { return c.policy.dtensor_cfg.tensor_parallel_size; }, 1, 1 << 16));
-    f.push_back(bool_field("policy.dtensor_cfg.sequence_parallel", "must be false (belongs to tensor parallelism)",
-                           [](auto& c) -> auto& { return c.policy.dtensor_cfg.sequence_parallel; }));
-    f.push_back(bool_field("policy.dtensor_cfg.cpu_offload", "must be false: ringtrain keeps weights on the device",
-                           [](auto& c) -> auto& { return c.policy.dtensor_cfg.cpu_offload; }));
-    f.push_back(bool_field("policy.sequence_packing.enabled", "pack sequences into rows of a token budget",
-                           [](auto& c) -> auto& { return c.policy.sequence_packing.enabled; }));
-    f.push_back(int_field("policy.sequence_packing.train_mb_tokens",
-                          "tokens per packed training row; 0 = max_total_sequence_length",
-                          [](auto& c) -> auto& { return c.policy.sequence_packing.train_mb_tokens; }, 0, kMaxTokens));
-    f.push_back(int_field("policy.sequence_packing.logprob_mb_tokens",
-                          "tokens per packed scoring row; 0 = train_mb_tokens",
-                          [](auto& c) -> auto& { return c.policy.sequence_packing.logprob_mb_tokens; }, 0, kMaxTokens));
+    f.push_back(bool_field(
+        "policy.dtensor_cfg.activation_checkpointing", "recompute each layer's forward in backward",
+        [](auto& c) -> auto& { return c.policy.dtensor_cfg.activation_checkpointing; }));
+    f.push_back(int_field(
+        "policy.dtensor_cfg.tensor_parallel_size", "must be 1: ringtrain has no tensor parallelism",
+        [](auto& c) -> auto& { return c.policy.dtensor_cfg.tensor_parallel_size; }, 1, 1 << 16));
+    f.push_back(bool_field(
+        "policy.dtensor_cfg.sequence_parallel", "must be false (belongs to tensor parallelism)",
+        [](auto& c) -> auto& { return c.policy.dtensor_cfg.sequence_parallel; }));
+    f.push_back(bool_field(
+        "policy.dtensor_cfg.cpu_offload", "must be false: ringtrain keeps weights on the device",
+        [](auto& c) -> auto& { return c.policy.dtensor_cfg.cpu_offload; }));
+    f.push_back(bool_field(
+        "policy.sequence_packing.enabled", "pack sequences into rows of a token budget",
+        [](auto& c) -> auto& { return c.policy.sequence_packing.enabled; }));
+    f.push_back(int_field(
+        "policy.sequence_packing.train_mb_tokens", "tokens per packed training row; 0 = max_total_sequence_length",
+        [](auto& c) -> auto& { return c.policy.sequence_packing.train_mb_tokens; }, 0, kMaxTokens));
+    f.push_back(int_field(
+        "policy.sequence_packing.logprob_mb_tokens", "tokens per packed scoring row; 0 = train_mb_tokens",
+        [](auto& c) -> auto& { return c.policy.sequence_packing.logprob_mb_tokens; }, 0, kMaxTokens));
     static const EnumName<int> kAlgorithms[] = {{0, "first_fit_decreasing"}};
     f.push_back({"policy.sequence_packing.algorithm", "bin packing: first_fit_decreasing",
                  [](Config& c, const YAML::Node& n, const std::string& w) {
@@ -225,10 +239,12 @@ const std::vector<Field>& schema() {
                        kAlgorithms[parse_enum(n, "policy.sequence_packing.algorithm", w, kAlgorithms)].name;
                  },
                  [](const Config& c, YAML::Emitter& e) { e << c.policy.sequence_packing.algorithm; }});
-    f.push_back(double_field("policy.optimizer.kwargs.lr", "AdamW peak learning rate",
-                             [](auto& c) -> auto& { return c.policy.optimizer.lr; }, 0.0, 1e3));
-    f.push_back(double_field("policy.optimizer.kwargs.weight_decay", "AdamW decoupled weight decay",
-                             [](auto& c) -> auto& { return c.policy.optimizer.weight_decay; }, 0.0, 1e3));
+    f.push_back(double_field(
+        "policy.optimizer.kwargs.lr", "AdamW peak learning rate",
+        [](auto& c) -> auto& { return c.policy.optimizer.lr; }, 0.0, 1e3));
+    f.push_back(double_field(
+        "policy.optimizer.kwargs.weight_decay", "AdamW decoupled weight decay",
+        [](auto& c) -> auto& { return c.policy.optimizer.weight_decay; }, 0.0, 1e3));
     f.push_back({"policy.optimizer.kwargs.betas", "AdamW [beta1, beta2], each in [0, 1)",
                  [](Config& c, const YAML::Node& n, const std::string& w) {
                    const std::string key = "policy.optimizer.kwargs.betas";
@@ -242,46 +258,58 @@ const std::vector<Field>& schema() {
                    e << YAML::Flow << YAML::BeginSeq << double_text(c.policy.optimizer.beta1)
                      << double_text(c.policy.optimizer.beta2) << YAML::EndSeq;
                  }});
-    f.push_back(double_field("policy.optimizer.kwargs.eps", "AdamW denominator epsilon",
-                             [](auto& c) -> auto& { return c.policy.optimizer.eps; }, 0.0, 1.0));
-    f.push_back(int_field("policy.scheduler.warmup_steps", "linear warm-up over this many optimizer steps",
-                          [](auto& c) -> auto& { return c.policy.scheduler.warmup_steps; }, 0, kMaxTokens));
-    f.push_back(enum_field("policy.scheduler.kind", "after warm-up: constant or cosine (down to min_lr)",
-                           [](auto& c) -> auto& { return c.policy.scheduler.kind; }, kSchedules));
-    f.push_back(double_field("policy.scheduler.min_lr", "the cosine schedule's final learning rate",
-                             [](auto& c) -> auto& { return c.policy.scheduler.min_lr; }, 0.0, 1e3));
-    f.push_back(int_field("policy.scheduler.total_steps", "cosine length incl. warm-up; 0 = train.steps",
-                          [](auto& c) -> auto& { return c.policy.scheduler.total_steps; }, 0, kMaxTokens));
-    f.push_back(enum_field("loss_fn.type", "nll (SFT), clipped_pg (GRPO/PPO) or dpo",
-                           [](auto& c) -> auto& { return c.loss_fn.type; }, kLossTypes));
-    f.push_back(double_field("loss_fn.reference_policy_kl_penalty", "clipped_pg: KL-to-reference weight; dpo: beta",
-                             [](auto& c) -> auto& { return c.loss_fn.reference_policy_kl_penalty; }, 0.0, 1e6));
-    f.push_back(enum_field("loss_fn.reference_policy_kl_type", "KL estimator: k1, k2 or k3",
-                           [](auto& c) -> auto& { return c.loss_fn.reference_policy_kl_type; }, kKlTypes));
-    f.push_back(double_field("loss_fn.ratio_clip_min", "ratio clipped below at 1 - ratio_clip_min",
-                             [](auto& c) -> auto& { return c.loss_fn.ratio_clip_min; }, 0.0,
-                             std::nextafter(1.0, 0.0)));
-    f.push_back(double_field("loss_fn.ratio_clip_max", "ratio clipped above at 1 + ratio_clip_max",
-                             [](auto& c) -> auto& { return c.loss_fn.ratio_clip_max; }, 0.0, 1e6));
+    f.push_back(double_field(
+        "policy.optimizer.kwargs.eps", "AdamW denominator epsilon",
+        [](auto& c) -> auto& { return c.policy.optimizer.eps; }, 0.0, 1.0));
+    f.push_back(int_field(
+        "policy.scheduler.warmup_steps", "linear warm-up over this many optimizer steps",
+        [](auto& c) -> auto& { return c.policy.scheduler.warmup_steps; }, 0, kMaxTokens));
+    f.push_back(enum_field(
+        "policy.scheduler.kind", "after warm-up: constant or cosine (down to min_lr)",
+        [](auto& c) -> auto& { return c.policy.scheduler.kind; }, kSchedules));
+    f.push_back(double_field(
+        "policy.scheduler.min_lr", "the cosine schedule's final learning rate",
+        [](auto& c) -> auto& { return c.policy.scheduler.min_lr; }, 0.0, 1e3));
+    f.push_back(int_field(
+        "policy.scheduler.total_steps", "cosine length incl. warm-up; 0 = train.steps",
+        [](auto& c) -> auto& { return c.policy.scheduler.total_steps; }, 0, kMaxTokens));
+    f.push_back(enum_field(
+        "loss_fn.type", "nll (SFT), clipped_pg (GRPO/PPO) or dpo", [](auto& c) -> auto& { return c.loss_fn.type; },
+        kLossTypes));
+    f.push_back(double_field(
+        "loss_fn.reference_policy_kl_penalty", "clipped_pg: KL-to-reference weight; dpo: beta",
+        [](auto& c) -> auto& { return c.loss_fn.reference_policy_kl_penalty; }, 0.0, 1e6));
+    f.push_back(enum_field(
+        "loss_fn.reference_policy_kl_type", "KL estimator: k1, k2 or k3",
+        [](auto& c) -> auto& { return c.loss_fn.reference_policy_kl_type; }, kKlTypes));
+    f.push_back(double_field(
+        "loss_fn.ratio_clip_min", "ratio clipped below at 1 - ratio_clip_min",
+        [](auto& c) -> auto& { return c.loss_fn.ratio_clip_min; }, 0.0, std::nextafter(1.0, 0.0)));
+    f.push_back(double_field(
+        "loss_fn.ratio_clip_max", "ratio clipped above at 1 + ratio_clip_max",
+        [](auto& c) -> auto& { return c.loss_fn.ratio_clip_max; }, 0.0, 1e6));
     f.push_back({"loss_fn.ratio_clip_c", "dual-clip bound (> 1) for negative advantages; null = off",
                  [](Config& c, const YAML::Node& n, const std::string& w) {
                    if (n.IsNull()) c.loss_fn.ratio_clip_c.reset();
-                   else c.loss_fn.ratio_clip_c = parse_double(n, "loss_fn.ratio_clip_c", w,
-                                                              std::nextafter(1.0, 2.0), 1e6);
+                   else
+                     c.loss_fn.ratio_clip_c = parse_double(n, "loss_fn.ratio_clip_c", w, std::nextafter(1.0, 2.0), 1e6);
                  },
                  [](const Config& c, YAML::Emitter& e) {
                    if (c.loss_fn.ratio_clip_c) e << double_text(*c.loss_fn.ratio_clip_c);
                    else e << YAML::Null;
                  }});
-    f.push_back(bool_field("loss_fn.use_importance_sampling_correction",
-                           "weight tokens by exp(prev - generation logprobs)",
-                           [](auto& c) -> auto& { return c.loss_fn.use_importance_sampling_correction; }));
-    f.push_back(bool_field("loss_fn.token_level_loss", "true: sum / global tokens; false: per-sequence means",
-                           [](auto& c) -> auto& { return c.loss_fn.token_level_loss; }));
-    f.push_back(double_field("loss_fn.preference_loss_weight", "dpo: weight of the preference loss",
-                             [](auto& c) -> auto& { return c.loss_fn.preference_loss_weight; }, 0.0, 1e6));
-    f.push_back(double_field("loss_fn.sft_loss_weight", "dpo: weight of the chosen responses' NLL",
-                             [](auto& c) -> auto& { return c.loss_fn.sft_loss_weight; }, 0.0, 1e6));
+    f.push_back(bool_field(
+        "loss_fn.use_importance_sampling_correction", "weight tokens by exp(prev - generation logprobs)",
+        [](auto& c) -> auto& { return c.loss_fn.use_importance_sampling_correction; }));
+    f.push_back(bool_field(
+        "loss_fn.token_level_loss", "true: sum / global tokens; false: per-sequence means",
+        [](auto& c) -> auto& { return c.loss_fn.token_level_loss; }));
+    f.push_back(double_field(
+        "loss_fn.preference_loss_weight", "dpo: weight of the preference loss",
+        [](auto& c) -> auto& { return c.loss_fn.preference_loss_weight; }, 0.0, 1e6));
+    f.push_back(double_field(
+        "loss_fn.sft_loss_weight", "dpo: weight of the chosen responses' NLL",
+        [](auto& c) -> auto& { return c.loss_fn.sft_loss_weight; }, 0.0, 1e6));
     f.push_back({"attention.backends", "allow-list, most preferred first (cudnn, flash, efficient, math); [] = all",
                  [](Config& c, const YAML::Node& n, const std::string& w) {
                    const std::string key = "attention.backends";
@@ -302,12 +330,15 @@ const std::vector<Field>& schema() {
                    for (attention::BackendId id : c.attention_backends) e << std::string(attention::backend_name(id));
                    e << YAML::EndSeq;
                  }});
-    f.push_back(int_field("parallel.dp", "data-parallel size (world = dp * cp)",
-                          [](auto& c) -> auto& { return c.parallel.dp; }, 1, 1 << 16));
-    f.push_back(int_field("parallel.cp", "context-parallel size (ranks sharing each sequence)",
-                          [](auto& c) -> auto& { return c.parallel.cp; }, 1, 1 << 16));
-    f.push_back(enum_field("parallel.cp_comm", "ring, allgather or a2a (heads divisible by cp)",
-                           [](auto& c) -> auto& { return c.parallel.cp_comm; }, kCpComms));
+    f.push_back(int_field(
+        "parallel.dp", "data-parallel size (world = dp * cp)", [](auto& c) -> auto& { return c.parallel.dp; }, 1,
+        1 << 16));
+    f.push_back(int_field(
+        "parallel.cp", "context-parallel size (ranks sharing each sequence)",
+        [](auto& c) -> auto& { return c.parallel.cp; }, 1, 1 << 16));
+    f.push_back(enum_field(
+        "parallel.cp_comm", "ring, allgather or a2a (heads divisible by cp)",
+        [](auto& c) -> auto& { return c.parallel.cp_comm; }, kCpComms));
     f.push_back({"device", "cpu, cuda or cuda:N",
                  [](Config& c, const YAML::Node& n, const std::string& w) {
                    const std::string& s = scalar(n, "device", w);
@@ -318,22 +349,27 @@ const std::vector<Field>& schema() {
                    }
                  },
                  [](const Config& c, YAML::Emitter& e) { e << device_name(c.device); }});
-    f.push_back(int_field("train.steps", "optimizer steps; 0 = as many as train.epochs give",
-                          [](auto& c) -> auto& { return c.train.steps; }, 0, std::numeric_limits<int32_t>::max()));
-    f.push_back(int_field("train.epochs", "passes over the data; the first limit reached ends the run",
-                          [](auto& c) -> auto& { return c.train.epochs; }, 0, 1 << 20));
-    f.push_back(string_field("train.data", "JSONL rows or a .safetensors batch file",
-                             [](auto& c) -> auto& { return c.train.data; }));
-    f.push_back(string_field("train.checkpoint_dir", "where checkpoints go; empty = none",
-                             [](auto& c) -> auto& { return c.train.checkpoint_dir; }));
-    f.push_back(int_field("train.checkpoint_every", "optimizer steps between checkpoints; 0 = at the end only",
-                          [](auto& c) -> auto& { return c.train.checkpoint_every; }, 0,
-                          std::numeric_limits<int32_t>::max()));
-    f.push_back(string_field("train.metrics_dir", "metrics.jsonl and TensorBoard events; empty = none",
-                             [](auto& c) -> auto& { return c.train.metrics_dir; }));
-    f.push_back({"train.seed", "seed of data order and builtin weights",
-                 [](Config& c, const YAML::Node& n, const std::string& w) { c.train.seed = parse_uint(n, "train.seed", w); },
-                 [](const Config& c, YAML::Emitter& e) { e << std::to_string(c.train.seed); }});
+    f.push_back(int_field(
+        "train.steps", "optimizer steps; 0 = as many as train.epochs give",
+        [](auto& c) -> auto& { return c.train.steps; }, 0, std::numeric_limits<int32_t>::max()));
+    f.push_back(int_field(
+        "train.epochs", "passes over the data; the first limit reached ends the run",
+        [](auto& c) -> auto& { return c.train.epochs; }, 0, 1 << 20));
+    f.push_back(string_field(
+        "train.data", "JSONL rows or a .safetensors batch file", [](auto& c) -> auto& { return c.train.data; }));
+    f.push_back(string_field(
+        "train.checkpoint_dir", "where checkpoints go; empty = none",
+        [](auto& c) -> auto& { return c.train.checkpoint_dir; }));
+    f.push_back(int_field(
+        "train.checkpoint_every", "optimizer steps between checkpoints; 0 = at the end only",
+        [](auto& c) -> auto& { return c.train.checkpoint_every; }, 0, std::numeric_limits<int32_t>::max()));
+    f.push_back(string_field(
+        "train.metrics_dir", "metrics.jsonl and TensorBoard events; empty = none",
+        [](auto& c) -> auto& { return c.train.metrics_dir; }));
+    f.push_back(
+        {"train.seed", "seed of data order and builtin weights",
+         [](Config& c, const YAML::Node& n, const std::string& w) { c.train.seed = parse_uint(n, "train.seed", w); },
+         [](const Config& c, YAML::Emitter& e) { e << std::to_string(c.train.seed); }});
     for (Field& x : f)
       if (x.storage.empty()) x.storage = x.path;
     return f;
@@ -405,8 +441,8 @@ void apply_map(Config& c, const YAML::Node& map, const std::string& prefix, cons
     if (const Field* f = find_field(path)) {
       f->set(c, value, origin.at(value.IsNull() ? key_node : value));
       auto [prev, fresh] = assigned.emplace(f->storage, std::make_pair(path, where));
-      RT_CHECK(fresh, where, ": ", path, " sets the same setting as ", prev->second.first, " (",
-               prev->second.second, "); give only one of them");
+      RT_CHECK(fresh, where, ": ", path, " sets the same setting as ", prev->second.first, " (", prev->second.second,
+               "); give only one of them");
     } else if (is_section(path)) {
       if (value.IsNull()) continue;  // an empty section keeps its defaults
       RT_CHECK(value.IsMap(), origin.at(value), ": ", path, ": expected a mapping of keys, got a ", node_kind(value));
@@ -504,26 +540,31 @@ void Config::validate() const {
   RT_CHECK(!policy.model_name.empty(), "policy.model_name is required (a checkpoint folder or builtin:<name>)");
   if (is_builtin_model(policy.model_name)) resolve_model_config(policy);  // an unknown builtin name fails here
   RT_CHECK(!train.data.empty(), "train.data is required (a JSONL or .safetensors file)");
-  RT_CHECK(policy.dtensor_cfg.tensor_parallel_size == 1, "policy.dtensor_cfg.tensor_parallel_size = ",
-           policy.dtensor_cfg.tensor_parallel_size, ": ringtrain has no tensor parallelism (use parallel.dp / cp)");
-  RT_CHECK(!policy.dtensor_cfg.sequence_parallel, "policy.dtensor_cfg.sequence_parallel: needs tensor parallelism, "
+  RT_CHECK(policy.dtensor_cfg.tensor_parallel_size == 1,
+           "policy.dtensor_cfg.tensor_parallel_size = ", policy.dtensor_cfg.tensor_parallel_size,
+           ": ringtrain has no tensor parallelism (use parallel.dp / cp)");
+  RT_CHECK(!policy.dtensor_cfg.sequence_parallel,
+           "policy.dtensor_cfg.sequence_parallel: needs tensor parallelism, "
            "which ringtrain does not have");
   RT_CHECK(!policy.dtensor_cfg.cpu_offload, "policy.dtensor_cfg.cpu_offload: not supported");
 
   const bool cpu = device.kind == DeviceKind::CPU;
   RT_CHECK(cpu != (policy.precision == Precision::BFloat16), "policy.precision = ", precision_name(policy.precision),
-           " with device ", device_name(device), ": the CPU policy computes in float32 or float64, the GPU policy in "
+           " with device ", device_name(device),
+           ": the CPU policy computes in float32 or float64, the GPU policy in "
            "bfloat16");
   const int64_t per_step = parallel.dp * policy.train_micro_batch_size;  // both at most 2^24: no overflow
-  RT_CHECK(policy.train_global_batch_size % per_step == 0, "policy.train_global_batch_size = ",
-           policy.train_global_batch_size, " must be a multiple of parallel.dp (", parallel.dp,
-           ") x policy.train_micro_batch_size (", policy.train_micro_batch_size, ") = ", per_step);
+  RT_CHECK(policy.train_global_batch_size % per_step == 0,
+           "policy.train_global_batch_size = ", policy.train_global_batch_size, " must be a multiple of parallel.dp (",
+           parallel.dp, ") x policy.train_micro_batch_size (", policy.train_micro_batch_size, ") = ", per_step);
   if (policy.sequence_packing.enabled) {
-    RT_CHECK(train_mb_tokens() >= policy.max_total_sequence_length, "policy.sequence_packing.train_mb_tokens = ",
-             train_mb_tokens(), " is below policy.max_total_sequence_length = ", policy.max_total_sequence_length,
+    RT_CHECK(train_mb_tokens() >= policy.max_total_sequence_length,
+             "policy.sequence_packing.train_mb_tokens = ", train_mb_tokens(),
+             " is below policy.max_total_sequence_length = ", policy.max_total_sequence_length,
              ": the longest sequence must fit one packed row");
-    RT_CHECK(logprob_mb_tokens() >= policy.max_total_sequence_length, "policy.sequence_packing.logprob_mb_tokens = ",
-             logprob_mb_tokens(), " is below policy.max_total_sequence_length = ", policy.max_total_sequence_length,
+    RT_CHECK(logprob_mb_tokens() >= policy.max_total_sequence_length,
+             "policy.sequence_packing.logprob_mb_tokens = ", logprob_mb_tokens(),
+             " is below policy.max_total_sequence_length = ", policy.max_total_sequence_length,
              ": the longest sequence must fit one packed row");
   }
   const SchedulerConfig& s = policy.scheduler;
@@ -535,25 +576,26 @@ void Config::validate() const {
              ")");
   }
   RT_CHECK(train.steps > 0 || train.epochs > 0, "train.steps and train.epochs are both 0: the run would never start");
-  RT_CHECK(train.checkpoint_every == 0 || !train.checkpoint_dir.empty(), "train.checkpoint_every = ",
-           train.checkpoint_every, " needs train.checkpoint_dir");
+  RT_CHECK(train.checkpoint_every == 0 || !train.checkpoint_dir.empty(),
+           "train.checkpoint_every = ", train.checkpoint_every, " needs train.checkpoint_dir");
 }
 
 void Config::validate_against(const model::ModelConfig& m) const {
   const std::string& name = policy.model_name;
-  RT_CHECK(policy.max_total_sequence_length <= m.max_positions, "policy.max_total_sequence_length = ",
-           policy.max_total_sequence_length, " exceeds the model's max_position_embeddings = ", m.max_positions, " (",
-           name, ")");
+  RT_CHECK(policy.max_total_sequence_length <= m.max_positions,
+           "policy.max_total_sequence_length = ", policy.max_total_sequence_length,
+           " exceeds the model's max_position_embeddings = ", m.max_positions, " (", name, ")");
   try {
     model::check_sequence_supported(m, policy.max_total_sequence_length);
   } catch (const Error& e) {
-    throw Error(cat("policy.max_total_sequence_length = ", policy.max_total_sequence_length, " (", name, "): ",
-                    e.what()));
+    throw Error(
+        cat("policy.max_total_sequence_length = ", policy.max_total_sequence_length, " (", name, "): ", e.what()));
   }
   if (parallel.cp > 1 && parallel.cp_comm == cp::CpComm::AllToAll) {
-    RT_CHECK(m.heads % parallel.cp == 0 && m.kv_heads % parallel.cp == 0, "parallel.cp_comm = a2a with parallel.cp = ",
-             parallel.cp, ": the model's attention heads (", m.heads, ") and key/value heads (", m.kv_heads,
-             ") must both be divisible by cp = ", parallel.cp, " (", name, "); use ring or allgather");
+    RT_CHECK(m.heads % parallel.cp == 0 && m.kv_heads % parallel.cp == 0,
+             "parallel.cp_comm = a2a with parallel.cp = ", parallel.cp, ": the model's attention heads (", m.heads,
+             ") and key/value heads (", m.kv_heads, ") must both be divisible by cp = ", parallel.cp, " (", name,
+             "); use ring or allgather");
   }
 }
 

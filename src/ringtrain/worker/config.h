@@ -55,13 +55,13 @@ struct OptimizerConfig {  // AdamW
 struct SchedulerConfig {
   int64_t warmup_steps = 0;  // linear warm-up from lr/warmup_steps to lr over this many optimizer steps
   ScheduleKind kind = ScheduleKind::Constant;
-  double min_lr = 0.0;       // the cosine schedule's floor
-  int64_t total_steps = 0;   // the cosine schedule's length (warm-up included); 0 = train.steps
+  double min_lr = 0.0;      // the cosine schedule's floor
+  int64_t total_steps = 0;  // the cosine schedule's length (warm-up included); 0 = train.steps
   bool operator==(const SchedulerConfig&) const = default;
 };
 
 struct PolicyConfig {
-  std::string model_name;  // a checkpoint folder, or builtin:<name> (builtin_model_names())
+  std::string model_name;                // a checkpoint folder, or builtin:<name> (builtin_model_names())
   int64_t train_global_batch_size = 32;  // sequences (DPO: pairs) per optimizer step, over all dp ranks
   int64_t train_micro_batch_size = 4;    // sequences (DPO: pairs) per forward/backward on one dp rank
   int64_t logprob_batch_size = 4;        // sequences per scoring call
@@ -83,9 +83,9 @@ struct LossConfig {
   KlType reference_policy_kl_type = KlType::K3;
   double ratio_clip_min = 0.2;  // the ratio is clipped to [1 - ratio_clip_min, 1 + ratio_clip_max]
   double ratio_clip_max = 0.2;
-  std::optional<double> ratio_clip_c;  // dual clip for negative advantages (> 1); unset = off
+  std::optional<double> ratio_clip_c;               // dual clip for negative advantages (> 1); unset = off
   bool use_importance_sampling_correction = false;  // weight tokens by exp(prev - generation logprobs)
-  bool token_level_loss = true;  // sum over tokens / global valid tokens; false: mean per sequence / sequences
+  bool token_level_loss = true;         // sum over tokens / global valid tokens; false: mean per sequence / sequences
   double preference_loss_weight = 1.0;  // dpo
   double sft_loss_weight = 0.0;         // dpo: weight of the NLL of the chosen responses
   bool operator==(const LossConfig&) const = default;
@@ -100,12 +100,12 @@ struct ParallelConfig {
 };
 
 struct TrainConfig {
-  int64_t steps = 0;   // optimizer steps; 0 = as many as `epochs` passes over the data give
-  int64_t epochs = 1;  // passes over the data; the run ends at whichever limit comes first
-  std::string data;    // JSONL rows (data.h) or a .safetensors batch file
-  std::string checkpoint_dir;     // empty = no checkpoints
-  int64_t checkpoint_every = 0;   // optimizer steps between checkpoints; 0 = only at the end
-  std::string metrics_dir;        // metrics.jsonl and TensorBoard events; empty = none
+  int64_t steps = 0;             // optimizer steps; 0 = as many as `epochs` passes over the data give
+  int64_t epochs = 1;            // passes over the data; the run ends at whichever limit comes first
+  std::string data;              // JSONL rows (data.h) or a .safetensors batch file
+  std::string checkpoint_dir;    // empty = no checkpoints
+  int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = only at the end
+  std::string metrics_dir;       // metrics.jsonl and TensorBoard events; empty = none
   uint64_t seed = 0;
   bool operator==(const TrainConfig&) const = default;
 };

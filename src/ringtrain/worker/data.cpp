@@ -89,9 +89,8 @@ struct RowReader {
   }
 };
 
-const std::vector<std::string> kSampleKeys = {"input_ids",           "token_mask",    "sample_mask",
-                                              "advantages",          "generation_logprobs", "prev_logprobs",
-                                              "reference_logprobs"};
+const std::vector<std::string> kSampleKeys = {"input_ids",           "token_mask",    "sample_mask",       "advantages",
+                                              "generation_logprobs", "prev_logprobs", "reference_logprobs"};
 const std::vector<std::string> kPairKeys = {"chosen_input_ids",          "rejected_input_ids",
                                             "chosen_token_mask",         "rejected_token_mask",
                                             "chosen_reference_logprobs", "rejected_reference_logprobs"};
@@ -105,8 +104,8 @@ std::string key_list(const std::vector<std::string>& keys) {
 void check_keys(const json& row, const std::vector<std::string>& known, const std::string& where) {
   RT_CHECK(row.is_object(), where, ": expected a JSON object, got ", short_dump(row));
   for (const auto& [key, value] : row.items()) {
-    RT_CHECK(std::find(known.begin(), known.end(), key) != known.end(), where, ": unknown field '",
-             key.substr(0, 40), "' (expected ", key_list(known), ")");
+    RT_CHECK(std::find(known.begin(), known.end(), key) != known.end(), where, ": unknown field '", key.substr(0, 40),
+             "' (expected ", key_list(known), ")");
   }
 }
 
@@ -249,7 +248,8 @@ Dataset read_batch_safetensors(const std::filesystem::path& file, const DataSpec
            ": input_ids shape ", model::shape_string(ids.shape), " does not match its ", ids.bytes.size(), " bytes");
   const model::StoredTensor& lens = get("lengths");
   RT_CHECK((lens.dtype == DType::I32 || lens.dtype == DType::I64) && lens.shape == std::vector<int64_t>{B}, src,
-           ": lengths must be I32 or I64 [", B, "], got ", dtype_name(lens.dtype), " ", model::shape_string(lens.shape));
+           ": lengths must be I32 or I64 [", B, "], got ", dtype_name(lens.dtype), " ",
+           model::shape_string(lens.shape));
   Dataset d;
   d.pairs = spec.loss == LossType::Dpo;
   RT_CHECK(!d.pairs || B % 2 == 0, src, ": ", B, " rows cannot alternate chosen and rejected");
@@ -372,8 +372,8 @@ uint64_t splitmix64(uint64_t& state) {
 BatchSchedule::BatchSchedule(int64_t units, int64_t global_batch, uint64_t seed)
     : units_(units), global_batch_(global_batch), seed_(seed) {
   RT_CHECK(global_batch >= 1, "global batch size ", global_batch, ": must be at least 1");
-  RT_CHECK(units >= global_batch, "the data has ", units, " samples, fewer than policy.train_global_batch_size = ",
-           global_batch, ": not one optimizer step");
+  RT_CHECK(units >= global_batch, "the data has ", units,
+           " samples, fewer than policy.train_global_batch_size = ", global_batch, ": not one optimizer step");
 }
 
 std::vector<int64_t> BatchSchedule::step_units(int64_t step) const {

@@ -185,12 +185,15 @@ std::string with_thousands(int64_t v) {
 
 std::string duration_text(double seconds) {
   const int64_t s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  const auto ll = [](int64_t v) { return static_cast<long long>(v); };
   char buf[64];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
-                               static_cast<long long>(s % 3600 / 60));
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60),
-                                  static_cast<long long>(s % 60));
-  else std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", ll(s / 3600), ll(s % 3600 / 60));
+  } else if (s >= 60) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", ll(s / 60), ll(s % 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llds", ll(s));
+  }
   return buf;
 }
 
@@ -211,7 +214,9 @@ std::string progress_text(const ProgressState& s) {
 }
 
 ProgressLine::ProgressLine(int64_t total_steps, std::FILE* out)
-    : out_(out), tty_(::isatty(::fileno(out)) == 1), total_(total_steps),
+    : out_(out),
+      tty_(::isatty(::fileno(out)) == 1),
+      total_(total_steps),
       start_(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count()) {}
 
 void ProgressLine::update(int64_t step, int64_t step_tokens, double loss) {

@@ -15,13 +15,14 @@ std::vector<int64_t> unit_lengths(const std::vector<int64_t>& lengths, int64_t b
            group);
   std::vector<int64_t> units(lengths.size() / group, 0);
   for (size_t i = 0; i < lengths.size(); ++i) {
-    RT_CHECK(lengths[i] >= 1 && lengths[i] <= std::numeric_limits<int32_t>::max(), "sequence ", i, " has ",
-             lengths[i], " tokens (expected 1 to 2^31 - 1)");
+    RT_CHECK(lengths[i] >= 1 && lengths[i] <= std::numeric_limits<int32_t>::max(), "sequence ", i, " has ", lengths[i],
+             " tokens (expected 1 to 2^31 - 1)");
     units[i / group] += lengths[i];
   }
   for (size_t u = 0; u < units.size(); ++u) {
-    RT_CHECK(units[u] <= budget, group == 1 ? cat("sequence ", u) : cat("sequences ", u * group, "-", (u + 1) * group - 1),
-             " has ", units[u], " tokens, above the microbatch budget of ", budget);
+    RT_CHECK(units[u] <= budget,
+             group == 1 ? cat("sequence ", u) : cat("sequences ", u * group, "-", (u + 1) * group - 1), " has ",
+             units[u], " tokens, above the microbatch budget of ", budget);
   }
   return units;
 }
@@ -123,8 +124,7 @@ PackedRow pack_row(const std::vector<std::vector<int32_t>>& sequences, const Mic
   PackedRow row;
   row.cu_seqlens.push_back(0);
   for (int64_t i : mb.sequences) {
-    RT_CHECK(i >= 0 && static_cast<size_t>(i) < sequences.size(), "pack_row: sequence ", i, " of ",
-             sequences.size());
+    RT_CHECK(i >= 0 && static_cast<size_t>(i) < sequences.size(), "pack_row: sequence ", i, " of ", sequences.size());
     const std::vector<int32_t>& s = sequences[i];
     RT_CHECK(row.input_ids.size() + s.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
              "pack_row: more than 2^31 - 1 tokens in one row");

@@ -50,7 +50,8 @@ Ticks nice_ticks(double min, double max, int target, const std::string& what) {
     min -= pad, max += pad;
   }
   const double raw = (max - min) / target;
-  RT_CHECK(std::isfinite(raw) && raw > 0, what, " spans [", min, ", ", max, "], a range too wide or too narrow to plot");
+  RT_CHECK(std::isfinite(raw) && raw > 0, what, " spans [", min, ", ", max,
+           "], a range too wide or too narrow to plot");
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   const double f = raw / mag;
   const double step = (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
@@ -84,8 +85,9 @@ void render_panel(std::string& svg, const Series& s, double y0) {
     const double v = xt.lo + i * xt.step, x = x_of(v);
     svg += cat("<line class=\"grid\" x1=\"", fmt("%.2f", x), "\" y1=\"", fmt("%.2f", py0), "\" x2=\"", fmt("%.2f", x),
                "\" y2=\"", fmt("%.2f", py1), "\" stroke=\"#e4e4e4\"/>\n");
-    svg += cat("<line class=\"xtick\" data-value=\"", fmt("%.17g", v), "\" x1=\"", fmt("%.2f", x), "\" y1=\"",
-               fmt("%.2f", py1), "\" x2=\"", fmt("%.2f", x), "\" y2=\"", fmt("%.2f", py1 + 5), "\" stroke=\"#333\"/>\n");
+    svg +=
+        cat("<line class=\"xtick\" data-value=\"", fmt("%.17g", v), "\" x1=\"", fmt("%.2f", x), "\" y1=\"",
+            fmt("%.2f", py1), "\" x2=\"", fmt("%.2f", x), "\" y2=\"", fmt("%.2f", py1 + 5), "\" stroke=\"#333\"/>\n");
     svg += cat("<text class=\"xtick-label\" x=\"", fmt("%.2f", x), "\" y=\"", fmt("%.2f", py1 + 19),
                "\" text-anchor=\"middle\" font-size=\"12\">", tick_label(v, xt.step), "</text>\n");
   }
@@ -104,8 +106,10 @@ void render_panel(std::string& svg, const Series& s, double y0) {
   svg += cat("<text class=\"xlabel\" x=\"", fmt("%.2f", (px0 + px1) / 2), "\" y=\"", fmt("%.2f", py1 + 37),
              "\" text-anchor=\"middle\" font-size=\"13\">step</text>\n");
   const double ymid = (py0 + py1) / 2;
-  svg += cat("<text class=\"ylabel\" x=\"18\" y=\"", fmt("%.2f", ymid), "\" text-anchor=\"middle\" font-size=\"13\" "
-             "transform=\"rotate(-90 18 ", fmt("%.2f", ymid), ")\">", xml_escape(s.name), "</text>\n");
+  svg += cat("<text class=\"ylabel\" x=\"18\" y=\"", fmt("%.2f", ymid),
+             "\" text-anchor=\"middle\" font-size=\"13\" "
+             "transform=\"rotate(-90 18 ",
+             fmt("%.2f", ymid), ")\">", xml_escape(s.name), "</text>\n");
   svg += "<polyline class=\"series\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.8\" points=\"";
   for (size_t i = 0; i < s.steps.size(); ++i)
     svg += cat(i ? " " : "", fmt("%.2f", x_of(s.steps[i])), ",", fmt("%.2f", y_of(s.values[i])));
@@ -179,12 +183,15 @@ std::string render_svg(const std::vector<Series>& panels, const std::string& tit
   for (const Series& s : panels)
     RT_CHECK(!s.steps.empty() && s.steps.size() == s.values.size(), "metric '", s.name, "' has no points");
   const double height = kTitleHeight + kPanelHeight * static_cast<double>(panels.size());
-  std::string svg = cat("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"",
-                        kWidth, "\" height=\"", height, "\" viewBox=\"0 0 ", kWidth, " ", height,
-                        "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n");
+  std::string svg =
+      cat("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", kWidth,
+          "\" height=\"", height, "\" viewBox=\"0 0 ", kWidth, " ", height,
+          "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n");
   svg += cat("<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
-  svg += cat("<text class=\"title\" x=\"", kWidth / 2, "\" y=\"28\" text-anchor=\"middle\" font-size=\"19\" "
-             "font-weight=\"bold\">", xml_escape(title), "</text>\n");
+  svg += cat("<text class=\"title\" x=\"", kWidth / 2,
+             "\" y=\"28\" text-anchor=\"middle\" font-size=\"19\" "
+             "font-weight=\"bold\">",
+             xml_escape(title), "</text>\n");
   for (size_t i = 0; i < panels.size(); ++i) render_panel(svg, panels[i], kTitleHeight + kPanelHeight * i);
   svg += "</svg>\n";
   return svg;
