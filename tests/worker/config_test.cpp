@@ -96,12 +96,16 @@ TEST(WorkerConfig, PrintedYamlReadsBackEqual) {
       kMinimal, "cfg.yaml",
       {"loss_fn.type=dpo", "loss_fn.ratio_clip_c=2.5", "policy.optimizer.kwargs.lr=3.3e-7", "attention.backends=[math]",
        "parallel.cp=3", "parallel.cp_comm=a2a", "train.seed=18446744073709551615", "policy.scheduler.kind=cosine",
-       "train.steps=100", "policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=9000"});
+       "train.steps=100", "policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=9000",
+                           "train.data=' x: #y'", "train.checkpoint_dir='null'", "train.metrics_dir='123'"});
   const std::string yaml = to_yaml(c);
   const Config back = parse_config(yaml, "printed");
   EXPECT_TRUE(back == c) << yaml;
   EXPECT_EQ(to_yaml(back), yaml);
   EXPECT_EQ(back.train.seed, 18446744073709551615ull);
+  EXPECT_EQ(back.train.data, " x: #y");
+  EXPECT_EQ(back.train.checkpoint_dir, "null");
+  EXPECT_EQ(back.train.metrics_dir, "123");
   // Every field is printed with its doc; the second name of the cp size is not.
   EXPECT_NE(yaml.find("train_micro_batch_size: 4  # "), std::string::npos) << yaml;
   EXPECT_EQ(yaml.find("context_parallel_size"), std::string::npos) << yaml;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include <nlohmann/json.hpp>
@@ -62,7 +63,7 @@ struct RowReader {
   float finite(const json& v, const std::string& name) const {
     RT_CHECK(v.is_number(), where, ": ", name, " = ", short_dump(v), ": expected a number");
     const double d = v.get<double>();
-    RT_CHECK(std::isfinite(d) && std::abs(d) <= 3.0e38, where, ": ", name, " = ", short_dump(v),
+    RT_CHECK(std::isfinite(d) && std::abs(d) <= std::numeric_limits<float>::max(), where, ": ", name, " = ", short_dump(v),
              ": not a finite float32");
     return static_cast<float>(d);
   }

@@ -42,7 +42,7 @@ void ensure_directory(const std::filesystem::path& dir) {
 }
 
 // Opens for writing without following a symlink; the result must be a regular file.
-std::FILE* open_for_writing(const std::filesystem::path& path, int flags) {
+FilePtr open_for_writing(const std::filesystem::path& path, int flags) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | flags, 0644);
   RT_CHECK(fd >= 0, "cannot open ", path.string(), " for writing: ", std::strerror(errno));
   struct stat st {};
@@ -50,7 +50,7 @@ std::FILE* open_for_writing(const std::filesystem::path& path, int flags) {
     ::close(fd);
     throw Error(cat(path.string(), ": not a regular file"));
   }
-  std::FILE* f = ::fdopen(fd, "ab");
+  FilePtr f(::fdopen(fd, "ab"));
   if (!f) {
     ::close(fd);
     throw Error(cat("cannot open ", path.string(), ": ", std::strerror(errno)));
@@ -101,7 +101,7 @@ EventFileWriter::EventFileWriter(const std::filesystem::path& dir) {
       RT_CHECK(errno == EEXIST && attempt < 100, "cannot create ", path_.string(), ": ", std::strerror(errno));
       continue;
     }
-    file_ = ::fdopen(fd, "wb");
+    file_.reset(::fdopen(fd, "wb"));
     if (!file_) {
       ::close(fd);
       throw Error(cat("cannot open ", path_.string(), ": ", std::strerror(errno)));
@@ -113,10 +113,6 @@ EventFileWriter::EventFileWriter(const std::filesystem::path& dir) {
   write_record(first.SerializeAsString());
 }
 
-EventFileWriter::~EventFileWriter() {
-  if (file_) std::fclose(file_);
-}
-
 void EventFileWriter::write_record(const std::string& payload) {
   unsigned char header[12];
   const uint64_t length = payload.size();
@@ -126,10 +122,10 @@ void EventFileWriter::write_record(const std::string& payload) {
   const uint32_t payload_crc = masked_crc32c(payload.data(), payload.size());
   unsigned char footer[4];
   for (int i = 0; i < 4; ++i) footer[i] = static_cast<unsigned char>(payload_crc >> (8 * i));
-  write_all(file_, header, sizeof header, path_);
-  write_all(file_, payload.data(), payload.size(), path_);
-  write_all(file_, footer, sizeof footer, path_);
-  flush(file_, path_);
+  write_all(file_.get(), header, sizeof header, path_);
+  write_all(file_.get(), payload.data(), payload.size(), path_);
+  write_all(file_.get(), footer, sizeof footer, path_);
+  flush(file_.get(), path_);
 }
 
 void EventFileWriter::write_scalars(int64_t step, double wall_time, const Scalars& values) {
@@ -152,10 +148,6 @@ MetricsWriter::MetricsWriter(const std::filesystem::path& dir, bool tensorboard)
   if (tensorboard) events_ = std::make_unique<EventFileWriter>(dir);
 }
 
-MetricsWriter::~MetricsWriter() {
-  if (jsonl_) std::fclose(jsonl_);
-}
-
 void MetricsWriter::write(int64_t step, const Scalars& values) {
   const double wall = now_seconds();
   nlohmann::ordered_json j;
@@ -167,8 +159,8 @@ void MetricsWriter::write(int64_t step, const Scalars& values) {
     else j[name] = nullptr;
   }
   const std::string line = j.dump() + "\n";
-  write_all(jsonl_, line.data(), line.size(), jsonl_path_);
-  flush(jsonl_, jsonl_path_);
+  write_all(jsonl_.get(), line.data(), line.size(), jsonl_path_);
+  flush(jsonl_.get(), jsonl_path_);
   if (events_) events_->write_scalars(step, wall, values);
 }
 

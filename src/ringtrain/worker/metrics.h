@@ -20,16 +20,18 @@ namespace ringtrain::worker {
 uint32_t crc32c(const void* data, size_t size);
 uint32_t masked_crc32c(const void* data, size_t size);
 
-using Scalars = std::vector<std::pair<std::string, double>>;  // name -> value, in the order they are written
+using Scalars = std::vector<std::pair<std::string, double>>;
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using FilePtr = std::unique_ptr<std::FILE, FileCloser>;  // name -> value, in the order they are written
 
 // Appends framed records to a new event file (never replacing an existing one).
 class EventFileWriter {
  public:
   // Creates DIR/events.out.tfevents.<seconds>.<host> (a suffix is added when that name exists).
   explicit EventFileWriter(const std::filesystem::path& dir);
-  ~EventFileWriter();
-  EventFileWriter(const EventFileWriter&) = delete;
-  EventFileWriter& operator=(const EventFileWriter&) = delete;
 
   // One Event with a Summary of simple_value scalars (float32; a non-finite value is written as it is).
   void write_scalars(int64_t step, double wall_time, const Scalars& values);
@@ -38,16 +40,13 @@ class EventFileWriter {
  private:
   void write_record(const std::string& payload);
   std::filesystem::path path_;
-  std::FILE* file_ = nullptr;
+  FilePtr file_;
 };
 
 // metrics.jsonl (appended: a resumed run continues it) and, unless disabled, an event file.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::filesystem::path& dir, bool tensorboard = true);
-  ~MetricsWriter();
-  MetricsWriter(const MetricsWriter&) = delete;
-  MetricsWriter& operator=(const MetricsWriter&) = delete;
 
   // {"step": step, "wall_time": seconds since the epoch, name: value, ...}; a non-finite value is written as null
   // (JSON has no NaN) and in the event file as the float it is.
@@ -57,7 +56,7 @@ class MetricsWriter {
 
  private:
   std::filesystem::path jsonl_path_;
-  std::FILE* jsonl_ = nullptr;
+  FilePtr jsonl_;
   std::unique_ptr<EventFileWriter> events_;
 };
 
