@@ -55,8 +55,16 @@ TEST(WorkerConfig, DefaultsMatchTheOriginalFramework) {
   EXPECT_EQ(c.compute_dtype(), DType::F32);
   EXPECT_EQ(c.device, Device::cpu());
   EXPECT_EQ(c.parallel.world(), 1);
-  EXPECT_EQ(c.train_mb_tokens(), c.policy.max_total_sequence_length);
-  EXPECT_EQ(c.logprob_mb_tokens(), c.train_mb_tokens());
+  EXPECT_EQ(c.train_mb_tokens(), 0);  // fixed microbatches of train_micro_batch_size
+  EXPECT_EQ(c.logprob_mb_tokens(), 0);
+  const Config packed = parse_config(kMinimal, "cfg.yaml", {"policy.sequence_packing.enabled=true"});
+  EXPECT_EQ(packed.train_mb_tokens(), 4096);
+  EXPECT_EQ(packed.logprob_mb_tokens(), 4096);
+  const Config dpo = parse_config(kMinimal, "cfg.yaml", {"policy.sequence_packing.enabled=true", "loss_fn.type=dpo"});
+  EXPECT_EQ(dpo.train_mb_tokens(), 8192);  // a pair stays in one row
+  const Config dynamic = parse_config(kMinimal, "cfg.yaml", {"policy.dynamic_batching.enabled=true"});
+  EXPECT_EQ(dynamic.train_mb_tokens(), 4096 * 4);
+  EXPECT_EQ(dynamic.logprob_mb_tokens(), 4096 * 4);
 }
 
 TEST(WorkerConfig, ReadsNestedOriginalKeys) {
@@ -184,7 +192,10 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
       {{"policy.precision=bfloat16"}, "the CPU policy computes in float32 or float64"},
       {{"device=cuda"}, "policy.precision = float32 with device cuda:0"},
       {{"policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=100"},
-       "train_mb_tokens = 100 is below policy.max_total_sequence_length = 4096"},
+       "sequence_packing.train_mb_tokens = 100 is below the longest training unit, 4096 tokens"},
+      {{"policy.dynamic_batching.enabled=true", "policy.dynamic_batching.train_mb_tokens=8000", "loss_fn.type=dpo"},
+       "dynamic_batching.train_mb_tokens = 8000 is below the longest training unit, 8192 tokens"},
+      {{"policy.dynamic_batching.enabled=true", "policy.sequence_packing.enabled=true"}, "choose one way"},
       {{"policy.sequence_packing.enabled=true", "policy.sequence_packing.logprob_mb_tokens=4095"},
        "logprob_mb_tokens = 4095"},
       {{"policy.scheduler.kind=cosine"}, "cosine needs total_steps"},

@@ -176,6 +176,34 @@ TEST(WorkerPacking, BucketsByLengthWithinThePaddedBudget) {
   EXPECT_EQ(fixed[28].sequences, (std::vector<int64_t>{196, 197, 198, 199}));
 }
 
+TEST(WorkerPacking, PlanFollowsTheConfig) {
+  const std::string yaml =
+      "policy: {model_name: 'builtin:tiny', precision: float32, max_total_sequence_length: 100, "
+      "train_micro_batch_size: 2, logprob_batch_size: 3}\ndevice: cpu\ntrain: {data: x}\n";
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<int64_t> lengths(24);
+  for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % 100);
+  auto same = [](const std::vector<Microbatch>& a, const std::vector<Microbatch>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i].sequences != b[i].sequences) return false;
+    return true;
+  };
+  const Config fixed = parse_config(yaml, "cfg");
+  EXPECT_TRUE(same(plan_microbatches(fixed, lengths, Pass::Train), fixed_microbatches(lengths, 2)));
+  EXPECT_TRUE(same(plan_microbatches(fixed, lengths, Pass::Score), fixed_microbatches(lengths, 3)));
+  const Config dpo = parse_config(yaml, "cfg", {"loss_fn.type=dpo"});
+  EXPECT_TRUE(same(plan_microbatches(dpo, lengths, Pass::Train), fixed_microbatches(lengths, 2, 2)));
+  EXPECT_TRUE(same(plan_microbatches(dpo, lengths, Pass::Score), fixed_microbatches(lengths, 3)));
+  const Config packed = parse_config(yaml, "cfg", {"policy.sequence_packing.enabled=true",
+                                                   "policy.sequence_packing.logprob_mb_tokens=300"});
+  EXPECT_TRUE(same(plan_microbatches(packed, lengths, Pass::Train), first_fit_decreasing(lengths, 100)));
+  EXPECT_TRUE(same(plan_microbatches(packed, lengths, Pass::Score), first_fit_decreasing(lengths, 300)));
+  const Config dynamic = parse_config(yaml, "cfg", {"policy.dynamic_batching.enabled=true", "loss_fn.type=dpo"});
+  EXPECT_TRUE(same(plan_microbatches(dynamic, lengths, Pass::Train), bucket_by_length(lengths, 400, 2)));
+  EXPECT_TRUE(same(plan_microbatches(dynamic, lengths, Pass::Score), bucket_by_length(lengths, 300)));
+}
+
 TEST(WorkerPacking, PackedRowsAndOrderRestored) {
   std::mt19937_64 rng(testing::fresh_seed());
   std::vector<std::vector<int32_t>> seqs(30);

@@ -227,7 +227,7 @@ const std::vector<Field>& schema() {
         "policy.sequence_packing.enabled", "pack sequences into rows of a token budget",
         [](auto& c) -> auto& { return c.policy.sequence_packing.enabled; }));
     f.push_back(int_field(
-        "policy.sequence_packing.train_mb_tokens", "tokens per packed training row; 0 = max_total_sequence_length",
+        "policy.sequence_packing.train_mb_tokens", "tokens per packed training row; 0 = max length (DPO: x 2)",
         [](auto& c) -> auto& { return c.policy.sequence_packing.train_mb_tokens; }, 0, kMaxTokens));
     f.push_back(int_field(
         "policy.sequence_packing.logprob_mb_tokens", "tokens per packed scoring row; 0 = train_mb_tokens",
@@ -239,6 +239,15 @@ const std::vector<Field>& schema() {
                        kAlgorithms[parse_enum(n, "policy.sequence_packing.algorithm", w, kAlgorithms)].name;
                  },
                  [](const Config& c, YAML::Emitter& e) { e << c.policy.sequence_packing.algorithm; }});
+    f.push_back(bool_field(
+        "policy.dynamic_batching.enabled", "cut length-sorted sequences into microbatches of a padded-token budget",
+        [](auto& c) -> auto& { return c.policy.dynamic_batching.enabled; }));
+    f.push_back(int_field(
+        "policy.dynamic_batching.train_mb_tokens", "padded tokens per training microbatch; 0 = max length x micro batch",
+        [](auto& c) -> auto& { return c.policy.dynamic_batching.train_mb_tokens; }, 0, kMaxTokens));
+    f.push_back(int_field(
+        "policy.dynamic_batching.logprob_mb_tokens", "padded tokens per scoring microbatch; 0 = max length x logprob batch",
+        [](auto& c) -> auto& { return c.policy.dynamic_batching.logprob_mb_tokens; }, 0, kMaxTokens));
     f.push_back(double_field(
         "policy.optimizer.kwargs.lr", "AdamW peak learning rate",
         [](auto& c) -> auto& { return c.policy.optimizer.lr; }, 0.0, 1e3));
@@ -557,15 +566,18 @@ void Config::validate() const {
   RT_CHECK(policy.train_global_batch_size % per_step == 0,
            "policy.train_global_batch_size = ", policy.train_global_batch_size, " must be a multiple of parallel.dp (",
            parallel.dp, ") x policy.train_micro_batch_size (", policy.train_micro_batch_size, ") = ", per_step);
-  if (policy.sequence_packing.enabled) {
-    RT_CHECK(train_mb_tokens() >= policy.max_total_sequence_length,
-             "policy.sequence_packing.train_mb_tokens = ", train_mb_tokens(),
-             " is below policy.max_total_sequence_length = ", policy.max_total_sequence_length,
-             ": the longest sequence must fit one packed row");
-    RT_CHECK(logprob_mb_tokens() >= policy.max_total_sequence_length,
-             "policy.sequence_packing.logprob_mb_tokens = ", logprob_mb_tokens(),
-             " is below policy.max_total_sequence_length = ", policy.max_total_sequence_length,
-             ": the longest sequence must fit one packed row");
+  RT_CHECK(!(policy.sequence_packing.enabled && policy.dynamic_batching.enabled),
+           "policy.sequence_packing.enabled and policy.dynamic_batching.enabled: choose one way to form microbatches");
+  if (policy.sequence_packing.enabled || policy.dynamic_batching.enabled) {
+    const std::string section = policy.sequence_packing.enabled ? "sequence_packing" : "dynamic_batching";
+    // A training unit is a sequence, or a DPO pair that stays in one microbatch.
+    const int64_t train_unit = policy.max_total_sequence_length * (loss_fn.type == LossType::Dpo ? 2 : 1);
+    RT_CHECK(train_mb_tokens() >= train_unit, "policy.", section, ".train_mb_tokens = ", train_mb_tokens(),
+             " is below the longest training unit, ", train_unit, " tokens (policy.max_total_sequence_length",
+             loss_fn.type == LossType::Dpo ? " x 2 for a DPO pair" : "", "): it must fit one microbatch");
+    RT_CHECK(logprob_mb_tokens() >= policy.max_total_sequence_length, "policy.", section, ".logprob_mb_tokens = ",
+             logprob_mb_tokens(), " is below policy.max_total_sequence_length = ", policy.max_total_sequence_length,
+             ": the longest sequence must fit one microbatch");
   }
   const SchedulerConfig& s = policy.scheduler;
   RT_CHECK(s.min_lr <= policy.optimizer.lr, "policy.scheduler.min_lr = ", s.min_lr,
@@ -614,13 +626,28 @@ int64_t Config::local_batch_sequences() const {
 }
 
 int64_t Config::train_mb_tokens() const {
-  const int64_t t = policy.sequence_packing.train_mb_tokens;
-  return t > 0 ? t : policy.max_total_sequence_length;
+  const int64_t pair = loss_fn.type == LossType::Dpo ? 2 : 1;
+  if (policy.sequence_packing.enabled) {
+    const int64_t t = policy.sequence_packing.train_mb_tokens;
+    return t > 0 ? t : policy.max_total_sequence_length * pair;
+  }
+  if (policy.dynamic_batching.enabled) {
+    const int64_t t = policy.dynamic_batching.train_mb_tokens;
+    return t > 0 ? t : policy.max_total_sequence_length * policy.train_micro_batch_size * pair;  // < 2^56
+  }
+  return 0;
 }
 
 int64_t Config::logprob_mb_tokens() const {
-  const int64_t t = policy.sequence_packing.logprob_mb_tokens;
-  return t > 0 ? t : train_mb_tokens();
+  if (policy.sequence_packing.enabled) {
+    const int64_t t = policy.sequence_packing.logprob_mb_tokens;
+    return t > 0 ? t : train_mb_tokens();
+  }
+  if (policy.dynamic_batching.enabled) {
+    const int64_t t = policy.dynamic_batching.logprob_mb_tokens;
+    return t > 0 ? t : policy.max_total_sequence_length * policy.logprob_batch_size;
+  }
+  return 0;
 }
 
 int64_t Config::total_scheduler_steps() const {

@@ -38,10 +38,18 @@ struct DTensorConfig {
 
 struct SequencePackingConfig {
   bool enabled = false;
-  int64_t train_mb_tokens = 0;    // token budget of one packed training row; 0 = max_total_sequence_length
+  int64_t train_mb_tokens = 0;    // token budget of one packed training row; 0 = max length (DPO: twice)
   int64_t logprob_mb_tokens = 0;  // token budget of one packed scoring row; 0 = train_mb_tokens
   std::string algorithm = "first_fit_decreasing";
   bool operator==(const SequencePackingConfig&) const = default;
+};
+
+// Microbatches cut by a token budget from length-sorted sequences, each padded to its longest sequence.
+struct DynamicBatchingConfig {
+  bool enabled = false;
+  int64_t train_mb_tokens = 0;    // padded tokens per training microbatch; 0 = max length x train_micro_batch_size
+  int64_t logprob_mb_tokens = 0;  // padded tokens per scoring microbatch; 0 = max length x logprob_batch_size
+  bool operator==(const DynamicBatchingConfig&) const = default;
 };
 
 struct OptimizerConfig {  // AdamW
@@ -71,6 +79,7 @@ struct PolicyConfig {
   int64_t logprob_chunk_size = 0;  // tokens per LM-head chunk; 0 = the device's default
   DTensorConfig dtensor_cfg;
   SequencePackingConfig sequence_packing;
+  DynamicBatchingConfig dynamic_batching;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   bool operator==(const PolicyConfig&) const = default;
@@ -129,7 +138,8 @@ struct Config {
   DType compute_dtype() const;
   // Sequences per dp rank per optimizer step (DPO: both sequences of every pair).
   int64_t local_batch_sequences() const;
-  // The packing budgets with their defaults resolved.
+  // Tokens per training / scoring microbatch, defaults resolved: packed tokens with sequence_packing, padded tokens
+  // (sequences x longest) with dynamic_batching, 0 when microbatches hold a fixed number of sequences.
   int64_t train_mb_tokens() const;
   int64_t logprob_mb_tokens() const;
   int64_t total_scheduler_steps() const;  // scheduler.total_steps, else train.steps

@@ -120,6 +120,15 @@ std::vector<Microbatch> fixed_microbatches(const std::vector<int64_t>& lengths, 
   return out;
 }
 
+std::vector<Microbatch> plan_microbatches(const Config& c, const std::vector<int64_t>& lengths, Pass pass) {
+  const bool train = pass == Pass::Train;
+  const int group = train && c.loss_fn.type == LossType::Dpo ? 2 : 1;
+  const int64_t budget = train ? c.train_mb_tokens() : c.logprob_mb_tokens();
+  if (c.policy.sequence_packing.enabled) return first_fit_decreasing(lengths, budget, group);
+  if (c.policy.dynamic_batching.enabled) return bucket_by_length(lengths, budget, group);
+  return fixed_microbatches(lengths, train ? c.policy.train_micro_batch_size : c.policy.logprob_batch_size, group);
+}
+
 PackedRow pack_row(const std::vector<std::vector<int32_t>>& sequences, const Microbatch& mb) {
   PackedRow row;
   row.cu_seqlens.push_back(0);

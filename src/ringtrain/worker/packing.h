@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/worker/config.h"
 
 namespace ringtrain::worker {
 
@@ -35,6 +36,12 @@ std::vector<Microbatch> bucket_by_length(const std::vector<int64_t>& lengths, in
 // Fixed-size microbatches of `units_per_microbatch` units in input order (the last may be smaller).
 std::vector<Microbatch> fixed_microbatches(const std::vector<int64_t>& lengths, int64_t units_per_microbatch,
                                            int group = 1);
+
+// The microbatches of one dp rank's sequences as the config asks: first-fit-decreasing bins with sequence_packing,
+// length buckets with dynamic_batching, else train_micro_batch_size units (training; DPO pairs as units) or
+// logprob_batch_size sequences (scoring). Budgets from Config::train_mb_tokens / logprob_mb_tokens.
+enum class Pass { Train, Score };
+std::vector<Microbatch> plan_microbatches(const Config& c, const std::vector<int64_t>& lengths, Pass pass);
 
 // One packed row: the microbatch's sequences back to back.
 struct PackedRow {
