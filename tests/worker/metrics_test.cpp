@@ -3,6 +3,8 @@
 // into non-directories, and the progress line's text.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -204,6 +206,41 @@ TEST(WorkerMetrics, ProgressLineOnAPipeIsPlainLines) {
   EXPECT_EQ(text.rfind("step 1/3 | ", 0), 0u) << text;
   EXPECT_NE(text.find("\nstep 2/3 | "), std::string::npos) << text;
   EXPECT_NE(text.find("loss 1.5"), std::string::npos) << text;
+}
+
+// On a terminal the line is rewritten in place: a carriage return before each update, the rest of a longer earlier
+// line cleared, one newline at the end.
+TEST(WorkerMetrics, ProgressLineOnATerminalIsRewrittenInPlace) {
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  const int terminal = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
+  ASSERT_GE(terminal, 0);
+  struct termios raw {};
+  ASSERT_EQ(::tcgetattr(terminal, &raw), 0);
+  ::cfmakeraw(&raw);  // no newline translation: the bytes arrive as written
+  ASSERT_EQ(::tcsetattr(terminal, TCSANOW, &raw), 0);
+  std::FILE* w = ::fdopen(terminal, "w");
+  {
+    ProgressLine line(2, w);
+    line.update(1, 10, 0.5);
+    line.update(2, 10, 0.25);
+    line.finish();
+  }
+  std::fclose(w);
+  std::string text;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::read(master, buf, sizeof buf)) > 0) {
+    text.append(buf, static_cast<size_t>(n));
+    if (text.find('\n') != std::string::npos) break;
+  }
+  ::close(master);
+  EXPECT_EQ(text.rfind("\rstep 1/2 | ", 0), 0u) << text;
+  EXPECT_NE(text.find("\033[K\rstep 2/2 | "), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  EXPECT_EQ(text.back(), '\n') << text;
 }
 
 }  // namespace
