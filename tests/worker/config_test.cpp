@@ -127,6 +127,7 @@ TEST(WorkerConfig, ExampleConfigsParse) {
     SCOPED_TRACE(name);
     const Config c = load_config(fs::path(RINGTRAIN_SOURCE_DIR) / "configs" / name);
     c.validate_against(resolve_model_config(c.policy));
+    EXPECT_TRUE(parse_config(to_yaml(c), "printed") == c) << to_yaml(c);  // null ratio_clip_c included
   }
   EXPECT_EQ(load_config(fs::path(RINGTRAIN_SOURCE_DIR) / "configs" / "dpo.yaml").loss_fn.type, LossType::Dpo);
   EXPECT_EQ(load_config(fs::path(RINGTRAIN_SOURCE_DIR) / "configs" / "grpo.yaml").loss_fn.type, LossType::ClippedPg);

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +62,14 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
                      {"reward/mean", std::normal_distribution<double>()(rng)}});
     }
   }
+  // A run resumed from step 30 writes steps 31-37 again: the later values replace the earlier ones.
+  {
+    MetricsWriter resumed(dir, false);
+    for (int64_t step = 31; step <= 37; ++step) {
+      loss[static_cast<size_t>(step - 1)] = 0.01 * static_cast<double>(step);
+      resumed.write(step, {{"loss", loss[static_cast<size_t>(step - 1)]}});
+    }
+  }
   // A torn last line (the run stopped while writing it) is ignored.
   std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": 38, \"loss\": 1";
 
@@ -68,6 +77,8 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
   EXPECT_EQ(default_panels(all), (std::vector<std::string>{"loss", "grad_norm", "kl_to_ref", "reward/mean"}));
   const std::vector<Series> panels = select_series(all, {"loss", "kl_to_ref"});
   ASSERT_EQ(panels[0].values, loss);
+  ASSERT_EQ(panels[0].steps.size(), 37u);
+  EXPECT_TRUE(std::is_sorted(panels[0].steps.begin(), panels[0].steps.end()));
   ASSERT_EQ(panels[1].steps.size(), 36u);  // the NaN at step 9 was written as null and is skipped
 
   const std::string svg = render_svg(panels, "run <A> & B");

@@ -122,7 +122,9 @@ std::vector<Series> read_metrics(const std::filesystem::path& jsonl) {
   std::error_code ec;
   RT_CHECK(std::filesystem::is_regular_file(jsonl, ec), jsonl.string(), ": not a regular file");
   const std::string text = model::read_file(jsonl);
-  std::vector<Series> out;
+  // Per metric, in order of first appearance: step -> value, so a step written again (a run resumed from an earlier
+  // checkpoint) keeps its latest value and the curve runs left to right.
+  std::vector<std::pair<std::string, std::map<double, double>>> by_step;
   std::map<std::string, size_t> index;
   int64_t lineno = 0;
   for (size_t pos = 0; pos < text.size();) {
@@ -142,11 +144,16 @@ std::vector<Series> read_metrics(const std::filesystem::path& jsonl) {
       if (key == "step" || key == "wall_time" || !value.is_number()) continue;
       const double v = value.get<double>();
       if (!std::isfinite(v)) continue;
-      auto [it, fresh] = index.emplace(key, out.size());
-      if (fresh) out.push_back(Series{key, {}, {}});
-      out[it->second].steps.push_back(step);
-      out[it->second].values.push_back(v);
+      auto [it, fresh] = index.emplace(key, by_step.size());
+      if (fresh) by_step.emplace_back(key, std::map<double, double>{});
+      by_step[it->second].second[step] = v;
     }
+  }
+  std::vector<Series> out;
+  for (const auto& [name, points] : by_step) {
+    Series s{name, {}, {}};
+    for (const auto& [step, value] : points) s.steps.push_back(step), s.values.push_back(value);
+    out.push_back(std::move(s));
   }
   return out;
 }

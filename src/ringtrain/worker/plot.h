@@ -10,11 +10,11 @@ namespace ringtrain::worker {
 
 struct Series {
   std::string name;
-  std::vector<double> steps, values;  // finite points only, in file order
+  std::vector<double> steps, values;  // finite points only, by increasing step
 };
 
 // Every numeric key of metrics.jsonl except step and wall_time becomes a series; null values (non-finite metrics)
-// are left out. A last line without its newline (a run stopped while writing it) is ignored; any other bad line is
+// are left out. A step that appears again (a resumed run) keeps its last value. A last line without its newline (a run stopped while writing it) is ignored; any other bad line is
 // an error naming FILE:LINE.
 std::vector<Series> read_metrics(const std::filesystem::path& jsonl);
 
