@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <sys/wait.h>
 
 #include "ringtrain/comm/launch.h"
 
@@ -78,6 +79,17 @@ int run_ranks_of_this_program(const std::string& filter, int nproc, std::chrono:
   o.master_port = 31000 + static_cast<int>(std::random_device{}() % 20000);
   o.grace = grace;
   return comm::launch_local(o, {"/proc/self/exe", "--gtest_filter=" + filter});
+}
+
+CliResult run_cli(const std::string& args) {
+  CliResult r;
+  FILE* pipe = popen((std::string(RINGTRAIN_CLI) + " " + args + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace ringtrain::testing

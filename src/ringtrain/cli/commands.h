@@ -22,6 +22,8 @@ void add_attention_check_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_init_model_command(CLI::App& app);
 void add_logprobs_command(CLI::App& app);
+void add_config_command(CLI::App& app);  // config_cmd.cpp
+void add_plot_command(CLI::App& app);    // plot_cmd.cpp
 
 // attention-check on GPUs with cp > 1 (one process per GPU): parity against one GPU; returns the exit code.
 int gpu_cp_attention_check(const cp::AttnProblem& prob, const cp::CpConfig& cfg, int cp, uint64_t seed,

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   ringtrain::cli::add_launch_command(app);
   ringtrain::cli::add_init_model_command(app);
   ringtrain::cli::add_logprobs_command(app);
+  ringtrain::cli::add_config_command(app);
+  ringtrain::cli::add_plot_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
