@@ -44,6 +44,13 @@ AdamWStep plan_adamw_step(const AdamWConfig& cfg, int64_t completed_steps, doubl
 }
 
 template <typename M>
+AdamWScalars<M> adamw_scalars(const AdamWStep& s) {
+  return {static_cast<M>(s.clip_coef),   static_cast<M>(s.beta1),        static_cast<M>(s.beta2),
+          static_cast<M>(1.0 - s.beta1), static_cast<M>(1.0 - s.beta2),  static_cast<M>(s.decay_factor),
+          static_cast<M>(s.step_size),   static_cast<M>(s.bias_correction2_sqrt), static_cast<M>(s.eps)};
+}
+
+template <typename M>
 double sum_of_squares(std::span<const M> grad) {
   double sum = 0;
   for (M g : grad) sum += static_cast<double>(g) * static_cast<double>(g);
@@ -70,17 +77,13 @@ void adamw_update(const AdamWStep& s, M* master, M* exp_avg, M* exp_avg_sq, cons
   RT_CHECK(out.data == nullptr || out.dtype == DType::F32 || out.dtype == DType::F64 || out.dtype == DType::BF16,
            "AdamW: compute weights must be fp32, fp64 or bf16, not ", dtype_name(out.dtype));
   if (s.skipped) return;
-  // The scalars rounded once to M; the CUDA kernel rounds the same doubles the same way.
-  const M clip = static_cast<M>(s.clip_coef), b1 = static_cast<M>(s.beta1), b2 = static_cast<M>(s.beta2);
-  const M one_minus_b1 = static_cast<M>(1.0 - s.beta1), one_minus_b2 = static_cast<M>(1.0 - s.beta2);
-  const M decay = static_cast<M>(s.decay_factor), step_size = static_cast<M>(s.step_size);
-  const M bc2_sqrt = static_cast<M>(s.bias_correction2_sqrt), eps = static_cast<M>(s.eps);
+  const AdamWScalars<M> c = adamw_scalars<M>(s);
   for (int64_t i = 0; i < n; ++i) {
-    const M g = grad[i] * clip;
-    const M m = b1 * exp_avg[i] + one_minus_b1 * g;
-    const M v = b2 * exp_avg_sq[i] + one_minus_b2 * (g * g);
-    const M denom = std::sqrt(v) / bc2_sqrt + eps;
-    const M p = master[i] * decay - step_size * (m / denom);
+    const M g = grad[i] * c.clip;
+    const M m = c.beta1 * exp_avg[i] + c.one_minus_beta1 * g;
+    const M v = c.beta2 * exp_avg_sq[i] + c.one_minus_beta2 * (g * g);
+    const M denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+    const M p = master[i] * c.decay - c.step_size * (m / denom);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     master[i] = p;
@@ -120,6 +123,8 @@ void AdamW<M>::load_state(int64_t completed_steps, std::span<const M> exp_avg, s
   exp_avg_sq_.assign(exp_avg_sq.begin(), exp_avg_sq.end());
 }
 
+template AdamWScalars<float> adamw_scalars<float>(const AdamWStep&);
+template AdamWScalars<double> adamw_scalars<double>(const AdamWStep&);
 template double sum_of_squares<float>(std::span<const float>);
 template double sum_of_squares<double>(std::span<const double>);
 template void adamw_update<float>(const AdamWStep&, float*, float*, float*, const float*, int64_t, ComputeWeights);

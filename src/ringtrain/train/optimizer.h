@@ -40,6 +40,14 @@ struct AdamWStep {
 // completed_steps: updates applied so far (not counting skipped ones).
 AdamWStep plan_adamw_step(const AdamWConfig& cfg, int64_t completed_steps, double lr, double global_grad_sq_norm);
 
+// An AdamWStep's per-element factors rounded once to the master type: what adamw_update and the CUDA kernel use.
+template <typename M>
+struct AdamWScalars {
+  M clip, beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, bias_correction2_sqrt, eps;
+};
+template <typename M>
+AdamWScalars<M> adamw_scalars(const AdamWStep& s);
+
 // Σ g² of a gradient shard, accumulated in fp64 in index order.
 template <typename M>
 double sum_of_squares(std::span<const M> grad);
