@@ -31,7 +31,7 @@ int64_t default_logprob_chunk(int64_t vocab) {
 }
 
 void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_head, const int32_t* targets,
-                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens) {
+                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* entropy) {
   RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
   const int64_t rows = std::min(n, chunk_tokens);
   int device = 0;
@@ -41,7 +41,8 @@ void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_h
   for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
     const int64_t m = std::min(chunk_tokens, n - c0);
     gemm.linear_forward_f32(logits.ptr<float>(), hidden + c0 * hidden_dim, lm_head, m, hidden_dim, vocab);
-    logprob_rows(gemm.stream(), out + c0, lse.ptr<float>(), logits.ptr<float>(), targets + c0, m, vocab);
+    logprob_rows(gemm.stream(), out + c0, lse.ptr<float>(), logits.ptr<float>(), targets + c0, m, vocab,
+                 entropy ? entropy + c0 : nullptr);
   }
 }
 

@@ -107,13 +107,26 @@ GpuModel::GpuModel(ModelConfig config, ModelOptions options, int device)
 
 GpuModel::GpuModel(ModelConfig config, const std::vector<float>& params, ModelOptions options, int device)
     : GpuModel(std::move(config), std::move(options), device) {
-  RT_CHECK(static_cast<int64_t>(params.size()) == layout_.total(), "gpu model: ", params.size(),
+  set_params(params);
+}
+
+void GpuModel::set_params(const std::vector<float>& values) {
+  RT_CHECK(static_cast<int64_t>(values.size()) == layout_.total(), "gpu model: ", values.size(),
            " parameter values for a layout of ", layout_.total());
   const std::vector<ParamSpec>& specs = layout_.specs();
   for (size_t i = 0; i < specs.size(); ++i)  // fp32 -> bf16 (round to nearest) in copy()
     copy(contiguous_view(weights_.ptr<bf16>() + dev_.device_offsets()[i], DType::BF16, device_, {specs[i].numel}),
-         contiguous_view(const_cast<float*>(params.data()) + specs[i].offset, DType::F32, Device::cpu(),
+         contiguous_view(const_cast<float*>(values.data()) + specs[i].offset, DType::F32, Device::cpu(),
                          {specs[i].numel}));
+}
+
+std::vector<float> GpuModel::params() const {
+  std::vector<float> out(static_cast<size_t>(layout_.total()));
+  const std::vector<ParamSpec>& specs = layout_.specs();
+  for (size_t i = 0; i < specs.size(); ++i)
+    copy(contiguous_view(out.data() + specs[i].offset, DType::F32, Device::cpu(), {specs[i].numel}),
+         contiguous_view(weights_.ptr<bf16>() + dev_.device_offsets()[i], DType::BF16, device_, {specs[i].numel}));
+  return out;
 }
 
 GpuModel GpuModel::random(ModelConfig config, uint64_t seed, ModelOptions options, int device) {
@@ -163,6 +176,21 @@ void GpuModel::clear_summed_grads() {
   const int64_t embed_end = dev_.embed + config_.vocab * config_.hidden;
   if (dev_.lm_head != dev_.embed || lm_head_fresh_) clear(dev_.embed, embed_end);
   if (dev_.lm_head == dev_.embed) lm_head_fresh_ = false;
+}
+
+TensorView GpuModel::grad_buffer() {
+  if (!grads_.defined()) zero_grads();
+  float* G = grads_.ptr<float>();
+  const auto clear = [&](int64_t begin, int64_t end) {
+    if (end > begin)
+      cuda_ok(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
+              "clearing the unwritten gradients");
+  };
+  const int64_t head_end = dev_.lm_head + config_.vocab * config_.hidden;
+  if (body_fresh_) clear(0, dev_.lm_head), clear(head_end, dev_.total());
+  if (lm_head_fresh_) clear(dev_.lm_head, head_end);
+  body_fresh_ = lm_head_fresh_ = false;
+  return grads_.view();
 }
 
 std::vector<float> GpuModel::grads() const {
