@@ -1,0 +1,167 @@
+// Shared by the trainer and checkpoint tests: a tiny random Llama, a global batch for each loss (sequences of
+// different lengths, prompt tokens masked, one sample masked out), a policy wrapper that can poison gradients, and
+// running a trainer on an in-process dp × cp mesh.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "model/model_test_util.h"
+#include "ringtrain/attention/backend.h"
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/model/policy.h"
+#include "ringtrain/train/trainer.h"
+#include "test_util.h"
+
+namespace ringtrain::testing {
+
+struct TrainSetup {
+  model::ModelConfig config;
+  std::vector<float> params;
+  train::TrainBatch batch;
+  train::TrainerConfig cfg;
+};
+
+inline model::PolicyOptions train_policy_options(DType dtype, comm::Communicator* cp_group) {
+  model::PolicyOptions o;
+  o.dtype = dtype;
+  o.logprob_chunk = 7;  // several LM-head chunks per microbatch
+  o.model.attention_backends = {attention::BackendId::Math};
+  o.cp_group = cp_group;
+  return o;
+}
+
+// Hidden 32, 4 query / 2 kv heads of 8, ffn 48, vocab 97, 2 layers.
+inline model::ModelConfig train_config() {
+  model::ModelConfig c = tiny_config(model::Arch::Llama);
+  c.hidden = 32, c.head_dim = 8, c.ffn = 48, c.vocab = 97;
+  return c;
+}
+
+inline TrainSetup make_train_setup(train::LossKind kind, std::mt19937_64& rng, int sequences = 8) {
+  TrainSetup s;
+  s.config = train_config();
+  s.params = tiny_params(s.config, rng);
+  train::TrainBatch& b = s.batch;
+  std::uniform_int_distribution<int> len(4, 17);
+  for (int i = 0; i < sequences; ++i) {
+    const int n = len(rng);
+    b.sequences.push_back(random_ids(n, s.config.vocab, rng));
+    std::vector<uint8_t> mask(n, 1);
+    const int prompt = std::uniform_int_distribution<int>(1, n / 2)(rng);
+    for (int p = 0; p < prompt; ++p) mask[p] = 0;
+    b.token_mask.push_back(mask);
+  }
+  b.sample_mask.assign(sequences, 1);
+  const int masked = std::uniform_int_distribution<int>(0, sequences / 2 - 1)(rng);
+  if (kind == train::LossKind::DPO) b.sample_mask[2 * masked] = b.sample_mask[2 * masked + 1] = 0;
+  else b.sample_mask[masked] = 0;
+
+  // The current policy's logprobs, so that ratios and rewards are near where training happens.
+  const auto policy = model::make_policy(s.config, s.params, train_policy_options(DType::F64, nullptr));
+  const model::TokenScores cur = policy->score({b.sequences}, false);
+  std::normal_distribution<float> nd;
+  const auto near = [&](const std::vector<std::vector<float>>& base, float noise) {
+    std::vector<std::vector<float>> out = base;
+    for (auto& row : out)
+      for (float& x : row) x += noise * nd(rng);
+    return out;
+  };
+  train::TrainerConfig& cfg = s.cfg;
+  cfg.micro_batch_size = 2;
+  cfg.loss.kind = kind;
+  if (kind == train::LossKind::ClippedPG) {
+    b.prev_logprobs = near(cur.logprobs, 0.2f);
+    b.gen_logprobs = near(b.prev_logprobs, 0.05f);
+    b.ref_logprobs = near(cur.logprobs, 0.1f);
+    for (const auto& seq : b.sequences) b.advantages.emplace_back(seq.size(), nd(rng));
+    cfg.loss.pg.eps_low = 0.2, cfg.loss.pg.eps_high = 0.28, cfg.loss.pg.dual_clip = 3;
+    cfg.loss.pg.kl_beta = 0.05;
+  }
+  if (kind == train::LossKind::DPO) {
+    b.ref_logprobs = near(cur.logprobs, 0.1f);
+    cfg.loss.dpo.beta = 0.5, cfg.loss.dpo.nll_coef = 0.1;
+  }
+  cfg.adamw.eps = 1e-3;  // of the gradients' order: the update is smooth in the gradient (see trainer_test.cpp)
+  cfg.adamw.weight_decay = 0.01;
+  cfg.adamw.max_grad_norm = 1.0;
+  cfg.schedule.base_lr = 1e-2;
+  cfg.schedule.warmup_steps = 3;
+  cfg.schedule.warmup_start_factor = 0.3;
+  cfg.schedule.decay = train::ScheduleConfig::Decay::Cosine;
+  cfg.schedule.decay_steps = 10;
+  cfg.schedule.min_lr = 1e-3;
+  return s;
+}
+
+// The policy's weights in layout order, in fp64 (exact for an F64 policy, whose params() rounds to fp32).
+inline std::vector<double> layout_weights(model::Policy& p) {
+  const TensorView w = p.weights();
+  std::vector<double> out(static_cast<size_t>(p.layout().total()));
+  for (size_t i = 0; i < p.layout().specs().size(); ++i) {
+    const model::ParamSpec& s = p.layout().specs()[i];
+    for (int64_t e = 0; e < s.numel; ++e) out[s.offset + e] = load_as_double(w.data, w.dtype, p.flat_offsets()[i] + e);
+  }
+  return out;
+}
+
+// Forwards everything to a policy, and runs after_backward (when set) after each backward.
+class InjectingPolicy final : public model::Policy {
+ public:
+  explicit InjectingPolicy(model::Policy& inner) : inner_(inner) {}
+  std::function<void()> after_backward;
+
+  const model::ModelConfig& config() const override { return inner_.config(); }
+  const model::ParamLayout& layout() const override { return inner_.layout(); }
+  Device device() const override { return inner_.device(); }
+  DType dtype() const override { return inner_.dtype(); }
+  model::TokenScores score(const model::TokenBatch& b, bool for_backward, bool with_entropy) override {
+    return inner_.score(b, for_backward, with_entropy);
+  }
+  void backward(const std::vector<std::vector<float>>& d) override {
+    inner_.backward(d);
+    if (after_backward) after_backward();
+  }
+  TensorView weights() override { return inner_.weights(); }
+  TensorView grads() override { return inner_.grads(); }
+  const std::vector<int64_t>& flat_offsets() const override { return inner_.flat_offsets(); }
+  void zero_grads() override { inner_.zero_grads(); }
+  std::vector<float> params() const override { return inner_.params(); }
+  void set_params(const std::vector<float>& v) override { inner_.set_params(v); }
+  std::vector<float> grads_by_layout() const override { return inner_.grads_by_layout(); }
+
+ private:
+  model::Policy& inner_;
+};
+
+// Runs fn(trainer, policy, mesh) on every rank of an in-process dp × cp mesh, with a fresh policy of s's weights.
+inline void on_mesh(const TrainSetup& s, DType dtype, train::MeshShape shape,
+                    const std::function<void(train::Trainer&, model::Policy&, const train::Mesh&)>& fn) {
+  comm::run_ranks(shape.dp * shape.cp, std::chrono::seconds(120), [&](comm::Communicator& world) {
+    const train::Mesh mesh(world, shape);
+    const auto policy = model::make_policy(s.config, s.params, train_policy_options(dtype, &mesh.cp_group()));
+    train::Trainer trainer(s.cfg, *policy, mesh);
+    fn(trainer, *policy, mesh);
+  });
+}
+
+struct MeshRun {
+  std::vector<std::vector<train::StepResult>> results;  // [world rank][step]
+  std::vector<std::vector<double>> weights;             // [world rank]: after the last step, layout order
+};
+
+inline MeshRun run_on_mesh(const TrainSetup& s, DType dtype, train::MeshShape shape, int steps) {
+  MeshRun out;
+  out.results.resize(shape.dp * shape.cp);
+  out.weights.resize(shape.dp * shape.cp);
+  on_mesh(s, dtype, shape, [&](train::Trainer& t, model::Policy& p, const train::Mesh& mesh) {
+    const int r = mesh.world().rank();
+    for (int i = 0; i < steps; ++i) out.results[r].push_back(t.step(s.batch));
+    out.weights[r] = layout_weights(p);
+  });
+  return out;
+}
+
+}  // namespace ringtrain::testing

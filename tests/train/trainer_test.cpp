@@ -1,0 +1,242 @@
+// The train step (train/trainer.h) on CPU in-process ranks:
+// - 1 × 1 against an independent reference: the whole batch scored at once by a fresh policy, the loss of
+//   losses.h, its backward, and trainmath's unsharded host AdamW;
+// - dp × cp ∈ {1×2, 2×1, 2×2, 1×4} against 1 × 1 on the same global batch (loss, gradient norm, metrics, updated
+//   weights), for NLL, the clipped PG with KL and importance weights, and DPO, in fp64 and fp32;
+// - a NaN injected into one rank's gradient skips the step on every rank, leaving weights, master weights and
+//   moments bitwise unchanged.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "ringtrain/attention/cpu/cpu_backends.h"
+#include "ringtrain/comm/in_process.h"
+#include "train_test_util.h"
+
+namespace ringtrain::train {
+namespace {
+
+using testing::TrainSetup;
+
+// Relative L2 distance, NaN-poisoned.
+double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+std::vector<double> difference(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+// The reference step: one policy, the whole batch as one microbatch, the loss on it, backward, and host AdamW over
+// the whole flat vector (trainmath's AdamW, not the trainer's shards). Returns the new weights in layout order.
+std::vector<double> reference_step(const TrainSetup& s, DType dtype, double* loss, double* grad_norm) {
+  const auto policy = model::make_policy(s.config, s.params, testing::train_policy_options(dtype, nullptr));
+  const TrainBatch& b = s.batch;
+  const int64_t n = static_cast<int64_t>(b.sequences.size());
+  int64_t seq = 0;
+  for (const auto& t : b.sequences) seq = std::max<int64_t>(seq, static_cast<int64_t>(t.size()));
+  std::vector<uint8_t> tmask(static_cast<size_t>(n * seq), 0), smask(b.sample_mask);
+  std::vector<double> prev(n * seq), adv(n * seq), ref(n * seq), gen(n * seq), lp(n * seq), ent(n * seq);
+  const model::TokenScores sc = policy->score({b.sequences}, true, true);
+  for (int64_t i = 0; i < n; ++i)
+    for (size_t p = 0; p < b.sequences[i].size(); ++p) {
+      const size_t at = i * seq + p;
+      tmask[at] = b.token_mask[i][p];
+      lp[at] = sc.logprobs[i][p], ent[at] = sc.entropy[i][p];
+      if (!b.prev_logprobs.empty()) prev[at] = b.prev_logprobs[i][p], adv[at] = b.advantages[i][p];
+      if (!b.ref_logprobs.empty()) ref[at] = b.ref_logprobs[i][p];
+      if (!b.gen_logprobs.empty()) gen[at] = b.gen_logprobs[i][p];
+    }
+  const TokenMasks masks{n, seq, tmask, smask};
+  std::vector<double> g(n * seq);
+  LossResult r;
+  switch (s.cfg.loss.kind) {
+    case LossKind::NLL: r = nll_loss<double>(masks, lp, count_valid(masks), g); break;
+    case LossKind::ClippedPG: {
+      ClippedPGInputs<double> in{lp, prev, adv, ref, gen, ent};
+      r = clipped_pg_loss<double>(masks, in, s.cfg.loss.pg, count_valid(masks), g);
+      break;
+    }
+    case LossKind::DPO: r = dpo_loss<double>(masks, lp, ref, s.cfg.loss.dpo, count_dpo_pairs(masks), g); break;
+  }
+  *loss = r.loss;
+  std::vector<std::vector<float>> d(n);
+  for (int64_t i = 0; i < n; ++i)
+    for (size_t p = 0; p < b.sequences[i].size(); ++p) d[i].push_back(static_cast<float>(g[i * seq + p]));
+  policy->backward(d);
+  const std::vector<float> grads32 = policy->grads_by_layout();
+  std::vector<double> grads(grads32.begin(), grads32.end());
+  if (dtype == DType::F64) {  // the fp64 gradients themselves, in layout order
+    const TensorView gv = policy->grads();
+    const auto& off = policy->flat_offsets();
+    for (size_t i = 0; i < off.size(); ++i) {
+      const model::ParamSpec& sp = policy->layout().specs()[i];
+      for (int64_t e = 0; e < sp.numel; ++e) grads[sp.offset + e] = gv.ptr<double>()[off[i] + e];
+    }
+  }
+  std::vector<double> master(s.params.begin(), s.params.end());
+  AdamW<double> opt(s.cfg.adamw, 0, static_cast<int64_t>(master.size()));
+  const AdamWStep st = opt.step(master, grads, lr_at(s.cfg.schedule, 0), [&] {
+    double sq = 0;
+    for (double x : grads) sq += x * x;
+    return sq;
+  }());
+  *grad_norm = st.grad_norm;
+  return master;
+}
+
+class TrainerLosses : public ::testing::TestWithParam<LossKind> {
+ protected:
+  void SetUp() override { attention::cpu::set_math_fp64(true); }
+  void TearDown() override { attention::cpu::set_math_fp64(false); }
+};
+
+// 1 × 1 against the independent reference (fp64 policy). The trainer runs microbatches of 2 and the reference one
+// batch of 8: the same sums in another order, so agreement to ~1e-13 relative; 1e-10 leaves room.
+TEST_P(TrainerLosses, OneRankMatchesTheUnshardedReference) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(GetParam(), rng);
+  double want_loss = 0, want_norm = 0;
+  const std::vector<double> want = reference_step(s, DType::F64, &want_loss, &want_norm);
+  const testing::MeshRun got = testing::run_on_mesh(s, DType::F64, {1, 1}, 1);
+  ASSERT_EQ(got.results[0].size(), 1u);
+  const StepResult& r = got.results[0][0];
+  EXPECT_FALSE(r.skipped);
+  EXPECT_NEAR(r.loss, want_loss, 1e-10 * std::abs(want_loss)) << r.loss << " vs " << want_loss;
+  EXPECT_NEAR(r.grad_norm, want_norm, 1e-10 * want_norm);
+  EXPECT_GT(want_norm, 0);
+  const std::vector<double> start(s.params.begin(), s.params.end());
+  EXPECT_LE(rel_l2(difference(got.weights[0], start), difference(want, start)), 1e-10);
+}
+
+struct MeshCase {
+  int dp, cp;
+  DType dtype;
+};
+void PrintTo(const MeshCase& k, std::ostream* os) { *os << k.dp << "x" << k.cp << " " << dtype_name(k.dtype); }
+
+class TrainerMesh : public ::testing::TestWithParam<std::tuple<LossKind, MeshCase>> {
+ protected:
+  void SetUp() override { attention::cpu::set_math_fp64(true); }
+  void TearDown() override { attention::cpu::set_math_fp64(false); }
+};
+
+// Tolerances. fp64 without CP: the same sums over other microbatch / rank groupings, ~1e-14 relative; 1e-10 as
+// asked. fp64 with CP: the ring merge goes through the attention layer's fp32 LSE (2e-6 relative on gradients in
+// tests/model/policy_test.cpp) and the scores are fp32 (TokenScores): 1e-6 on the loss and metrics, 5e-6 on the
+// norm and the weight updates. fp32: reordered fp32 sums (and for CP the same fp32 merge): 1e-5 on everything.
+// The weight update is compared (new - start), with AdamW's eps of the gradients' order so that the update is
+// smooth in the gradient (no sign flips of gradients that are zero up to rounding).
+TEST_P(TrainerMesh, EqualsOneRank) {
+  const auto [kind, k] = GetParam();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(kind, rng);
+  const testing::MeshRun one = testing::run_on_mesh(s, k.dtype, {1, 1}, 1);
+  const testing::MeshRun many = testing::run_on_mesh(s, k.dtype, {k.dp, k.cp}, 1);
+  const bool f64 = k.dtype == DType::F64;
+  const double tol_loss = f64 ? (k.cp > 1 ? 1e-6 : 1e-10) : 1e-5;
+  const double tol_update = f64 ? (k.cp > 1 ? 5e-6 : 1e-10) : 1e-5;
+  const StepResult& want = one.results[0][0];
+  const std::vector<double> start(s.params.begin(), s.params.end());
+  const std::vector<double> want_update = difference(one.weights[0], start);
+  for (int r = 0; r < k.dp * k.cp; ++r) {
+    const StepResult& got = many.results[r][0];
+    EXPECT_FALSE(got.skipped);
+    EXPECT_NEAR(got.loss, want.loss, tol_loss * std::abs(want.loss)) << "rank " << r;
+    EXPECT_NEAR(got.grad_norm, want.grad_norm, tol_update * want.grad_norm) << "rank " << r;
+    EXPECT_EQ(got.valid_tokens, want.valid_tokens);
+    EXPECT_EQ(got.valid_sequences, want.valid_sequences);
+    EXPECT_EQ(got.lr, want.lr);
+    ASSERT_EQ(got.metrics.size(), want.metrics.size());
+    for (size_t m = 0; m < want.metrics.size(); ++m) {
+      EXPECT_EQ(got.metrics[m].name, want.metrics[m].name);
+      EXPECT_EQ(got.metrics[m].count, want.metrics[m].count) << want.metrics[m].name;
+      EXPECT_NEAR(got.metrics[m].value, want.metrics[m].value, tol_loss * std::max(1.0, std::abs(want.metrics[m].value)))
+          << want.metrics[m].name << " rank " << r;
+    }
+    // Every rank the same loss and weights, bit for bit (one all-reduce / all-gather gives them all).
+    EXPECT_EQ(std::memcmp(&got.loss, &many.results[0][0].loss, sizeof(double)), 0);
+    EXPECT_EQ(many.weights[r], many.weights[0]) << "rank " << r;
+  }
+  EXPECT_LE(rel_l2(difference(many.weights[0], start), want_update), tol_update);
+}
+
+std::string mesh_case_name(const ::testing::TestParamInfo<std::tuple<LossKind, MeshCase>>& info) {
+  const auto [kind, k] = info.param;
+  const char* loss = kind == LossKind::NLL ? "nll" : kind == LossKind::ClippedPG ? "pg" : "dpo";
+  return cat(loss, "_", k.dp, "x", k.cp, "_", dtype_name(k.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(Losses, TrainerLosses, ::testing::Values(LossKind::NLL, LossKind::ClippedPG, LossKind::DPO));
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, TrainerMesh,
+    ::testing::Combine(::testing::Values(LossKind::NLL, LossKind::ClippedPG, LossKind::DPO),
+                       ::testing::Values(MeshCase{1, 2, DType::F64}, MeshCase{2, 1, DType::F64},
+                                         MeshCase{2, 2, DType::F64}, MeshCase{1, 4, DType::F64},
+                                         MeshCase{2, 2, DType::F32}, MeshCase{2, 1, DType::F32})),
+    mesh_case_name);
+
+TEST(TrainerMeshShape, WorldMustBeDpTimesCp) {
+  try {
+    comm::run_ranks(4, std::chrono::seconds(10), [](comm::Communicator& c) { Mesh m(c, {3, 1}); });
+    FAIL() << "a 3 x 1 mesh on 4 ranks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dp 3 x cp 1 = 3 ranks, but the world has 4"), std::string::npos) << e.what();
+  }
+}
+
+// Rank 2 of a 2 × 2 mesh writes a NaN into its gradient after the backward of the second step: every rank skips
+// the step, reports it with a NaN norm, and its weights, master weights and moments are bitwise the ones after the
+// first step; the schedule still steps.
+TEST(TrainerSkip, NanOnOneRankSkipsTheStepEverywhere) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::ClippedPG, rng);
+  struct Snapshot {
+    std::vector<float> weights;
+    std::vector<char> master, exp_avg, exp_avg_sq;
+  };
+  const auto bytes = [](const Tensor& t) {
+    const char* p = static_cast<const char*>(t.data());
+    return std::vector<char>(p, p + t.nbytes());
+  };
+  std::vector<Snapshot> before(4), after(4);
+  std::vector<StepResult> skipped(4);
+  comm::run_ranks(4, std::chrono::seconds(60), [&](comm::Communicator& world) {
+    const Mesh mesh(world, {2, 2});
+    auto inner = model::make_policy(s.config, s.params, testing::train_policy_options(DType::F32, &mesh.cp_group()));
+    testing::InjectingPolicy policy(*inner);
+    Trainer trainer(s.cfg, policy, mesh);
+    trainer.step(s.batch);
+    const int r = world.rank();
+    ShardState& sh = trainer.shard();
+    before[r] = {policy.params(), bytes(sh.master), bytes(sh.exp_avg), bytes(sh.exp_avg_sq)};
+    if (r == 2) policy.after_backward = [&] { static_cast<float*>(policy.grads().data)[3] = NAN; };
+    skipped[r] = trainer.step(s.batch);
+    after[r] = {policy.params(), bytes(sh.master), bytes(sh.exp_avg), bytes(sh.exp_avg_sq)};
+    EXPECT_EQ(trainer.optimizer_steps(), 1);
+    EXPECT_EQ(trainer.schedule_position(), 2);
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(skipped[r].skipped) << "rank " << r;
+    EXPECT_TRUE(std::isnan(skipped[r].grad_norm)) << "rank " << r;
+    EXPECT_EQ(after[r].weights, before[r].weights) << "rank " << r;
+    EXPECT_EQ(after[r].master, before[r].master) << "rank " << r;
+    EXPECT_EQ(after[r].exp_avg, before[r].exp_avg) << "rank " << r;
+    EXPECT_EQ(after[r].exp_avg_sq, before[r].exp_avg_sq) << "rank " << r;
+    EXPECT_FALSE(before[r].exp_avg.empty());
+  }
+}
+
+}  // namespace
+}  // namespace ringtrain::train
