@@ -37,8 +37,8 @@ class GpuPolicy final : public Policy {
     const Device dev = model_.device();
     const Tensor targets = Tensor::empty({n}, DType::I32, dev);
     copy(targets, contiguous_view(const_cast<int32_t*>(rows->targets().data()), DType::I32, Device::cpu(), {n}));
-    const bf16* hidden = model_.forward(rows->tokens().data(), rows->positions().data(), rows->sequences(),
-                                        rows->rows(), *attention, for_backward);
+    const cuda::bf16* hidden = model_.forward(rows->tokens().data(), rows->positions().data(), rows->sequences(),
+                                              rows->rows(), *attention, for_backward);
     // logprobs then entropy, next to each other: one gather under CP, straight from device memory
     const Tensor local = Tensor::empty({per_rank}, DType::F32, dev);
     cuda::token_logprobs(model_.gemm(), local.ptr<float>(), hidden, model_.lm_head(), targets.ptr<int32_t>(), n,
