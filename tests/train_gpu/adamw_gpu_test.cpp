@@ -2,7 +2,11 @@
 // sum; aligned and misaligned shards (the vectorised and the element-wise paths). Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -147,6 +151,42 @@ TEST(AdamWGpu, SumOfSquaresMatchesAnFp64HostSumAndIsReproducible) {
     EXPECT_TRUE(bitwise_equal(std::vector<double>{got[1], got[2]}, std::vector<double>{got[0], got[0]}))
         << "n = " << n << ": " << got[0] << " " << got[1] << " " << got[2];
   }
+}
+
+// Throughput at the Llama-3.2-1B size (1.24B parameters, one shard holding them all). Runs only when
+// RINGTRAIN_TRAIN_BENCH=1 (it measures, it does not check). Update: 30 B/parameter (adamw.cu); sum of squares:
+// 4 B/parameter. Timing: 2 warm-up calls, then the median of 9, each bracketed by a device synchronize.
+TEST(AdamWGpuBench, UpdateAndNormAt1_24BParameters) {
+  RT_REQUIRE_OPTIMIZER_KERNELS(kernels);
+  if (!std::getenv("RINGTRAIN_TRAIN_BENCH")) GTEST_SKIP() << "set RINGTRAIN_TRAIN_BENCH=1 to time the kernels";
+  const int64_t n = 1'240'000'000;
+  DeviceBuffer master(n, 0, DType::F32), m(n, 0, DType::F32), v(n, 0, DType::F32), grad(n, 0, DType::F32),
+      out(n, 0, DType::BF16), sq(1, 0, DType::F64);
+  fill(master.view, 0.5);
+  fill(m.view, 0.0);
+  fill(v.view, 0.0);
+  fill_normal_hashed(grad.view, 7, 1e-4);
+  const AdamWStep step = plan_adamw_step({}, 0, 1e-5, 2.0);
+  auto median_ms = [](auto&& run) {
+    for (int i = 0; i < 2; ++i) run();
+    cuda_synchronize(0);
+    std::vector<double> ms;
+    for (int i = 0; i < 9; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run();
+      cuda_synchronize(0);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[4];
+  };
+  const DeviceAdamWShard shard{master.ptr<float>(), m.ptr<float>(), v.ptr<float>(), grad.ptr<float>(),
+                               out.ptr<uint16_t>(), n};
+  const double update_ms = median_ms([&] { kernels->adamw_update(step, shard, nullptr); });
+  const double norm_ms = median_ms([&] { kernels->sum_of_squares(grad.ptr<float>(), n, sq.ptr<double>(), nullptr); });
+  std::printf("AdamW update, %lld parameters: %.2f ms, %.0f GB/s (30 B/parameter)\n", static_cast<long long>(n),
+              update_ms, 30.0 * n / update_ms / 1e6);
+  std::printf("sum of squares: %.2f ms, %.0f GB/s (4 B/parameter)\n", norm_ms, 4.0 * n / norm_ms / 1e6);
 }
 
 }  // namespace
