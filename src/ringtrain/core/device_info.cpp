@@ -46,11 +46,35 @@ void cuda_synchronize(int device) {
   cudaSetDevice(prev);
   RT_CHECK(e == cudaSuccess, "CUDA error on device ", device, ": ", cudaGetErrorString(e));
 }
+
+namespace {
+cudaMemPool_t default_pool(int device) {
+  cudaMemPool_t pool;
+  const cudaError_t e = cudaDeviceGetDefaultMemPool(&pool, device);
+  RT_CHECK(e == cudaSuccess, "CUDA device ", device, ": no default memory pool: ", cudaGetErrorString(e));
+  return pool;
+}
+}  // namespace
+
+uint64_t cuda_pool_peak_bytes(int device) {
+  uint64_t v = 0;
+  const cudaError_t e = cudaMemPoolGetAttribute(default_pool(device), cudaMemPoolAttrUsedMemHigh, &v);
+  RT_CHECK(e == cudaSuccess, "CUDA device ", device, ": memory pool peak: ", cudaGetErrorString(e));
+  return v;
+}
+
+void cuda_reset_pool_peak(int device) {
+  uint64_t zero = 0;
+  const cudaError_t e = cudaMemPoolSetAttribute(default_pool(device), cudaMemPoolAttrUsedMemHigh, &zero);
+  RT_CHECK(e == cudaSuccess, "CUDA device ", device, ": resetting the memory pool peak: ", cudaGetErrorString(e));
+}
 #else
 int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() { return "this build of ringtrain has no CUDA support"; }
 int cuda_arch(int) { return 0; }
 void cuda_synchronize(int) {}
+uint64_t cuda_pool_peak_bytes(int) { return 0; }
+void cuda_reset_pool_peak(int) {}
 #endif
 
 }  // namespace ringtrain
