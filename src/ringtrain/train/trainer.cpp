@@ -225,6 +225,7 @@ void Trainer::restore_counters(int64_t steps, int64_t optimizer_steps, int64_t s
 void Trainer::all_gather_weights() {
   comm::Communicator& world = mesh_->world();
   const TensorView w = flat(policy_->weights(), "weights");
+  if (world.size() == 1) return;
   const int64_t part = w.numel() / world.size(), tail_begin = part * world.size();
   if (part > 0) world.all_gather(byte_at(w, part * world.rank()), w.data, static_cast<size_t>(part), w.dtype);
   if (tail_begin < w.numel())
@@ -322,10 +323,10 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   // 4. Gradients summed over all dp · cp ranks into this rank's shard, in place.
   const TensorView g = flat(policy_->grads(), "gradient");
   const int64_t part = g.numel() / world.size(), tail_begin = part * world.size();
-  if (part > 0)
+  if (part > 0 && world.size() > 1)
     world.reduce_scatter(g.data, byte_at(g, part * world.rank()), static_cast<size_t>(part), g.dtype,
                          comm::ReduceOp::Sum);
-  if (tail_begin < g.numel())
+  if (tail_begin < g.numel() && world.size() > 1)
     world.all_reduce(byte_at(g, tail_begin), static_cast<size_t>(g.numel() - tail_begin), g.dtype,
                      comm::ReduceOp::Sum);
   mark(Phase::ReduceScatter);
