@@ -156,7 +156,8 @@ nlohmann::json run_train_bench(const BenchTrainOptions& o, comm::Communicator& w
   row["weights_gib"] = gib(static_cast<double>(policy->weights().nbytes()));
   row["grads_gib"] = gib(static_cast<double>(policy->grads().nbytes()));
   // fp32 (fp64 for fp64 models) master weights and two moments of this rank's 1/(dp·cp) shard.
-  row["optimizer_gib"] = gib(3.0 * static_cast<double>(shard) * static_cast<double>(dtype_size(trainer.shard().master.dtype())));
+  const double state_bytes = 3.0 * static_cast<double>(shard) * dtype_size(trainer.shard().master.dtype());
+  row["optimizer_gib"] = gib(state_bytes);
   row["loss"] = last.loss;
   row["grad_norm"] = last.grad_norm;
   nlohmann::json phases = nlohmann::json::array();  // in the order they run

@@ -65,7 +65,8 @@ Micro make_micro(const TrainBatch& tb, int64_t first, int64_t count) {
   m.sample_mask.assign(static_cast<size_t>(m.batch), 1);
   for (int64_t b = 0; b < count; ++b) {
     const size_t len = tb.sequences[first + b].size();
-    for (size_t p = 0; p < len; ++p) m.token_mask[b * m.seq + p] = tb.token_mask.empty() ? 1 : tb.token_mask[first + b][p];
+    for (size_t p = 0; p < len; ++p)
+      m.token_mask[b * m.seq + p] = tb.token_mask.empty() ? 1 : tb.token_mask[first + b][p];
     if (!tb.sample_mask.empty()) m.sample_mask[b] = tb.sample_mask[first + b];
   }
   m.advantages = pad(tb.advantages, first, count, m.seq);
@@ -88,6 +89,7 @@ void check_per_token(const TrainBatch& tb, const std::vector<std::vector<float>>
 
 void validate_batch(const TrainBatch& tb, const LossConfig& loss) {
   const size_t n = tb.sequences.size();
+  RT_CHECK(n > 0, "train batch: no sequences");
   for (size_t i = 0; i < n; ++i) RT_CHECK(!tb.sequences[i].empty(), "train batch: sequence ", i, " is empty");
   if (!tb.token_mask.empty()) {
     RT_CHECK(tb.token_mask.size() == n, "train batch: token_mask has ", tb.token_mask.size(), " sequences, the batch ",
@@ -365,7 +367,8 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
       kernels->adamw_update(plan, s, nullptr);
     } else if (g.dtype == DType::F64) {
       adamw_update<double>(plan, shard_.master.ptr<double>(), shard_.exp_avg.ptr<double>(),
-                           shard_.exp_avg_sq.ptr<double>(), g_shard.ptr<double>(), n, {byte_at(w, shard_.begin), w.dtype});
+                           shard_.exp_avg_sq.ptr<double>(), g_shard.ptr<double>(), n,
+                           {byte_at(w, shard_.begin), w.dtype});
     } else {
       adamw_update<float>(plan, shard_.master.ptr<float>(), shard_.exp_avg.ptr<float>(), shard_.exp_avg_sq.ptr<float>(),
                           g_shard.ptr<float>(), n, {byte_at(w, shard_.begin), w.dtype});
