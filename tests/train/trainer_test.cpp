@@ -38,64 +38,6 @@ std::vector<double> difference(const std::vector<double>& a, const std::vector<d
   return d;
 }
 
-// The reference step: one policy, the whole batch as one microbatch, the loss on it, backward, and host AdamW over
-// the whole flat vector (trainmath's AdamW, not the trainer's shards). Returns the new weights in layout order.
-std::vector<double> reference_step(const TrainSetup& s, DType dtype, double* loss, double* grad_norm) {
-  const auto policy = model::make_policy(s.config, s.params, testing::train_policy_options(dtype, nullptr));
-  const TrainBatch& b = s.batch;
-  const int64_t n = static_cast<int64_t>(b.sequences.size());
-  int64_t seq = 0;
-  for (const auto& t : b.sequences) seq = std::max<int64_t>(seq, static_cast<int64_t>(t.size()));
-  std::vector<uint8_t> tmask(static_cast<size_t>(n * seq), 0), smask(b.sample_mask);
-  std::vector<double> prev(n * seq), adv(n * seq), ref(n * seq), gen(n * seq), lp(n * seq), ent(n * seq);
-  const model::TokenScores sc = policy->score({b.sequences}, true, true);
-  for (int64_t i = 0; i < n; ++i)
-    for (size_t p = 0; p < b.sequences[i].size(); ++p) {
-      const size_t at = i * seq + p;
-      tmask[at] = b.token_mask[i][p];
-      lp[at] = sc.logprobs[i][p], ent[at] = sc.entropy[i][p];
-      if (!b.prev_logprobs.empty()) prev[at] = b.prev_logprobs[i][p], adv[at] = b.advantages[i][p];
-      if (!b.ref_logprobs.empty()) ref[at] = b.ref_logprobs[i][p];
-      if (!b.gen_logprobs.empty()) gen[at] = b.gen_logprobs[i][p];
-    }
-  const TokenMasks masks{n, seq, tmask, smask};
-  std::vector<double> g(n * seq);
-  LossResult r;
-  switch (s.cfg.loss.kind) {
-    case LossKind::NLL: r = nll_loss<double>(masks, lp, count_valid(masks), g); break;
-    case LossKind::ClippedPG: {
-      ClippedPGInputs<double> in{lp, prev, adv, ref, gen, ent};
-      r = clipped_pg_loss<double>(masks, in, s.cfg.loss.pg, count_valid(masks), g);
-      break;
-    }
-    case LossKind::DPO: r = dpo_loss<double>(masks, lp, ref, s.cfg.loss.dpo, count_dpo_pairs(masks), g); break;
-  }
-  *loss = r.loss;
-  std::vector<std::vector<float>> d(n);
-  for (int64_t i = 0; i < n; ++i)
-    for (size_t p = 0; p < b.sequences[i].size(); ++p) d[i].push_back(static_cast<float>(g[i * seq + p]));
-  policy->backward(d);
-  const std::vector<float> grads32 = policy->grads_by_layout();
-  std::vector<double> grads(grads32.begin(), grads32.end());
-  if (dtype == DType::F64) {  // the fp64 gradients themselves, in layout order
-    const TensorView gv = policy->grads();
-    const auto& off = policy->flat_offsets();
-    for (size_t i = 0; i < off.size(); ++i) {
-      const model::ParamSpec& sp = policy->layout().specs()[i];
-      for (int64_t e = 0; e < sp.numel; ++e) grads[sp.offset + e] = gv.ptr<double>()[off[i] + e];
-    }
-  }
-  std::vector<double> master(s.params.begin(), s.params.end());
-  AdamW<double> opt(s.cfg.adamw, 0, static_cast<int64_t>(master.size()));
-  const AdamWStep st = opt.step(master, grads, lr_at(s.cfg.schedule, 0), [&] {
-    double sq = 0;
-    for (double x : grads) sq += x * x;
-    return sq;
-  }());
-  *grad_norm = st.grad_norm;
-  return master;
-}
-
 class TrainerLosses : public ::testing::TestWithParam<LossKind> {
  protected:
   void SetUp() override { attention::cpu::set_math_fp64(true); }
@@ -108,7 +50,7 @@ TEST_P(TrainerLosses, OneRankMatchesTheUnshardedReference) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(GetParam(), rng);
   double want_loss = 0, want_norm = 0;
-  const std::vector<double> want = reference_step(s, DType::F64, &want_loss, &want_norm);
+  const std::vector<double> want = testing::reference_step(s, testing::train_policy_options(DType::F64, nullptr), &want_loss, &want_norm);
   const testing::MeshRun got = testing::run_on_mesh(s, DType::F64, {1, 1}, 1);
   ASSERT_EQ(got.results[0].size(), 1u);
   const StepResult& r = got.results[0][0];
