@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -312,14 +313,15 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
       const int64_t off = policy.flat_offsets()[found->second];
       const auto [lo, hi] = covered(spec, off, sh.begin, sh.end);
       const int64_t from = std::max(lo, p.start), to = std::min(hi, p.start + len);
-      for (int64_t e = from; e < to; ++e) {
-        const int64_t at = off + e - sh.begin;
-        filled[p.kind * n + at] = 1;
-        if (t.dtype == dtype) {
-          std::memcpy(host[p.kind].data() + at * es, t.bytes.data() + (e - p.start) * es, es);
-        } else {
-          store_from_double(host[p.kind].data(), dtype, at, load_as_double(t.bytes.data(), t.dtype, e - p.start));
-        }
+      if (from >= to) continue;
+      const int64_t at = off + from - sh.begin;  // elements [from, to) of the tensor are [at, at + to - from) here
+      std::fill_n(filled.begin() + p.kind * n + at, to - from, uint8_t{1});
+      if (t.dtype == dtype) {
+        std::memcpy(host[p.kind].data() + at * es, t.bytes.data() + (from - p.start) * es, (to - from) * es);
+      } else {
+        for (int64_t e = from; e < to; ++e)
+          store_from_double(host[p.kind].data(), dtype, at + e - from,
+                            load_as_double(t.bytes.data(), t.dtype, e - p.start));
       }
     }
   }
