@@ -133,6 +133,48 @@ TEST(TrainCheckpoint, SavedUnder2x2LoadsUnder1x1And1x4) {
   }
 }
 
+// A flat layout with gaps and another tensor order (as the GPU's): one step gives the plain policy's weights bit for
+// bit (the gaps start as NaN: a norm or update that read them would show), and its checkpoint, saved under 2 × 1,
+// loads into plain policies under 1 × 2 with the weights bitwise the saved ones.
+TEST(TrainCheckpoint, OtherFlatOrderAndGaps) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::ClippedPG, rng);
+  TempDir tmp;
+  std::vector<double> plain, gapped_after, gapped_saved;
+  StepResult plain_result, gapped_result;
+  testing::on_mesh(s, DType::F32, {1, 1}, [&](Trainer& t, model::Policy& p, const Mesh&) {
+    plain_result = t.step(s.batch);
+    plain = testing::layout_weights(p);
+  });
+  testing::on_mesh(
+      s, DType::F32, {1, 1},
+      [&](Trainer& t, model::Policy& p, const Mesh&) {
+        gapped_result = t.step(s.batch);
+        gapped_after = testing::layout_weights(p);
+      },
+      /*gapped=*/true);
+  EXPECT_FALSE(gapped_result.skipped);
+  EXPECT_EQ(gapped_result.loss, plain_result.loss);
+  // The norm's fp64 sum runs over the tensors in the other order (last bits); the fp32 clip coefficient and so the
+  // weights come out the same.
+  EXPECT_NEAR(gapped_result.grad_norm, plain_result.grad_norm, 1e-12 * plain_result.grad_norm);
+  EXPECT_EQ(gapped_after, plain);
+
+  testing::on_mesh(
+      s, DType::F32, {2, 1},
+      [&](Trainer& t, model::Policy& p, const Mesh& mesh) {
+        t.step(s.batch);
+        t.step(s.batch);
+        save_training_checkpoint(tmp.path / "gapped", t, {});
+        if (mesh.world().rank() == 0) gapped_saved = testing::layout_weights(p);
+      },
+      /*gapped=*/true);
+  const RunOutcome resumed = run(s, {1, 2}, 3, 3, tmp.path / "gapped");
+  EXPECT_EQ(resumed.loaded[0], gapped_saved);
+  EXPECT_EQ(resumed.loaded[1], gapped_saved);
+  EXPECT_FALSE(resumed.results[0][0].skipped);
+}
+
 TEST(TrainCheckpoint, HuggingFaceWeightsOneFileOrShards) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
+#include <memory>
 #include <algorithm>
 #include <functional>
 #include <random>
@@ -138,12 +140,80 @@ class InjectingPolicy final : public model::Policy {
   model::Policy& inner_;
 };
 
-// Runs fn(trainer, policy, mesh) on every rank of an in-process dp × cp mesh, with a fresh policy of s's weights.
+// A CPU policy whose flat buffers are laid out otherwise: tensors in reverse order, each after a gap of 3 NaN
+// elements (as the GPU layout has alignment gaps and its own order). The inner policy computes; weights are pushed
+// into it before scoring and gradients pulled out of it after each backward.
+class GappedPolicy final : public model::Policy {
+ public:
+  explicit GappedPolicy(std::unique_ptr<model::Policy> inner) : inner_(std::move(inner)) {
+    const auto& specs = inner_->layout().specs();
+    offsets_.resize(specs.size());
+    int64_t at = 0;
+    for (size_t k = specs.size(); k-- > 0;) {
+      at += 3;
+      offsets_[k] = at;
+      at += specs[k].numel;
+    }
+    weights_ = Tensor::empty({at + 3}, inner_->weights().dtype);
+    grads_ = Tensor::empty({at + 3}, inner_->grads().dtype);
+    fill(weights_, NAN);
+    fill(grads_, NAN);
+    move_tensors(weights_, inner_->weights(), true);
+  }
+
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  const model::ParamLayout& layout() const override { return inner_->layout(); }
+  Device device() const override { return inner_->device(); }
+  DType dtype() const override { return inner_->dtype(); }
+  model::TokenScores score(const model::TokenBatch& b, bool for_backward, bool with_entropy) override {
+    move_tensors(weights_, inner_->weights(), false);
+    return inner_->score(b, for_backward, with_entropy);
+  }
+  void backward(const std::vector<std::vector<float>>& d) override {
+    inner_->backward(d);
+    move_tensors(grads_, inner_->grads(), true);
+  }
+  TensorView weights() override { return weights_; }
+  TensorView grads() override { return grads_; }
+  const std::vector<int64_t>& flat_offsets() const override { return offsets_; }
+  void zero_grads() override {
+    inner_->zero_grads();
+    move_tensors(grads_, inner_->grads(), true);
+  }
+  std::vector<float> params() const override {
+    move_tensors(weights_, inner_->weights(), false);
+    return inner_->params();
+  }
+  void set_params(const std::vector<float>& v) override {
+    inner_->set_params(v);
+    move_tensors(weights_, inner_->weights(), true);
+  }
+  std::vector<float> grads_by_layout() const override { return inner_->grads_by_layout(); }
+
+ private:
+  // Copies every tensor from the inner policy's buffer into ours (into_ours) or back.
+  void move_tensors(const Tensor& ours, const TensorView& inner, bool into_ours) const {
+    for (size_t i = 0; i < offsets_.size(); ++i) {
+      const int64_t n = inner_->layout().specs()[i].numel;
+      const TensorView a = ours.view().slice(0, offsets_[i], n), b = inner.slice(0, inner_->flat_offsets()[i], n);
+      into_ours ? copy(a, b) : copy(b, a);
+    }
+  }
+  std::unique_ptr<model::Policy> inner_;
+  std::vector<int64_t> offsets_;
+  Tensor weights_, grads_;
+};
+
+// Runs fn(trainer, policy, mesh) on every rank of an in-process dp × cp mesh, with a fresh policy of s's weights
+// (a GappedPolicy around it with `gapped`).
 inline void on_mesh(const TrainSetup& s, DType dtype, train::MeshShape shape,
-                    const std::function<void(train::Trainer&, model::Policy&, const train::Mesh&)>& fn) {
+                    const std::function<void(train::Trainer&, model::Policy&, const train::Mesh&)>& fn,
+                    bool gapped = false) {
   comm::run_ranks(shape.dp * shape.cp, std::chrono::seconds(120), [&](comm::Communicator& world) {
     const train::Mesh mesh(world, shape);
-    const auto policy = model::make_policy(s.config, s.params, train_policy_options(dtype, &mesh.cp_group()));
+    std::unique_ptr<model::Policy> policy =
+        model::make_policy(s.config, s.params, train_policy_options(dtype, &mesh.cp_group()));
+    if (gapped) policy = std::make_unique<GappedPolicy>(std::move(policy));
     train::Trainer trainer(s.cfg, *policy, mesh);
     fn(trainer, *policy, mesh);
   });

@@ -295,7 +295,13 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
   const DType dtype = sh.master.dtype();
   const size_t es = dtype_size(dtype);
   const int64_t n = sh.end - sh.begin;
-  std::vector<uint8_t> filled(static_cast<size_t>(3 * n), 0);
+  // Per element of the shard and kind: 0 = must be filled, 1 = filled or not part of any tensor (an alignment gap).
+  std::vector<uint8_t> filled(static_cast<size_t>(3 * n), 1);
+  for (size_t i = 0; i < policy.layout().specs().size(); ++i) {
+    const auto [lo, hi] = covered(policy.layout().specs()[i], policy.flat_offsets()[i], sh.begin, sh.end);
+    for (int k = 0; k < 3 && lo < hi; ++k)
+      std::fill_n(filled.begin() + k * n + policy.flat_offsets()[i] + lo - sh.begin, hi - lo, uint8_t{0});
+  }
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < policy.layout().specs().size(); ++i) index[policy.layout().specs()[i].name] = i;
   for (const std::string& name : files) {

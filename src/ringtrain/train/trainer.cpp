@@ -16,6 +16,23 @@ TensorView flat(const TensorView& v, const char* what) {
   return contiguous_view(v.data, v.dtype, v.device, {v.numel()});
 }
 
+// The elements of a flat buffer of n that no Hugging Face tensor covers (alignment gaps of the GPU layout), as
+// [begin, end) ranges.
+std::vector<std::pair<int64_t, int64_t>> uncovered(const model::Policy& policy, int64_t n) {
+  std::vector<std::pair<int64_t, int64_t>> tensors;
+  for (size_t i = 0; i < policy.layout().specs().size(); ++i)
+    tensors.emplace_back(policy.flat_offsets()[i], policy.flat_offsets()[i] + policy.layout().specs()[i].numel);
+  std::sort(tensors.begin(), tensors.end());
+  std::vector<std::pair<int64_t, int64_t>> gaps;
+  int64_t at = 0;
+  for (const auto& [begin, end] : tensors) {
+    if (begin > at) gaps.emplace_back(at, begin);
+    at = std::max(at, end);
+  }
+  if (at < n) gaps.emplace_back(at, n);
+  return gaps;
+}
+
 char* byte_at(const TensorView& v, int64_t element) {
   return static_cast<char*>(v.data) + static_cast<size_t>(element) * dtype_size(v.dtype);
 }
@@ -213,6 +230,13 @@ Trainer::Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& me
   shard_.exp_avg = Tensor::zeros({n}, master, w.device);
   shard_.exp_avg_sq = Tensor::zeros({n}, master, w.device);
   if (n > 0) copy(shard_.master, w.slice(0, begin, n));
+  // Gaps between the tensors (the GPU layout aligns groups) are never written by a backward: zero once in the
+  // gradient buffer (so the norm never reads garbage, and the reductions keep them zero) and in the master shard.
+  for (const auto& [gap_begin, gap_end] : uncovered(policy, w.numel())) {
+    fill(g.slice(0, gap_begin, gap_end - gap_begin), 0.0);
+    const int64_t lo = std::max(gap_begin, begin), hi = std::min(gap_end, end);
+    if (lo < hi) fill(shard_.master.view().slice(0, lo - begin, hi - lo), 0.0);
+  }
   norm_result_ = Tensor::empty({1}, DType::F64, w.device);
 }
 
