@@ -49,8 +49,17 @@ std::vector<double> download_f64(const TensorView& t) {
 
 ModelConfig gpu_config(Arch arch, bool tied) {
   ModelConfig c = testing::tiny_config(arch, tied, /*layers=*/2);
-  c.hidden = 128, c.heads = 4, c.kv_heads = 2, c.head_dim = 64, c.ffn = 256, c.vocab = 500;
+  c.hidden = 256, c.heads = 4, c.kv_heads = 2, c.head_dim = 64, c.ffn = 512, c.vocab = 1000;
   return c;
+}
+
+// Transformers' initialisation scaled up 2x, bf16-rounded (both policies see the same weights), as in
+// gpu_model_test's CP test: attention far from uniform, yet logits small enough that bf16 noise is not amplified
+// (tiny_params' O(1) weights at this width give logits so large that bf16 runs differ by ~0.5 in a logprob).
+std::vector<float> gpu_params(const ModelConfig& c, std::mt19937_64& rng) {
+  std::vector<float> p = model::random_params(model::ParamLayout(c), rng());
+  for (float& x : p) x *= 2;
+  return round_to_bf16(p);
 }
 
 PolicyOptions gpu_options() {
@@ -74,7 +83,7 @@ TEST_P(GpuPolicy, MatchesCpuF64OnABatchOfSeveralLengths) {
   attention::cpu::set_math_fp64(true);
   std::mt19937_64 rng(testing::fresh_seed());
   const ModelConfig c = gpu_config(GetParam().arch, GetParam().tied);
-  const std::vector<float> params = round_to_bf16(testing::tiny_params(c, rng));
+  const std::vector<float> params = gpu_params(c, rng);
   const TokenBatch batch{{testing::random_ids(37, c.vocab, rng), testing::random_ids(70, c.vocab, rng),
                           testing::random_ids(5, c.vocab, rng)}};
   std::vector<std::vector<float>> w;
@@ -140,7 +149,7 @@ TEST(GpuPolicyBuffers, ZeroGradsAndParamsRoundTrip) {
   RT_REQUIRE_GPU();
   std::mt19937_64 rng(testing::fresh_seed());
   const ModelConfig c = gpu_config(Arch::Llama, false);
-  const auto policy = model::make_policy(c, testing::tiny_params(c, rng), gpu_options());
+  const auto policy = model::make_policy(c, gpu_params(c, rng), gpu_options());
   const TokenBatch batch{{testing::random_ids(20, c.vocab, rng)}};
   policy->score(batch, true);
   policy->backward({std::vector<float>(20, 1.f)});
@@ -149,7 +158,7 @@ TEST(GpuPolicyBuffers, ZeroGradsAndParamsRoundTrip) {
   for (double x : download_f64(policy->grads())) ASSERT_EQ(x, 0.0);
   for (float x : policy->grads_by_layout()) ASSERT_EQ(x, 0.f);
 
-  const std::vector<float> values = round_to_bf16(testing::tiny_params(c, rng));  // exact in bf16
+  const std::vector<float> values = gpu_params(c, rng);  // exact in bf16
   policy->set_params(values);
   EXPECT_EQ(policy->params(), values);
   const TensorView w = policy->weights();

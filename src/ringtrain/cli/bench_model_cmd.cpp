@@ -37,6 +37,7 @@
 #include "ringtrain/model/cp_scoring.h"
 #include "ringtrain/model/cuda/gpu_logprobs.h"
 #include "ringtrain/model/cuda/gpu_model.h"
+#include "ringtrain/model/logprobs.h"
 #endif
 
 namespace ringtrain::cli {

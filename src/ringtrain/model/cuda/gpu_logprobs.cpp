@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/cp_scoring.h"
 #include "ringtrain/model/logprobs.h"
 
 namespace ringtrain::model::cuda {
@@ -125,34 +124,6 @@ void sequence_logprobs_backward(GpuModel& model, const std::vector<int32_t>& ids
   std::vector<float> d_rows(ids.size(), 0.f);
   for (size_t i = 0; i + 1 < ids.size(); ++i) d_rows[i] = d_logprobs[i + 1];
   model_row_logprobs_backward(model, targets.data(), d_rows.data(), attention, chunk_tokens);
-}
-
-std::vector<float> cp_sequence_logprobs(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
-                                        const std::vector<int32_t>& ids, int64_t chunk_tokens, bool for_backward) {
-  const CpCall call = make_cp_call(comm, config, ids);
-  const CpShard& shard = call.shard;
-  const int64_t n = call.layout.local_len();
-  const std::vector<float> rows = model_row_logprobs(model, shard.tokens.data(), shard.positions.data(),
-                                                     shard.targets.data(), 1, n, *call.attention, chunk_tokens,
-                                                     for_backward);
-  // The gather runs in the communicator's memory (device memory for NCCL).
-  const Tensor mine = Tensor::empty({n}, DType::F32, comm.device());
-  const Tensor all = Tensor::empty({comm.size() * n}, DType::F32, comm.device());
-  copy(mine, contiguous_view(const_cast<float*>(rows.data()), DType::F32, Device::cpu(), {n}));
-  comm.all_gather(mine.data(), all.data(), static_cast<size_t>(n), DType::F32);
-  std::vector<float> gathered(static_cast<size_t>(comm.size() * n));
-  copy(contiguous_view(gathered.data(), DType::F32, Device::cpu(), {comm.size() * n}), all);
-  return cp_rows_to_tokens(gathered, comm.size(), static_cast<int64_t>(ids.size()));
-}
-
-void cp_sequence_logprobs_backward(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
-                                   const std::vector<int32_t>& ids, const std::vector<float>& d_logprobs,
-                                   int64_t chunk_tokens) {
-  RT_CHECK(d_logprobs.size() == ids.size(), "logprobs backward: ", d_logprobs.size(), " gradients for ", ids.size(),
-           " tokens");
-  const CpCall call = make_cp_call(comm, config, ids);
-  const std::vector<float> d_rows = cp_row_grads(call.shard, d_logprobs);
-  model_row_logprobs_backward(model, call.shard.targets.data(), d_rows.data(), *call.attention, chunk_tokens);
 }
 
 }  // namespace ringtrain::model::cuda

@@ -9,14 +9,20 @@
 namespace ringtrain::model {
 namespace {
 
+// The GPU the model goes on, once the options are known to be for one (checked before the weights are uploaded).
+int checked_gpu(const PolicyOptions& options) {
+  RT_CHECK(options.device.is_cuda(), "policy: no model for device ", device_name(options.device));
+  RT_CHECK(options.dtype == DType::BF16, "policy: the GPU model computes in bf16, not ", dtype_name(options.dtype));
+  RT_CHECK(options.logprob_chunk >= 0, "policy: LM-head chunk ", options.logprob_chunk, " must not be negative");
+  return options.device.index;
+}
+
 class GpuPolicy final : public Policy {
  public:
   GpuPolicy(const ModelConfig& config, const std::vector<float>& params, const PolicyOptions& options)
-      : model_(config, params, options.model, options.device.index),
+      : model_(config, params, options.model, checked_gpu(options)),
         chunk_(options.logprob_chunk > 0 ? options.logprob_chunk : cuda::default_logprob_chunk(config.vocab)),
         group_(options.cp_group && options.cp_group->size() > 1 ? options.cp_group : nullptr), cp_(options.cp) {
-    RT_CHECK(options.dtype == DType::BF16, "policy: the GPU model computes in bf16, not ", dtype_name(options.dtype));
-    RT_CHECK(options.logprob_chunk >= 0, "policy: LM-head chunk ", options.logprob_chunk, " must not be negative");
     RT_CHECK(!group_ || group_->device() == options.device, "policy: the cp group runs on ",
              device_name(group_->device()), ", the model on ", device_name(options.device));
     offsets_ = model_.dev_layout().device_offsets();
@@ -89,7 +95,6 @@ class GpuPolicy final : public Policy {
 
 std::unique_ptr<Policy> make_gpu_policy(const ModelConfig& config, const std::vector<float>& params,
                                         const PolicyOptions& options) {
-  RT_CHECK(options.device.is_cuda(), "policy: no model for device ", device_name(options.device));
   return std::make_unique<GpuPolicy>(config, params, options);
 }
 
