@@ -172,7 +172,6 @@ LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in
 
   double clipped = 0, dual_clipped = 0, approx_kl = 0, ratio = 0, ref_kl = 0, weights = 0, entropy = 0;
   double loss = 0;
-  bool any_counted = false;
   for (int64_t b = 0; b < masks.batch; ++b) {
     const int64_t row_tokens = counted_in_row(masks, b);
     // d(microbatch loss)/d(token loss): 1/global tokens, or 1/(tokens of the row · global sequences).
@@ -184,7 +183,6 @@ LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in
         grad_logprobs[i] = T(0);
         continue;
       }
-      any_counted = true;
       const double cur = static_cast<double>(in.logprobs[i]);
       const double prev = static_cast<double>(in.prev_logprobs[i]);
       const double ref = cfg.kl_beta == 0 ? 0.0 : static_cast<double>(in.ref_logprobs[i]);
@@ -203,7 +201,7 @@ LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in
     }
   }
   LossResult out;
-  out.loss = any_counted ? loss : 0.0;
+  out.loss = loss;
   const double c = local.tokens;
   out.metrics = {{"clip_fraction", clipped, c}, {"dual_clip_fraction", dual_clipped, c},
                  {"approx_kl", approx_kl, c}, {"ratio", ratio, c}};
