@@ -185,11 +185,11 @@ std::vector<std::string> write_hf_weights(const fs::path& dir, Trainer& trainer,
 void prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
   RT_CHECK(!exists_no_follow(dest) || is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
            ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
-  if (exists_no_follow(tmp)) {
-    RT_CHECK(fs::symlink_status(tmp).type() == fs::file_type::directory &&
-                 fs::symlink_status(tmp / kSavingMarker).type() == fs::file_type::regular,
-             "checkpoint: refusing to remove ", tmp.string(), ": it is not an unfinished save (no ", kSavingMarker,
-             ")");
+  if (exists_no_follow(tmp)) {  // an unfinished save, or the previous checkpoint left by an exchange that died
+    RT_CHECK(is_checkpoint_dir(tmp) || (fs::symlink_status(tmp).type() == fs::file_type::directory &&
+                                        fs::symlink_status(tmp / kSavingMarker).type() == fs::file_type::regular),
+             "checkpoint: refusing to remove ", tmp.string(), ": it is neither an unfinished save (no ", kSavingMarker,
+             ") nor a checkpoint");
     fs::remove_all(tmp);
   }
   fs::create_directories(tmp / "optimizer");
@@ -198,14 +198,15 @@ void prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
 
 // DIR.saving becomes DIR; an existing checkpoint at DIR is exchanged atomically and then removed.
 void publish(const fs::path& tmp, const fs::path& dest) {
-  fs::remove(tmp / kSavingMarker);
   if (!exists_no_follow(dest)) {
     fs::rename(tmp, dest);
+    fs::remove(dest / kSavingMarker);
     return;
   }
   RT_CHECK(is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
            ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove(dest / kSavingMarker);
     fs::remove_all(tmp);  // now the previous checkpoint
     return;
   }
@@ -217,6 +218,7 @@ void publish(const fs::path& tmp, const fs::path& dest) {
   }
   fs::rename(dest, old);
   fs::rename(tmp, dest);
+  fs::remove(dest / kSavingMarker);
   fs::remove_all(old);
 }
 
