@@ -275,6 +275,7 @@ TEST(TrainCheckpoint, InterruptedSaveLeavesThePreviousCheckpoint) {
     save_training_checkpoint(dir, t, {1, 3, "rng"});
   });
   EXPECT_FALSE(fs::exists(dir.string() + ".saving"));
+  EXPECT_FALSE(fs::exists(dir / ".ringtrain-saving"));
   EXPECT_EQ(run(s, {2, 1}, 4, 4, dir).progress[1].index, 3);
 }
 
