@@ -36,4 +36,13 @@ void cuda_synchronize(int device) {
   if (const DeviceOps* ops = find_device_ops(DeviceKind::CUDA)) ops->synchronize(device);
 }
 
+uint64_t cuda_pool_peak_bytes(int device) {
+  const DeviceOps* ops = find_device_ops(DeviceKind::CUDA);
+  return ops ? ops->pool_peak_bytes(device) : 0;
+}
+
+void cuda_reset_pool_peak(int device) {
+  if (const DeviceOps* ops = find_device_ops(DeviceKind::CUDA)) ops->reset_pool_peak(device);
+}
+
 }  // namespace ringtrain

@@ -2,6 +2,7 @@
 // support there are none, and the reasons say so.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "ringtrain/core/tensor.h"
@@ -20,5 +21,9 @@ int cuda_arch(int device);
 std::string hopper_unavailable_reason(Device device);
 // Waits for all work on the device (a no-op without CUDA).
 void cuda_synchronize(int device);
+// The high-water mark of the device's default memory pool (where Tensor allocates) in bytes since the last reset
+// (0 without CUDA), and restarting it from what is in use now.
+uint64_t cuda_pool_peak_bytes(int device);
+void cuda_reset_pool_peak(int device);
 
 }  // namespace ringtrain

@@ -62,6 +62,8 @@ class HostDeviceOps final : public DeviceOps {
   std::string unavailable_reason() const override { return ""; }
   int arch(int) const override { return 0; }
   void synchronize(int) const override {}
+  uint64_t pool_peak_bytes(int) const override { return 0; }
+  void reset_pool_peak(int) const override {}
 };
 
 }  // namespace

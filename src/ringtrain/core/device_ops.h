@@ -41,6 +41,10 @@ class DeviceOps {
   virtual int arch(int index) const = 0;
   // Waits for all work on device `index`.
   virtual void synchronize(int index) const = 0;
+  // The high-water mark in bytes of the memory allocate() hands out on device `index` since the last reset, and
+  // restarting it from what is in use now.
+  virtual uint64_t pool_peak_bytes(int index) const = 0;
+  virtual void reset_pool_peak(int index) const = 0;
 };
 
 // The table of `kind`, or nullptr when this build has none (CUDA in a CPU-only build).

@@ -133,6 +133,26 @@ class CudaDeviceOps final : public DeviceOps {
     DeviceGuard guard(index);
     RT_CUDA_CHECK(cudaDeviceSynchronize(), "waiting for cuda:", index);
   }
+
+  uint64_t pool_peak_bytes(int index) const override {
+    uint64_t bytes = 0;
+    RT_CUDA_CHECK(cudaMemPoolGetAttribute(default_pool(index), cudaMemPoolAttrUsedMemHigh, &bytes),
+                  "memory pool peak of cuda:", index);
+    return bytes;
+  }
+
+  void reset_pool_peak(int index) const override {
+    uint64_t zero = 0;
+    RT_CUDA_CHECK(cudaMemPoolSetAttribute(default_pool(index), cudaMemPoolAttrUsedMemHigh, &zero),
+                  "resetting the memory pool peak of cuda:", index);
+  }
+
+ private:
+  static cudaMemPool_t default_pool(int index) {
+    cudaMemPool_t pool;
+    RT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index), "default memory pool of cuda:", index);
+    return pool;
+  }
 };
 
 }  // namespace
