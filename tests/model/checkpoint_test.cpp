@@ -136,7 +136,7 @@ TEST_F(Checkpoint, MalformedFilesNameFileAndProblem) {
   // A header that is not JSON.
   std::string bad = bytes;
   bad[8] = '#';
-  expect_error([&] { model::read_safetensors(write("h.safetensors", bad)); }, {"h.safetensors", "not valid JSON"});
+  expect_error([&] { model::read_safetensors(write("h.safetensors", bad)); }, {"h.safetensors", "header: invalid JSON"});
   // Entries that lie: wrong byte count for the shape, unknown dtype, overlapping data.
   auto with_header = [&](const json& h, size_t data_bytes) {
     std::string hs = h.dump(), out(8, '\0');
