@@ -35,7 +35,9 @@ Device parse_device(const std::string& name) {
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim; ++d)
+    RT_CHECK(shape[d] >= 0 && !__builtin_mul_overflow(n, shape[d], &n), "tensor ", shape_str(),
+             ": the element count is negative or overflows 64 bits");
   return n;
 }
 
@@ -97,7 +99,10 @@ TensorView contiguous_view(void* data, DType dtype, Device device, std::initiali
 Tensor Tensor::empty(std::initializer_list<int64_t> shape, DType dtype, Device device) {
   Tensor t;
   t.view_ = contiguous_view(nullptr, dtype, device, shape);
-  const size_t bytes = std::max<size_t>(t.view_.nbytes(), 1);
+  int64_t nbytes = 0;
+  RT_CHECK(!__builtin_mul_overflow(t.view_.numel(), static_cast<int64_t>(dtype_size(dtype)), &nbytes), "tensor ",
+           t.view_.shape_str(), ": the byte size overflows 64 bits");
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(nbytes, 1));
   if (device.is_cpu()) {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     RT_CHECK(p, "host allocation of ", bytes, " bytes failed for ", t.view_.shape_str());
