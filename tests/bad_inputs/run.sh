@@ -6,7 +6,7 @@
 set -uo pipefail
 bin=$(realpath "${1:?usage: run.sh RINGTRAIN_BINARY}")
 work=$(mktemp -d "${TMPDIR:-/tmp}/rt_bad_inputs.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'umount "$work/small" 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 failures=0 cases=0
@@ -163,6 +163,34 @@ expect_error logprobs-cp-zero '--cp 0: must be at least 1' "$bin" logprobs --mod
 expect_error backends-negative-seq 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --seq -5
 expect_error backends-zero-heads 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --heads 0
 expect_error backends-zero-batch 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --batch 0
+
+# --- running out of threads: an address-space limit leaves no room for 500 thread stacks (not under ASan, whose
+# shadow memory needs the address space; root ignores RLIMIT_NPROC, so `ulimit -u` cannot show it) ---
+if ldd "$bin" 2>/dev/null | grep -q libasan; then
+  echo "skip threads-exhausted: a sanitized binary cannot run under ulimit -v"
+else
+  expect_error threads-exhausted 'cannot start the thread of rank [0-9]+ of 500' \
+    sh -c "ulimit -v 1000000; exec '$bin' logprobs --model ck --data good.jsonl --cp 500"
+fi
+
+# --- a full disk: a 512 KiB tmpfs where mounting one is allowed (root) ---
+mkdir -p small
+if mount -t tmpfs -o size=512k tmpfs small 2>/dev/null; then
+  "$bin" init-model --out small/ck --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32 >/dev/null
+  old=$(cat small/ck/model.safetensors small/ck/config.json | md5sum)
+  expect_error disk-full-new 'No space left on device' "$bin" init-model --out small/big --layers 2 --hidden 128 --vocab 512
+  expect_error disk-full-force 'No space left on device' \
+    "$bin" init-model --out small/ck --force --layers 2 --hidden 128 --vocab 512
+  cases=$((cases + 1))
+  if [ -e small/big ] || ls -a small | grep -q tmp || [ "$(cat small/ck/model.safetensors small/ck/config.json | md5sum)" != "$old" ]; then
+    failures=$((failures + 1)); echo "FAIL disk-full-leftovers: $(ls -a small small/ck | tr '\n' ' ')"
+  else
+    echo "ok   disk-full-leftovers (no partial checkpoint, the old one intact)"
+  fi
+  umount small
+else
+  echo "skip disk-full cases: cannot mount a tmpfs here"
+fi
 
 # --- launcher ---
 expect_error launch-nproc-zero '--nproc must be in \[1, 1024\], got 0' "$bin" launch --nproc 0 -- true

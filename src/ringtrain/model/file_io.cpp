@@ -118,6 +118,10 @@ void sync_path(const std::filesystem::path& path) {
 }
 
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
+  write_file_atomic(path, [&](const ByteSink& sink) { sink(bytes); });
+}
+
+void write_file_atomic(const std::filesystem::path& path, const std::function<void(const ByteSink& sink)>& produce) {
   check_replaceable(path);
   const std::string target = path.string();
   const std::string tmp = target + ".tmp." + std::to_string(::getpid());
@@ -125,7 +129,7 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view bytes
   if (fd < 0) throw_sys_error("cannot create", tmp);
   bool open = true;
   try {
-    write_all(fd, bytes, tmp);
+    produce([&](std::string_view bytes) { write_all(fd, bytes, tmp); });
     if (::fsync(fd) != 0) throw_sys_error("cannot sync", tmp);
     open = false;
     if (::close(fd) != 0) throw_sys_error("cannot close", tmp);

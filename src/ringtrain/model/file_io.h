@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,9 @@ std::string read_file(const std::filesystem::path& path);
 // Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`; a failed write leaves
 // `path` untouched. Refuses a `path` that exists and is not a regular file (a symlink, FIFO or device).
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+// The same with the bytes given piece by piece to `sink` by `produce` (no copy of the whole file in memory).
+using ByteSink = std::function<void(std::string_view)>;
+void write_file_atomic(const std::filesystem::path& path, const std::function<void(const ByteSink& sink)>& produce);
 // The same check on its own: an error unless `path` is absent or a regular file (symlinks are not followed).
 void check_replaceable(const std::filesystem::path& path);
 // fsync of a file or folder (after a rename, the folder's entry); errors name the path.

@@ -162,10 +162,10 @@ TensorMap read_checkpoint_tensors(const std::filesystem::path& dir, TensorData d
   }
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
     auto found = all.find(it.key());
-    RT_CHECK(found != all.end(), index.string(), ": tensor '", it.key(), "' is listed for ", it.value().dump(),
+    RT_CHECK(found != all.end(), index.string(), ": tensor '", it.key(), "' is listed for ", json_excerpt(it.value()),
              " but that file does not hold it");
     RT_CHECK(found->second.file == (dir / it.value().get<std::string>()).string(), index.string(), ": tensor '",
-             it.key(), "' is listed for ", it.value().dump(), " but found in ", found->second.file);
+             it.key(), "' is listed for ", json_excerpt(it.value()), " but found in ", found->second.file);
   }
   return all;
 }
@@ -182,12 +182,13 @@ void write_safetensors(const std::filesystem::path& path, const TensorMap& tenso
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
-  std::string out;
-  out.reserve(8 + h.size() + pos);
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff));
-  out += h;
-  for (const auto& [name, t] : tensors) out += t.bytes;
-  write_file_atomic(path, out);
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff);
+  write_file_atomic(path, [&](const ByteSink& sink) {
+    sink(len);
+    sink(h);
+    for (const auto& [name, t] : tensors) sink(t.bytes);
+  });
 }
 
 void to_float32(const std::string& name, const StoredTensor& t, float* dst) {
