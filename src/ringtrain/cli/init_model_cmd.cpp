@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ringtrain/cli/commands.h"
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/params.h"
 
@@ -40,7 +41,7 @@ void add_init_model_command(CLI::App& app) {
     c.layers = o->layers, c.hidden = o->hidden, c.heads = o->heads, c.vocab = o->vocab;
     c.kv_heads = o->kv_heads ? o->kv_heads : o->heads;
     c.head_dim = o->head_dim ? o->head_dim : (o->heads > 0 ? o->hidden / o->heads : 0);
-    c.ffn = o->ffn ? o->ffn : 4 * o->hidden;
+    c.ffn = o->ffn ? o->ffn : checked_mul(4, o->hidden, "--hidden x 4 (the default --ffn)");
     c.tie_embeddings = o->tie;
     c.qkv_bias = c.arch == Arch::Qwen2;
     c.qk_norm = c.arch == Arch::Qwen3;
