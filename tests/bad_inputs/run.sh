@@ -157,7 +157,7 @@ fi
 expect_error init-over-checkpoint 'ck already holds a checkpoint' "$bin" init-model --out ck --layers 1 --hidden 16 --heads 2
 expect_error init-nan-theta "'rope_theta' = nan: must be finite" "$bin" init-model --out ck_nan --rope-theta nan
 expect_error init-huge-layers "'num_hidden_layers' = 1000000000: must be in" "$bin" init-model --out ck_big --layers 1000000000
-expect_error init-huge-hidden "'hidden_size' = 4611686018427387904" "$bin" init-model --out ck_big --hidden 4611686018427387904
+expect_error init-huge-hidden '4611686018427387904 is negative or overflows' "$bin" init-model --out ck_big --hidden 4611686018427387904
 [ ! -e ck_nan ] && [ ! -e ck_big ] || { echo "FAIL init-model left a folder behind"; failures=$((failures + 1)); }
 expect_error logprobs-cp-zero '--cp 0: must be at least 1' "$bin" logprobs --model ck --data good.jsonl --cp 0
 expect_error backends-negative-seq 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --seq -5
