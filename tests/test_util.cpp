@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <sys/wait.h>
 
 namespace ringtrain::testing {
 
@@ -66,6 +67,17 @@ double max_abs_error(const TensorView& a, const TensorView& b) {
     else m = std::max(m, std::fabs(x - y));
   });
   return (!ok || bad) ? std::numeric_limits<double>::infinity() : m;
+}
+
+CliResult run_cli(const std::string& args) {
+  CliResult r;
+  FILE* pipe = popen((std::string(RINGTRAIN_CLI) + " " + args + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace ringtrain::testing

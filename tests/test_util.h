@@ -34,6 +34,13 @@ bool inside_rank();
 int run_ranks_of_this_program(const std::string& filter, int nproc = 2,
                               std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
 
+// Runs the ringtrain program (RINGTRAIN_CLI) with `args` through the shell; stdout and stderr together.
+struct CliResult {
+  int code = -1;  // the exit status; -1 when it did not exit normally
+  std::string output;
+};
+CliResult run_cli(const std::string& args);
+
 }  // namespace ringtrain::testing
 
 // Skips the current GoogleTest test, with the reason, when no CUDA GPU can be used.

@@ -119,6 +119,23 @@ TEST(NcclRank, EveryCollectiveMatchesTheHost) {
   const std::vector<float> got2 = to_host(recv2);
   for (size_t i = 0; i < n / 2; ++i) ASSERT_EQ(got[i], all[(r + 1) % w][i]);
   for (size_t i = n / 2; i < n; ++i) ASSERT_EQ(got2[i - n / 2], all[(r + 1) % w][i]);
+
+  // Sub-groups (ncclCommSplit): every rank alone, and all ranks in reversed order.
+  auto alone = comm->split(r, 0);
+  ASSERT_EQ(alone->size(), 1);
+  ASSERT_EQ(alone->rank(), 0);
+  buf = to_device(mine, dev);
+  alone->all_reduce(buf.data(), n, DType::F32, ReduceOp::Sum);
+  got = to_host(buf);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], mine[i]);
+  auto reversed = comm->split(0, -r);
+  ASSERT_EQ(reversed->size(), w);
+  ASSERT_EQ(reversed->rank(), w - 1 - r);
+  reversed->all_gather(send.data(), gathered.data(), n, DType::F32);
+  got = to_host(gathered);
+  for (int q = 0; q < w; ++q)
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[q * n + i], all[w - 1 - q][i]) << "block " << q;
+  reversed->barrier();
   comm->barrier();
 }
 

@@ -1,12 +1,18 @@
-// core: 16-bit float conversions against values worked out by hand from the formats' definitions, and tensor
-// views (slices, strided copies, error messages).
+// core: 16-bit float conversions against values worked out by hand from the formats' definitions, tensor views
+// (slices, strided copies, error messages) and the device tables behind them.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
+#include "ringtrain/core/checked.h"
+#include "ringtrain/core/device_info.h"
+#include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/dtype.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
+#include "ringtrain/core/sys_error.h"
 #include "ringtrain/core/tensor.h"
 #include "test_util.h"
 
@@ -164,6 +170,107 @@ TEST(AsyncOps, DeviceKernelsMatchTheHost) {
   RT_REQUIRE_GPU();
   check_async_ops(Device::cuda(0));
   cuda_synchronize(0);
+}
+
+TEST(DeviceOps, HostViewsUseTheHostTable) {
+  const DeviceOps* host = find_device_ops(DeviceKind::CPU);
+  ASSERT_NE(host, nullptr);
+  EXPECT_EQ(host->kind(), DeviceKind::CPU);
+  Tensor t = Tensor::empty({3, 5}, DType::BF16);
+  EXPECT_EQ(&device_ops(t, "test"), host);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);  // the host table's allocations are 64-byte aligned
+  // zeros through the table's fill: every element written, also after poisoning memory of the same size.
+  testing::poison(t);
+  Tensor z = Tensor::zeros({3, 5}, DType::BF16);
+  for (int64_t i = 0; i < z.numel(); ++i) EXPECT_EQ(z.ptr<uint16_t>()[i], 0u) << i;
+  fill(t, -0.0);  // -0 is not the all-zero bit pattern: the memset shortcut must not take it
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.ptr<uint16_t>()[i], 0x8000u) << i;
+}
+
+// Without CUDA support a CUDA view is an Error naming the operation and the view, never a host access.
+TEST(DeviceOps, CudaViewsWithoutCudaSupportAreClearErrors) {
+  if (find_device_ops(DeviceKind::CUDA)) GTEST_SKIP() << "this build has CUDA support";
+  EXPECT_EQ(cuda_device_count(), 0);
+  EXPECT_EQ(cuda_unavailable_reason(), "this build of ringtrain has no CUDA support");
+  EXPECT_EQ(hopper_unavailable_reason(Device::cuda(0)), "this build of ringtrain has no CUDA support");
+  EXPECT_EQ(hopper_unavailable_reason(Device::cpu()), "runs on CUDA devices, not cpu");
+  EXPECT_EQ(cuda_arch(0), 0);
+  cuda_synchronize(0);  // nothing to wait for
+
+  float host[6] = {};
+  // A device address that must never be touched: any host access would crash the test.
+  const TensorView gpu = contiguous_view(reinterpret_cast<void*>(uintptr_t{0x10}), DType::F32, Device::cuda(1), {2, 3});
+  const TensorView cpu = contiguous_view(host, DType::F32, Device::cpu(), {2, 3});
+  const auto expect_error = [](const std::function<void()>& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[2, 3] fp32 cuda:1"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("no CUDA support"), std::string::npos) << msg;
+    }
+  };
+  expect_error([&] { copy(cpu, gpu); }, "copy");
+  expect_error([&] { copy(gpu, cpu); }, "copy");
+  expect_error([&] { copy_async(gpu, gpu, nullptr); }, "copy_async");
+  expect_error([&] { add_async(gpu, gpu, nullptr); }, "add_async");
+  expect_error([&] { fill(gpu, 1.0); }, "fill");
+  expect_error([&] { fill_async(gpu, 1.0, nullptr); }, "fill_async");
+  expect_error([&] { fill_normal_hashed(gpu, 1); }, "fill_normal_hashed");
+  expect_error([&] { Tensor::empty({2, 3}, DType::F32, Device::cuda(1)); }, "allocating");
+  EXPECT_THROW(copy_async(cpu, gpu, nullptr), Error);  // different devices
+}
+
+}  // namespace
+}  // namespace ringtrain
+
+namespace ringtrain {
+namespace {
+
+TEST(Checked, ProductsAndSumsThatOverflowAreErrorsNamingTheQuantity) {
+  EXPECT_EQ(checked_mul(int64_t{1} << 31, int64_t{1} << 31, "x"), int64_t{1} << 62);
+  EXPECT_EQ(checked_add(INT64_MAX - 1, 1, "x"), INT64_MAX);
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] { checked_mul(int64_t{1} << 62, 4, "tensor 'w' numel"); }).find("tensor 'w' numel"),
+            std::string::npos);
+  EXPECT_NE(message([] { checked_add(INT64_MAX, 1, "count"); }).find("count"), std::string::npos);
+  EXPECT_NE(message([] { checked_mul(-1, 4, "negative"); }).find("negative"), std::string::npos);
+  const std::vector<int64_t> wraps{int64_t{1} << 62, 4};  // 2^64 wraps to 0 unchecked
+  EXPECT_NE(message([&] { checked_numel(wraps, "shape"); }).find("overflows"), std::string::npos);
+  TensorView v;
+  v.ndim = 2, v.shape[0] = int64_t{1} << 62, v.shape[1] = 4;
+  EXPECT_NE(message([&] { (void)v.numel(); }).find("overflows"), std::string::npos);
+}
+
+TEST(Json, NestingBeyondTheLimitIsAnErrorNamingTheSource) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  try {
+    parse_json(deep, "f.json:3");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f.json:3: JSON nested deeper than"), std::string::npos) << e.what();
+  }
+  const std::string ok_depth = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  EXPECT_NO_THROW(parse_json(ok_depth, "ok"));
+  const std::string too_deep = std::string(kMaxJsonDepth + 1, '[') + std::string(kMaxJsonDepth + 1, ']');
+  EXPECT_THROW(parse_json(too_deep, "x"), Error);
+  EXPECT_THROW(parse_json("{\"a\": ", "x"), Error);
+  const std::string long_value = json_excerpt(nlohmann::json(std::string(1000, 'a')), 50);
+  EXPECT_EQ(long_value.size(), 53u);
+  EXPECT_TRUE(long_value.ends_with("..."));
+}
+
+TEST(SysError, MessageNamesWhatPathAndReason) {
+  EXPECT_EQ(sys_message("cannot open", "/x/y", ENOENT), "cannot open /x/y: No such file or directory");
 }
 
 }  // namespace

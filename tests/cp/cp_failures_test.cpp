@@ -39,6 +39,7 @@ class FailingComm final : public comm::Communicator {
   void all_to_all(const void* s, void* r, size_t n, DType t, void* st) override { inner_.all_to_all(s, r, n, t, st); }
   void broadcast(void* b, size_t n, DType t, int root, void* st) override { inner_.broadcast(b, n, t, root, st); }
   void barrier() override { inner_.barrier(); }
+  std::unique_ptr<comm::Communicator> split(int color, int key) override { return inner_.split(color, key); }
   void abort(const std::string& why) override { inner_.abort(why); }
 
  private:

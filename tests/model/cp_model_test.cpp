@@ -1,6 +1,6 @@
-// The model under context parallelism on in-process CPU ranks: logprobs (gathered back to token order) and the
-// weight gradients (summed over the cp ranks) equal those of one rank, for cp = 2 and 4, ring and all-gather,
-// lengths that need padding and not. fp32 throughout: the CP merge and the per-rank reductions reorder fp32 sums,
+// The model under context parallelism on in-process CPU ranks, each with its own Policy over the group: logprobs
+// (gathered back to token order) and the weight gradients (summed over the cp ranks) equal those of one rank, for
+// cp = 2 and 4, ring and all-gather, lengths that need padding and not. fp32 throughout: the CP merge and the per-rank reductions reorder fp32 sums,
 // giving ~1e-6 differences; the bounds (2e-5 absolute on logprobs ~ -3.5, 1e-4 relative L2 on gradients) leave
 // margin yet catch any misplaced token or lost gradient.
 #include <gtest/gtest.h>
@@ -12,14 +12,13 @@
 #include "model_test_util.h"
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/comm/in_process.h"
-#include "ringtrain/model/cp_scoring.h"
+#include "ringtrain/model/policy.h"
 #include "test_util.h"
 
 namespace ringtrain {
 namespace {
 
 using model::Arch;
-using model::Model;
 
 struct CpCase {
   int cp;
@@ -44,19 +43,23 @@ TEST_P(CpModel, MatchesOneRank) {
   std::normal_distribution<float> nd;
   for (float& x : d) x = nd(rng);
 
-  Model<float> one(c, params);
-  auto local = model::make_local_attention();
-  const std::vector<float> ref = model::sequence_logprobs(one, ids, *local, 7, true);
-  model::sequence_logprobs_backward(one, ids, d, *local, 7);
+  model::PolicyOptions o;
+  o.logprob_chunk = 7;
+  const auto one = model::make_policy(c, params, o);
+  const model::TokenBatch batch{{ids}};
+  const std::vector<float> ref = one->score(batch, true).logprobs[0];
+  one->backward({d});
+  const std::vector<float> one_grads = one->grads_by_layout();
 
-  cp::CpConfig cfg;
-  cfg.comm = k.comm;
   std::vector<std::vector<float>> lp(k.cp), grads(k.cp);
   comm::run_ranks(k.cp, std::chrono::seconds(60), [&](comm::Communicator& comm) {
-    Model<float> m(c, params);
-    lp[comm.rank()] = model::cp_sequence_logprobs(m, comm, cfg, ids, 7, true);
-    model::cp_sequence_logprobs_backward(m, comm, cfg, ids, d, 7);
-    grads[comm.rank()] = m.grads();
+    model::PolicyOptions ro = o;
+    ro.cp_group = &comm;
+    ro.cp.comm = k.comm;
+    const auto p = model::make_policy(c, params, ro);
+    lp[comm.rank()] = p->score(batch, true).logprobs[0];
+    p->backward({d});
+    grads[comm.rank()] = p->grads_by_layout();
   });
   for (int r = 0; r < k.cp; ++r) {
     ASSERT_EQ(lp[r].size(), ref.size());
@@ -67,9 +70,10 @@ TEST_P(CpModel, MatchesOneRank) {
   std::vector<float> sum(grads[0].size(), 0.f);
   for (const auto& g : grads)
     for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
-  for (const model::ParamSpec& s : one.layout().specs()) {
+  for (const model::ParamSpec& s : one->layout().specs()) {
     const TensorView got = contiguous_view(sum.data() + s.offset, DType::F32, Device::cpu(), {s.numel});
-    const TensorView want = contiguous_view(one.grads().data() + s.offset, DType::F32, Device::cpu(), {s.numel});
+    const TensorView want =
+        contiguous_view(const_cast<float*>(one_grads.data()) + s.offset, DType::F32, Device::cpu(), {s.numel});
     EXPECT_LE(testing::rel_error(got, want), 1e-4) << s.name;
   }
 }
@@ -90,12 +94,13 @@ TEST(CpModelScopes, ModelAllowListNarrowsInsideCp) {
   const model::ModelConfig c = testing::tiny_config(Arch::Llama);
   const std::vector<float> params = testing::tiny_params(c, rng);
   const std::vector<int32_t> ids = testing::random_ids(12, c.vocab, rng);
-  model::ModelOptions opts;
-  opts.attention_backends = {attention::BackendId::Math};
+  model::PolicyOptions o;
+  o.model.attention_backends = {attention::BackendId::Math};
   attention::reset_dispatch_counts();
   comm::run_ranks(2, std::chrono::seconds(60), [&](comm::Communicator& comm) {
-    Model<float> m(c, params, opts);
-    model::cp_sequence_logprobs(m, comm, cp::CpConfig{}, ids, 64);
+    model::PolicyOptions ro = o;
+    ro.cp_group = &comm;
+    model::make_policy(c, params, ro)->score(model::TokenBatch{{ids}}, false);
   });
   const attention::DispatchCounts n = attention::dispatch_counts();
   EXPECT_GT(n.forward[static_cast<int>(attention::BackendId::Math)], 0) << attention::format_dispatch_counts(n);

@@ -1,4 +1,4 @@
-// The cuBLASLt products of the GPU model (model/cuda/gemm.h) against double loops on the same bf16 inputs: every
+// The cuBLASLt products of the GPU model (core/cuda/gemm.h) against double loops on the same bf16 inputs: every
 // entry for small shapes; for the model's big shapes (n = 1000 x 2048 -> 8192, an LM-head chunk 512 x 2048 -> 151936,
 // a 131072-token sequence) the corners and random entries of forward results, and whole sampled rows (first, last,
 // 6 random) of dx and dw. Fresh random inputs, results poisoned with NaN unless the product accumulates into them.
@@ -20,7 +20,7 @@
 #include "kernel_test_util.h"
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_CUDA
-#include "ringtrain/model/cuda/gemm.h"
+#include "ringtrain/core/cuda/gemm.h"
 #endif
 
 namespace ringtrain {
@@ -28,7 +28,7 @@ namespace {
 
 #ifdef RINGTRAIN_WITH_CUDA
 using namespace testing::kernels;
-using model::cuda::Gemm;
+using ringtrain::cuda::Gemm;
 
 // Uniform(-1, 1) values rounded to bf16: cheap to draw for the LM head's 311M weights.
 std::vector<float> uniform_bf16_values(size_t n, std::mt19937_64& rng) {

@@ -33,6 +33,7 @@
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/logprobs.h"
+#include "ringtrain/model/policy.h"
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -535,21 +536,25 @@ TEST(GpuModelCpRank, ShardedLogprobsAndSummedGradientsMatchOneGpu) {
   std::vector<float> d_lp(ids.size());
   std::normal_distribution<float> nd;
   for (float& g : d_lp) g = nd(rng);
-  GpuModel m(c, params, {}, comm->device().index);
-  const int64_t chunk = 128;
-
-  auto local = model::make_local_attention();
-  m.zero_grads();
-  const std::vector<float> one_lp = model::cuda::sequence_logprobs(m, ids, *local, chunk, true);
-  model::cuda::sequence_logprobs_backward(m, ids, d_lp, *local, chunk);
-  const std::vector<float> one_grads = m.grads();
+  // Through the Policy, as the callers run it: one GPU, then each CP algorithm over the two ranks.
+  model::PolicyOptions o;
+  o.device = comm->device();
+  o.dtype = DType::BF16;
+  o.logprob_chunk = 128;
+  const model::TokenBatch batch{{ids}};
+  const auto one = model::make_policy(c, params, o);
+  const std::vector<float> one_lp = one->score(batch, true).logprobs[0];
+  one->backward({d_lp});
+  const std::vector<float> one_grads = one->grads_by_layout();
 
   for (cp::CpComm how : {cp::CpComm::Ring, cp::CpComm::AllGather}) {
-    const cp::CpConfig cfg{how};
-    m.zero_grads();
-    const std::vector<float> cp_lp = model::cuda::cp_sequence_logprobs(m, *comm, cfg, ids, chunk, true);
-    model::cuda::cp_sequence_logprobs_backward(m, *comm, cfg, ids, d_lp, chunk);
-    std::vector<float> grads = m.grads();  // this rank's share; the sum over ranks is the gradient
+    model::PolicyOptions co = o;
+    co.cp_group = comm.get();
+    co.cp = cp::CpConfig{how};
+    const auto sharded = model::make_policy(c, params, co);
+    const std::vector<float> cp_lp = sharded->score(batch, true).logprobs[0];
+    sharded->backward({d_lp});
+    std::vector<float> grads = sharded->grads_by_layout();  // this rank's share; the sum over ranks is the gradient
     const Tensor sum = Tensor::empty({static_cast<int64_t>(grads.size())}, DType::F32, comm->device());
     copy(sum, host_f32(grads));
     comm->all_reduce(sum.data(), grads.size(), DType::F32, comm::ReduceOp::Sum);
@@ -570,7 +575,7 @@ TEST(GpuModelCpRank, ShardedLogprobsAndSummedGradientsMatchOneGpu) {
     // whole is within the project's bf16 bar. A misplaced key block or row moves logprobs by O(1).
     EXPECT_LE(lp_rel, 1e-2) << what;
     EXPECT_LE(lp_err, 0.15) << what;
-    expect_grads_close(m.layout(), grads, one_grads, kGradRelTol, what);
+    expect_grads_close(one->layout(), grads, one_grads, kGradRelTol, what);
   }
 }
 #endif

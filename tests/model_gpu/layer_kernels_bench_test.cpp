@@ -15,7 +15,7 @@
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_CUDA
 #include "kernel_test_util.h"
-#include "ringtrain/model/cuda/gemm.h"
+#include "ringtrain/core/cuda/gemm.h"
 #include "ringtrain/model/cuda/layer_kernels.h"
 #endif
 
@@ -24,6 +24,7 @@ namespace {
 
 #ifdef RINGTRAIN_WITH_CUDA
 using namespace model::cuda;
+using ringtrain::cuda::Gemm;
 using testing::kernels::DeviceArray;
 
 double median_ms(cudaStream_t s, const std::function<void()>& run) {

@@ -411,7 +411,7 @@ void check_logprob_rows(int64_t rows, int64_t vocab) {
   for (int64_t r = 0; r < rows; r += 5) targets[r] = -1;
   targets[1] = static_cast<int32_t>(vocab - 1);
 
-  std::vector<double> lse_ref(rows), logprob_ref(rows), sum_exp(rows);
+  std::vector<double> lse_ref(rows), logprob_ref(rows), entropy_ref(rows);
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits.data() + r * vocab;
     double mx = z[0], s = 0;
@@ -419,6 +419,7 @@ void check_logprob_rows(int64_t rows, int64_t vocab) {
     for (int64_t j = 0; j < vocab; ++j) s += std::exp(z[j] - mx);
     lse_ref[r] = mx + std::log(s);
     logprob_ref[r] = targets[r] < 0 ? 0.0 : z[targets[r]] - lse_ref[r];
+    for (int64_t j = 0; j < vocab; ++j) entropy_ref[r] -= std::exp(z[j] - lse_ref[r]) * (z[j] - lse_ref[r]);
   }
   // The backward gets the reference lse rounded to fp32, the same value on both sides.
   const std::vector<float> lse_f(lse_ref.begin(), lse_ref.end());
@@ -434,9 +435,12 @@ void check_logprob_rows(int64_t rows, int64_t vocab) {
 
   auto d_logits = upload(logits), d_dlp = upload(d_logprob), d_lse_in = upload(lse_f);
   auto d_targets = upload(targets);
-  DeviceArray<float> d_out(rows), d_lse(rows);
-  d_out.poison(), d_lse.poison();
-  mc::logprob_rows(stream.get(), d_out.get(), d_lse.get(), d_logits->get(), d_targets->get(), rows, vocab);
+  DeviceArray<float> d_out(rows), d_lse(rows), d_entropy(rows), d_out_plain(rows);
+  d_out.poison(), d_lse.poison(), d_entropy.poison(), d_out_plain.poison();
+  // Without entropy (the other instantiation of the kernel) and with it.
+  mc::logprob_rows(stream.get(), d_out_plain.get(), d_lse.get(), d_logits->get(), d_targets->get(), rows, vocab);
+  mc::logprob_rows(stream.get(), d_out.get(), d_lse.get(), d_logits->get(), d_targets->get(), rows, vocab,
+                   d_entropy.get());
   // In place: the gradient is written over the logits just read, row r in the first half of row r's bytes.
   const bf16* dlogits_at = mc::logprob_rows_backward_in_place(stream.get(), d_logits->get(), d_lse_in->get(),
                                                               d_targets->get(), d_dlp->get(), rows, vocab);
@@ -455,6 +459,12 @@ void check_logprob_rows(int64_t rows, int64_t vocab) {
   expect_elementwise("logprob_rows lse", download(d_lse), lse_ref, [&](size_t) { return lse_bound; });
   expect_elementwise("logprob_rows logprob", download(d_out), logprob_ref,
                      [&](size_t r) { return targets[r] < 0 ? 0.0 : 2 * lse_bound; });
+  expect_elementwise("logprob_rows logprob without entropy", download(d_out_plain), logprob_ref,
+                     [&](size_t r) { return targets[r] < 0 ? 0.0 : 2 * lse_bound; });
+  // entropy = log(sum) - sum e (z - max) / sum: both sums add terms of one sign (no cancellation), each as accurate
+  // as lse's sum, so the entropy is within a few lse bounds relative to its size (<= log(vocab) < 12).
+  expect_elementwise("logprob_rows entropy", download(d_entropy), entropy_ref,
+                     [&](size_t r) { return 4 * lse_bound * (1 + entropy_ref[r]); });
   // dlogits: p = expf(z - lse) within ~2e-6 relative (|z - lse| <= ~30 rounded in fp32), then one bf16 rounding;
   // rows without a target are exact zeros.
   expect_elementwise("logprob_rows_backward_in_place dlogits", dlogits, dlogits_ref,

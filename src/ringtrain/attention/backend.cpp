@@ -2,7 +2,6 @@
 
 #include <mutex>
 
-#include "ringtrain/attention/cpu/cpu_backends.h"
 #include "ringtrain/core/error.h"
 
 namespace ringtrain::attention {
@@ -51,16 +50,10 @@ std::string format_backend_list(const std::vector<BackendId>& ids) {
   return s;
 }
 
-#ifndef RINGTRAIN_WITH_CUDA
-void register_cuda_backends(std::vector<std::unique_ptr<Backend>>&) {}
-#endif
-
 const Backend* find_backend(BackendId id, DeviceKind kind) {
   static const std::vector<std::unique_ptr<Backend>> registry = [] {
     std::vector<std::unique_ptr<Backend>> r;
-    r.push_back(cpu::make_math_backend());
-    r.push_back(cpu::make_flash_backend());
-    register_cuda_backends(r);
+    register_backends(r);
     return r;
   }();
   for (const auto& b : registry)

@@ -40,7 +40,8 @@ class Backend {
 // The implementation of `id` on `kind`, or nullptr when this build has none.
 const Backend* find_backend(BackendId id, DeviceKind kind);
 
-// Called once from the registry to add the GPU implementations (defined in the CUDA part of the build).
-void register_cuda_backends(std::vector<std::unique_ptr<Backend>>& out);
+// Called once from the registry to add every implementation this build has (register_backends.cpp, the one file of
+// attention that depends on the build's options).
+void register_backends(std::vector<std::unique_ptr<Backend>>& out);
 
 }  // namespace ringtrain::attention

@@ -51,6 +51,12 @@ struct AttnResults {
 AttnInputs random_inputs(const AttnProblem& prob, uint64_t seed);
 // The CPU math backend with fp64 accumulation on the unsharded sequence (called directly, not through selection).
 AttnResults reference_attention(const AttnProblem& prob, const AttnInputs& in);
+// The same computation in the problem's dtype (fp32 accumulation, outputs rounded to the dtype): its error against
+// reference_attention is the rounding error the problem itself has, the scale for error_bound.
+AttnResults dtype_reference_attention(const AttnProblem& prob, const AttnInputs& in);
+// The largest relative error (against reference_attention) a correct run in `dtype` may have, given the relative
+// error of dtype_reference_attention on the same inputs.
+double error_bound(DType dtype, double dtype_reference_error);
 // The selected backend on the whole sequence on `dev` (inside a context-parallel scope of size 1): device copies of
 // the inputs, results copied back to the host; wall times with the device synchronised.
 AttnResults attention_on_device(const AttnProblem& prob, const AttnInputs& in, Device dev);
@@ -77,13 +83,20 @@ double relative_error(const TensorView& got, const TensorView& ref);
 // +inf when relative_error would be.
 std::pair<double, double> error_sums(const TensorView& got, const TensorView& ref);
 
-// The relative errors of O, LSE, dQ, dK, dV against a reference, judged against one tolerance.
+// The relative errors of O, LSE, dQ, dK, dV against a reference, each judged against its tolerance.
 struct ParityReport {
-  std::vector<std::pair<std::string, double>> errors;  // name, relative error, in the order O, LSE, dQ, dK, dV
-  double tolerance = 0;
-  bool pass() const;  // every error <= tolerance (NaN fails)
+  struct Row {
+    std::string name;
+    double error = 0, tolerance = 0;
+  };
+  std::vector<Row> rows;  // in the order O, LSE, dQ, dK, dV
+  bool pass() const;      // every error <= its tolerance (NaN fails)
   double max_error() const;
 };
 ParityReport compare(const AttnResults& got, const AttnResults& ref, double tolerance);
+// `got` against the fp64 reference_attention `ref` of the same problem and inputs, each row judged by error_bound
+// (16-bit: relative to the error of dtype_reference_attention on those inputs, computed here).
+ParityReport compare_to_reference(const AttnProblem& prob, const AttnInputs& in, const AttnResults& got,
+                                  const AttnResults& ref);
 
 }  // namespace ringtrain::check

@@ -11,8 +11,11 @@ namespace ringtrain::check {
 
 ParityReport DeviceRunResult::parity(double tolerance) const {
   ParityReport r;
-  r.tolerance = tolerance;
-  r.errors = {{"O", err_o}, {"LSE", err_lse}, {"dQ", err_dq}, {"dK", err_dk}, {"dV", err_dv}};
+  r.rows = {{"O", err_o, tolerance},
+            {"LSE", err_lse, tolerance},
+            {"dQ", err_dq, tolerance},
+            {"dK", err_dk, tolerance},
+            {"dV", err_dv, tolerance}};
   return r;
 }
 

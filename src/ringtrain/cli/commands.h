@@ -18,10 +18,13 @@ void add_backends_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_bench_cp_command(CLI::App& app);  // adds `bench cp` to the `bench` command (after add_bench_command)
 void add_bench_model_command(CLI::App& app);  // adds `bench model` to the `bench` command (after add_bench_command)
+void add_bench_train_command(CLI::App& app);  // adds `bench train` to the `bench` command (after add_bench_command)
 void add_attention_check_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_init_model_command(CLI::App& app);
 void add_logprobs_command(CLI::App& app);
+void add_config_command(CLI::App& app);  // config_cmd.cpp
+void add_plot_command(CLI::App& app);    // plot_cmd.cpp
 
 // attention-check on GPUs with cp > 1 (one process per GPU): parity against one GPU; returns the exit code.
 int gpu_cp_attention_check(const check::AttnProblem& prob, const cp::CpConfig& cfg, int cp, uint64_t seed,

@@ -5,6 +5,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/options.h"
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/params.h"
 
@@ -16,7 +17,7 @@ void add_init_model_command(CLI::App& app) {
     std::string dtype = "fp32", out;
     uint64_t seed = 0;
     double rope_theta = 10000.0;
-    bool tie = false;
+    bool tie = false, force = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("init-model", "Write a randomly initialised checkpoint");
@@ -28,6 +29,7 @@ void add_init_model_command(CLI::App& app) {
   cmd->add_option("--rope-theta", o->rope_theta)->check(CLI::Range(1e-3, 1e12))->capture_default_str();
   cmd->add_flag("--tie", o->tie, "tie the LM head to the embeddings");
   cmd->add_option("--out", o->out, "checkpoint folder")->required();
+  cmd->add_flag("--force", o->force, "replace a checkpoint already in --out");
   cmd->callback([o] {
     using namespace model;
     ModelConfig c;
@@ -35,8 +37,8 @@ void add_init_model_command(CLI::App& app) {
     c.arch = parse_arch(s.arch);
     c.layers = s.layers, c.hidden = s.hidden, c.heads = s.heads, c.vocab = s.vocab;
     c.kv_heads = s.kv_heads ? s.kv_heads : s.heads;
-    c.head_dim = s.head_dim ? s.head_dim : s.hidden / s.heads;
-    c.ffn = s.ffn ? s.ffn : 4 * s.hidden;
+    c.head_dim = s.head_dim ? s.head_dim : (s.heads > 0 ? s.hidden / s.heads : 0);
+    c.ffn = s.ffn ? s.ffn : checked_mul(4, s.hidden, "--hidden x 4 (the default --ffn)");
     c.tie_embeddings = o->tie;
     c.qkv_bias = c.arch == Arch::Qwen2;
     c.qk_norm = c.arch == Arch::Qwen3;
@@ -46,7 +48,8 @@ void add_init_model_command(CLI::App& app) {
              " is not a checkpoint dtype (fp32, bf16, fp16)");
     // The same validation as a loaded config.json.
     c = parse_config(config_to_json(c), "init-model options");
-    save_checkpoint(o->out, c, random_params(ParamLayout(c), o->seed));
+    save_checkpoint(o->out, c, random_params(ParamLayout(c), o->seed),
+                    o->force ? ExistingCheckpoint::Replace : ExistingCheckpoint::Refuse);
     std::printf("wrote %s (%s, %lld parameters)\n", o->out.c_str(), arch_class_name(c.arch).c_str(),
                 static_cast<long long>(ParamLayout(c).total()));
   });

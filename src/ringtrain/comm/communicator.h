@@ -68,6 +68,11 @@ class Communicator {
   virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype, void* stream = nullptr) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root, void* stream = nullptr) = 0;
   virtual void barrier() = 0;
+  // A sub-group (collective over this group): the ranks that pass the same color (>= 0) form a new communicator,
+  // ranked by (key, rank in this group). It has this group's device and timeout and lives independently of it; a
+  // rank failing in one group of a family fails the others' waits fast instead of letting them reach the timeout
+  // (in-process: one failure domain; NCCL: each communicator's own abort plus the timeout).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // Marks this rank failed so that the others stop waiting for it (called when a rank's work throws).
   virtual void abort(const std::string& why) = 0;
 };

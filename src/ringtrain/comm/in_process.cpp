@@ -8,11 +8,16 @@
 // it times out. Point-to-point sends copy the data into a mailbox at once (eager), receives wait for it.
 // Every wait gives up at the timeout; any failure (abort, timeout, mismatch) is recorded with its order so
 // that every other rank's pending and later operations throw naming the first failed rank and its error.
+// Groups split from one another form a failure domain: they share the lock and the condition variable, and a
+// rank's failure in any of them is recorded by its rank in the first group (its world rank), so a rank waiting in
+// another group of the domain fails fast too instead of waiting for the timeout.
 #include "ringtrain/comm/in_process.h"
 
 #include <condition_variable>
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <thread>
 
@@ -49,26 +54,72 @@ struct Message {
   DType dtype = DType::F32;
 };
 
+class Group;
+
+// What every group split from one make_in_process_group shares (see the file comment).
+struct Domain {
+  explicit Domain(int world) : failure(world), failure_order(world, -1) {}
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> failure;    // by world rank
+  std::vector<int64_t> failure_order;  // by world rank; -1: has not failed
+  int64_t failures = 0;
+  // Sub-groups being formed, by (parent group, split number, color): the group and how many members have yet to
+  // take it.
+  std::map<std::tuple<const Group*, int64_t, int64_t>, std::pair<std::shared_ptr<Group>, int>> forming;
+};
+
+std::vector<int> identity_ranks(int world) {
+  std::vector<int> ranks(world);
+  for (int r = 0; r < world; ++r) ranks[r] = r;
+  return ranks;
+}
+
 class Group {
  public:
-  Group(int world, std::chrono::milliseconds timeout)
-      : world_(world),
+  Group(std::shared_ptr<Domain> domain, std::vector<int> world_ranks, std::chrono::milliseconds timeout)
+      : domain_(std::move(domain)),
+        mu_(domain_->mu),
+        cv_(domain_->cv),
+        world_ranks_(std::move(world_ranks)),
+        world_(static_cast<int>(world_ranks_.size())),
         timeout_(timeout),
-        points_(world, 0),
-        slots_(world),
-        failure_(world),
-        failure_order_(world, -1),
-        mail_(static_cast<size_t>(world) * world),
-        sent_(static_cast<size_t>(world) * world, 0) {}
+        points_(world_, 0),
+        slots_(world_),
+        failure_(world_),
+        failure_order_(world_, -1),
+        mail_(static_cast<size_t>(world_) * world_),
+        sent_(static_cast<size_t>(world_) * world_, 0) {}
 
   int world() const { return world_; }
+  int world_rank(int r) const { return world_ranks_[r]; }
+
+  // The sub-group of `color` formed by the split numbered `split` of this group, with `world_ranks` as its ranks:
+  // the first member to arrive makes it, the others of the color take the same one.
+  std::shared_ptr<Group> join_split(int64_t split, int64_t color, const std::vector<int>& world_ranks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto key = std::make_tuple(static_cast<const Group*>(this), split, color);
+    auto& [group, waiting] = domain_->forming[key];
+    if (!group) {
+      group = std::make_shared<Group>(domain_, world_ranks, timeout_);
+      waiting = static_cast<int>(world_ranks.size());
+    }
+    std::shared_ptr<Group> mine = group;
+    if (--waiting == 0) domain_->forming.erase(key);
+    return mine;
+  }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // Records rank `self` as failed (first record wins) and returns the error for it to throw.
   CommError fail_locked(int self, const std::string& msg) {
     if (failure_order_[self] < 0) {
       failure_[self] = msg;
-      failure_order_[self] = failures_++;
+      failure_order_[self] = domain_->failures++;
+      const int w = world_ranks_[self];
+      if (domain_->failure_order[w] < 0) {
+        domain_->failure[w] = msg;
+        domain_->failure_order[w] = failure_order_[self];
+      }
       cv_.notify_all();
     }
     return CommError(msg);
@@ -97,6 +148,15 @@ class Group {
       if (failure_order_[r] >= 0 && (first < 0 || failure_order_[r] < failure_order_[first])) first = r;
     if (first >= 0)
       throw fail_locked(self, cat(what, " on rank ", self, ": rank ", first, " failed: ", failure_[first]));
+    // A failure in another group of the domain.
+    int first_world = -1;
+    for (size_t w = 0; w < domain_->failure_order.size(); ++w)
+      if (domain_->failure_order[w] >= 0 &&
+          (first_world < 0 || domain_->failure_order[w] < domain_->failure_order[first_world]))
+        first_world = static_cast<int>(w);
+    if (first_world >= 0)
+      throw fail_locked(self, cat(what, " on rank ", self, ": world rank ", first_world, " failed in another group: ",
+                                  domain_->failure[first_world]));
   }
 
   // Waits until ready() (lock held), failing fast on any failure and at the timeout with pending() named.
@@ -190,15 +250,16 @@ class Group {
   }
 
  private:
+  const std::shared_ptr<Domain> domain_;
+  std::mutex& mu_;
+  std::condition_variable& cv_;
+  const std::vector<int> world_ranks_;  // rank r of this group is world rank world_ranks_[r]
   const int world_;
   const std::chrono::milliseconds timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_;
   std::vector<int64_t> points_;
   std::vector<Slot> slots_;
   std::vector<std::string> failure_;
-  std::vector<int64_t> failure_order_;
-  int64_t failures_ = 0;
+  std::vector<int64_t> failure_order_;  // the domain's order of failures
   std::vector<std::map<int64_t, Message>> mail_;  // [src * world + dst]: messages by sequence number
   std::vector<int64_t> sent_;                     // [src * world + dst]: messages posted so far
 };
@@ -369,6 +430,29 @@ class InProcessCommunicator final : public Communicator {
         rank_, next("barrier"), {"barrier", nullptr, 0, DType::F32}, [](const std::vector<Slot>&) {}, [] {});
   }
 
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    const std::string what = next("split");
+    const int64_t split_no = splits_++;  // every rank of the group splits in the same order
+    const int64_t mine[2] = {color, key};
+    std::vector<int64_t> all(2 * static_cast<size_t>(size()));
+    all_gather(mine, all.data(), 2, DType::I64, nullptr);
+    for (int r = 0; r < size(); ++r)
+      if (all[2 * r] < 0)
+        throw g_->fail(rank_, cat(what, " on rank ", rank_, ": rank ", r, " passed color ", all[2 * r],
+                                  " (colors are >= 0)"));
+    std::vector<std::pair<int64_t, int>> members;  // (key, rank) of this color
+    for (int r = 0; r < size(); ++r)
+      if (all[2 * r] == color) members.emplace_back(all[2 * r + 1], r);
+    std::sort(members.begin(), members.end());
+    std::vector<int> world_ranks;
+    int new_rank = -1;
+    for (const auto& [k, r] : members) {
+      if (r == rank_) new_rank = static_cast<int>(world_ranks.size());
+      world_ranks.push_back(g_->world_rank(r));
+    }
+    return std::make_unique<InProcessCommunicator>(g_->join_split(split_no, color, world_ranks), new_rank);
+  }
+
   void abort(const std::string& why) override { g_->abort(rank_, why); }
 
  private:
@@ -377,6 +461,7 @@ class InProcessCommunicator final : public Communicator {
   std::shared_ptr<Group> g_;
   int rank_;
   int64_t ops_ = 0;                // operations started by this rank (numbers the error messages)
+  int64_t splits_ = 0;             // splits of this group made by this rank
   std::vector<int64_t> received_;  // receives posted per source rank (matches the sender's sequence)
 };
 
@@ -395,25 +480,42 @@ std::string message_of(const std::exception_ptr& e) {
 std::vector<std::unique_ptr<Communicator>> make_in_process_group(int world, std::chrono::milliseconds timeout) {
   RT_CHECK(world >= 1, "in-process communicator: world size must be >= 1, got ", world);
   RT_CHECK(timeout.count() > 0, "in-process communicator: timeout must be > 0 ms, got ", timeout.count());
-  auto group = std::make_shared<Group>(world, timeout);
+  auto group = std::make_shared<Group>(std::make_shared<Domain>(world), identity_ranks(world), timeout);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < world; ++r) comms.push_back(std::make_unique<InProcessCommunicator>(group, r));
   return comms;
 }
+
+namespace {
+
+// A rank thread could not be created (a process limit on threads, or memory): the started ranks are aborted, which
+// ends their waits, and joined (a joinable std::thread destroyed would terminate the program).
+[[noreturn]] void stop_started_ranks(const std::vector<std::unique_ptr<Communicator>>& comms,
+                                     std::vector<std::thread>& started, const std::string& why) {
+  for (const auto& c : comms) c->abort(why);
+  for (auto& t : started) t.join();
+  throw Error(why);
+}
+
+}  // namespace
 
 void run_ranks(int world, std::chrono::milliseconds timeout, const std::function<void(Communicator&)>& fn) {
   auto comms = make_in_process_group(world, timeout);
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(*comms[r]);
-      } catch (...) {
-        errors[r] = std::current_exception();
-        comms[r]->abort(message_of(errors[r]));
-      }
-    });
+    try {
+      threads.emplace_back([&, r] {
+        try {
+          fn(*comms[r]);
+        } catch (...) {
+          errors[r] = std::current_exception();
+          comms[r]->abort(message_of(errors[r]));
+        }
+      });
+    } catch (const std::exception& e) {
+      stop_started_ranks(comms, threads, cat("cannot start the thread of rank ", r, " of ", world, ": ", e.what()));
+    }
   }
   for (auto& t : threads) t.join();
   std::vector<bool> threw(world);

@@ -1,56 +1,48 @@
 #include "ringtrain/core/device_info.h"
 
+#include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
-
-#ifdef RINGTRAIN_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace ringtrain {
 
-#ifdef RINGTRAIN_WITH_CUDA
 int cuda_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return n;
+  const DeviceOps* ops = find_device_ops(DeviceKind::CUDA);
+  return ops ? ops->device_count() : 0;
 }
 
 std::string cuda_unavailable_reason() {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return cat("no usable CUDA device: ", cudaGetErrorString(e));
-  }
-  return n > 0 ? "" : "no CUDA device on this machine";
+  const DeviceOps* ops = find_device_ops(DeviceKind::CUDA);
+  return ops ? ops->unavailable_reason() : "this build of ringtrain has no CUDA support";
 }
 
 int cuda_arch(int device) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return major * 10 + minor;
+  const DeviceOps* ops = find_device_ops(DeviceKind::CUDA);
+  return ops ? ops->arch(device) : 0;
+}
+
+std::string hopper_unavailable_reason(Device device) {
+  if (!device.is_cuda()) return cat("runs on CUDA devices, not ", device_name(device));
+  if (std::string why = cuda_unavailable_reason(); !why.empty()) return why;
+  const int count = cuda_device_count();
+  if (device.index < 0 || device.index >= count)
+    return cat(device_name(device), " does not exist (", count, " CUDA device", count == 1 ? "" : "s", ")");
+  if (const int arch = cuda_arch(device.index); arch != 90)
+    return cat("this build's GPU kernels are for sm_90a (Hopper); ", device_name(device), " has compute capability ",
+               arch / 10, ".", arch % 10);
+  return "";
 }
 
 void cuda_synchronize(int device) {
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(device);
-  cudaError_t e = cudaDeviceSynchronize();
-  cudaSetDevice(prev);
-  RT_CHECK(e == cudaSuccess, "CUDA error on device ", device, ": ", cudaGetErrorString(e));
+  if (const DeviceOps* ops = find_device_ops(DeviceKind::CUDA)) ops->synchronize(device);
 }
-#else
-int cuda_device_count() { return 0; }
-std::string cuda_unavailable_reason() { return "this build of ringtrain has no CUDA support"; }
-int cuda_arch(int) { return 0; }
-void cuda_synchronize(int) {}
-#endif
+
+uint64_t cuda_pool_peak_bytes(int device) {
+  const DeviceOps* ops = find_device_ops(DeviceKind::CUDA);
+  return ops ? ops->pool_peak_bytes(device) : 0;
+}
+
+void cuda_reset_pool_peak(int device) {
+  if (const DeviceOps* ops = find_device_ops(DeviceKind::CUDA)) ops->reset_pool_peak(device);
+}
 
 }  // namespace ringtrain

@@ -1,19 +1,10 @@
 #include "ringtrain/core/tensor.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
 #include <sstream>
 
+#include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
-#include "ringtrain/core/hashed_normal.h"
-
-#ifdef RINGTRAIN_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "ringtrain/core/cuda/tensor_ops.h"
-#endif
 
 namespace ringtrain {
 
@@ -35,7 +26,9 @@ Device parse_device(const std::string& name) {
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim; ++d)
+    RT_CHECK(shape[d] >= 0 && !__builtin_mul_overflow(n, shape[d], &n), "tensor ", shape_str(),
+             ": the element count is negative or overflows 64 bits");
   return n;
 }
 
@@ -97,103 +90,20 @@ TensorView contiguous_view(void* data, DType dtype, Device device, std::initiali
 Tensor Tensor::empty(std::initializer_list<int64_t> shape, DType dtype, Device device) {
   Tensor t;
   t.view_ = contiguous_view(nullptr, dtype, device, shape);
-  const size_t bytes = std::max<size_t>(t.view_.nbytes(), 1);
-  if (device.is_cpu()) {
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    RT_CHECK(p, "host allocation of ", bytes, " bytes failed for ", t.view_.shape_str());
-    t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-  } else {
-#ifdef RINGTRAIN_WITH_CUDA
-    // Stream-ordered allocation from the device's default pool, which keeps freed memory for reuse: CP and the
-    // model allocate per step, and plain cudaMalloc/cudaFree would synchronize the device every time.
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device.index);
-    static std::once_flag pool_once[64];
-    std::call_once(pool_once[device.index % 64], [&] {
-      cudaMemPool_t pool;
-      if (cudaDeviceGetDefaultMemPool(&pool, device.index) == cudaSuccess) {
-        uint64_t keep = UINT64_MAX;
-        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-      }
-    });
-    void* p = nullptr;
-    cudaError_t e = cudaMallocAsync(&p, bytes, nullptr);
-    cudaSetDevice(prev);
-    RT_CHECK(e == cudaSuccess, "GPU allocation of ", bytes, " bytes failed for ", t.view_.shape_str(), ": ",
-             cudaGetErrorString(e));
-    t.storage_ = std::shared_ptr<void>(p, [](void* q) { cudaFreeAsync(q, nullptr); });
-#else
-    throw Error(cat("cannot allocate ", t.view_.shape_str(), ": this build of ringtrain has no CUDA support"));
-#endif
-  }
+  int64_t nbytes = 0;
+  RT_CHECK(!__builtin_mul_overflow(t.view_.numel(), static_cast<int64_t>(dtype_size(dtype)), &nbytes), "tensor ",
+           t.view_.shape_str(), ": the byte size overflows 64 bits");
+  t.storage_ = device_ops(t.view_, "allocating").allocate(t.view_);
   t.view_.data = t.storage_.get();
   return t;
 }
 
 Tensor Tensor::zeros(std::initializer_list<int64_t> shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  if (device.is_cpu()) {
-    std::memset(t.data(), 0, t.nbytes());
-  } else {
-#ifdef RINGTRAIN_WITH_CUDA
-    RT_CHECK(cudaMemset(t.data(), 0, t.nbytes()) == cudaSuccess, "cudaMemset failed for ", t.view_.shape_str());
-#endif
-  }
+  // Stream-ordered on the default stream, like the device's plain memset.
+  device_ops(t.view_, "zeros").fill_async(t.view_, 0.0, nullptr);
   return t;
 }
-
-
-#ifdef RINGTRAIN_WITH_CUDA
-namespace {
-void cuda_check(cudaError_t e, const char* what, const TensorView& dst, const TensorView& src) {
-  RT_CHECK(e == cudaSuccess, what, " failed for ", dst.shape_str(), " <- ", src.shape_str(), ": ",
-           cudaGetErrorString(e));
-}
-
-// Storage for v's elements, contiguous, on `device` (viewed with v's shape through contiguous_view_of).
-Tensor contiguous_like(const TensorView& v, Device device) { return Tensor::empty({v.numel()}, v.dtype, device); }
-
-TensorView contiguous_view_of(const Tensor& t, const TensorView& like) {
-  TensorView v = like;
-  v.data = t.data();
-  v.device = t.view().device;
-  int64_t st = 1;
-  for (int d = like.ndim - 1; d >= 0; --d) v.stride[d] = st, st *= like.shape[d];
-  return v;
-}
-
-// Host <-> device or device <-> device with strides or a dtype change: stage through contiguous buffers so that
-// the conversion runs on the device.
-void copy_with_device(const TensorView& dst, const TensorView& src) {
-  const bool same_layout = dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous();
-  if (same_layout) {
-    cuda_check(cudaMemcpy(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault), "cudaMemcpy", dst, src);
-    return;
-  }
-  if (dst.device.is_cuda() && src.device.is_cuda()) {
-    RT_CHECK(dst.device == src.device, "copy between two GPUs needs contiguous views of one dtype: ", dst.shape_str(),
-             " <- ", src.shape_str());
-    cuda_ops::strided_copy(dst, src, nullptr);
-    cuda_check(cudaStreamSynchronize(nullptr), "strided copy", dst, src);
-    return;
-  }
-  if (src.device.is_cpu()) {  // host -> device: pack on the host, upload, convert on the device
-    Tensor packed = contiguous_like(src, Device::cpu());
-    copy(contiguous_view_of(packed, src), src);
-    Tensor up = contiguous_like(src, dst.device);
-    cuda_check(cudaMemcpy(up.data(), packed.data(), src.nbytes(), cudaMemcpyHostToDevice), "upload", dst, src);
-    copy_with_device(dst, contiguous_view_of(up, src));
-  } else {  // device -> host: pack on the device, download, convert on the host
-    Tensor packed = contiguous_like(src, src.device);
-    copy_with_device(contiguous_view_of(packed, src), src);
-    Tensor down = contiguous_like(src, Device::cpu());
-    cuda_check(cudaMemcpy(down.data(), packed.data(), src.nbytes(), cudaMemcpyDeviceToHost), "download", dst, src);
-    copy(dst, contiguous_view_of(down, src));
-  }
-}
-}  // namespace
-#endif
 
 namespace {
 void check_same_shape(const char* what, const TensorView& dst, const TensorView& src) {
@@ -201,103 +111,52 @@ void check_same_shape(const char* what, const TensorView& dst, const TensorView&
   for (int d = 0; d < dst.ndim; ++d)
     RT_CHECK(dst.shape[d] == src.shape[d], what, ": shape mismatch ", dst.shape_str(), " <- ", src.shape_str());
 }
+
+// The table of a pair of views: the host's when both are on the host, else the device side's.
+const DeviceOps& ops_for(const char* what, const TensorView& dst, const TensorView& src) {
+  const Device d = dst.device.is_cpu() ? src.device : dst.device;
+  if (const DeviceOps* ops = find_device_ops(d.kind)) return *ops;
+  throw_no_device_ops(d, cat(what, " ", dst.shape_str(), " <- ", src.shape_str()));
+}
+
+// Both on the host, or both on one device (the stream-ordered forms); anything else an error naming the views.
+const DeviceOps& ops_for_one_device(const char* what, const TensorView& dst, const TensorView& src) {
+  RT_CHECK(dst.device == src.device, what, ": views on different devices ", dst.shape_str(), " <- ", src.shape_str());
+  return ops_for(what, dst, src);
+}
 }  // namespace
 
 void copy(const TensorView& dst, const TensorView& src) {
   check_same_shape("copy", dst, src);
-  if (dst.device.is_cpu() && src.device.is_cpu()) {
-    if (dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous()) {
-      std::memcpy(dst.data, src.data, dst.nbytes());
-      return;
-    }
-    for_each_offset(dst, src, [&](int64_t od, int64_t os) {
-      store_from_double(dst.data, dst.dtype, od, load_as_double(src.data, src.dtype, os));
-    });
-    return;
-  }
-#ifdef RINGTRAIN_WITH_CUDA
-  copy_with_device(dst, src);
-#else
-  throw Error(cat("copy: device memory in a build without CUDA: ", dst.shape_str(), " <- ", src.shape_str()));
-#endif
+  ops_for("copy", dst, src).copy(dst, src);
 }
 
 void fill_normal_hashed(const TensorView& dst, uint64_t seed, double stddev) {
-  if (dst.device.is_cpu()) {
-    int64_t k = 0;  // row-major element number, the same numbering as the device kernel's
-    for_each_offset(dst, dst, [&](int64_t o, int64_t) {
-      store_from_double(dst.data, dst.dtype, o, stddev * hashed_normal(seed, static_cast<uint64_t>(k++)));
-    });
-    return;
-  }
-#ifdef RINGTRAIN_WITH_CUDA
-  cuda_ops::fill_normal(dst, seed, stddev, nullptr);
-  const cudaError_t e = cudaStreamSynchronize(nullptr);
-  RT_CHECK(e == cudaSuccess, "fill_normal_hashed failed for ", dst.shape_str(), ": ", cudaGetErrorString(e));
-#else
-  throw Error(cat("fill_normal_hashed: device memory in a build without CUDA: ", dst.shape_str()));
-#endif
+  const DeviceOps& ops = device_ops(dst, "fill_normal_hashed");
+  ops.fill_normal_hashed_async(dst, seed, stddev, nullptr);
+  ops.synchronize_stream(nullptr, cat("fill_normal_hashed of ", dst.shape_str()));
 }
 
 void fill(const TensorView& dst, double value) {
-  if (dst.device.is_cpu()) {
-    for_each_offset(dst, dst, [&](int64_t o, int64_t) { store_from_double(dst.data, dst.dtype, o, value); });
-    return;
-  }
-#ifdef RINGTRAIN_WITH_CUDA
-  cuda_ops::fill(dst, value, nullptr);
-  const cudaError_t e = cudaStreamSynchronize(nullptr);
-  RT_CHECK(e == cudaSuccess, "fill failed for ", dst.shape_str(), ": ", cudaGetErrorString(e));
-#else
-  throw Error(cat("fill: device memory in a build without CUDA: ", dst.shape_str()));
-#endif
+  const DeviceOps& ops = device_ops(dst, "fill");
+  ops.fill_async(dst, value, nullptr);
+  ops.synchronize_stream(nullptr, cat("fill of ", dst.shape_str()));
 }
-
-namespace {
-// Both on one GPU (true), both on the host (false), anything else an error naming the views.
-bool on_one_gpu(const char* what, const TensorView& dst, const TensorView& src) {
-  if (dst.device.is_cpu() && src.device.is_cpu()) return false;
-  RT_CHECK(dst.device == src.device, what, ": views on different devices ", dst.shape_str(), " <- ", src.shape_str());
-  return true;
-}
-}  // namespace
 
 void copy_async(const TensorView& dst, const TensorView& src, void* stream) {
-  if (!on_one_gpu("copy_async", dst, src)) return copy(dst, src);  // copy() checks the shapes
+  if (dst.device.is_cpu() && src.device.is_cpu()) return copy(dst, src);
+  const DeviceOps& ops = ops_for_one_device("copy_async", dst, src);
   check_same_shape("copy_async", dst, src);
-#ifdef RINGTRAIN_WITH_CUDA
-  cuda_ops::strided_copy(dst, src, stream, false);
-#else
-  (void)stream;
-  throw Error(cat("device memory in a build without CUDA: ", dst.shape_str()));
-#endif
+  ops.copy_async(dst, src, stream);
 }
 
 void add_async(const TensorView& dst, const TensorView& src, void* stream) {
   check_same_shape("add_async", dst, src);
-  if (!on_one_gpu("add_async", dst, src)) {
-    for_each_offset(dst, src, [&](int64_t od, int64_t os) {
-      store_from_double(dst.data, dst.dtype, od,
-                        load_as_double(dst.data, dst.dtype, od) + load_as_double(src.data, src.dtype, os));
-    });
-    return;
-  }
-#ifdef RINGTRAIN_WITH_CUDA
-  cuda_ops::strided_copy(dst, src, stream, true);
-#else
-  (void)stream;
-  throw Error(cat("device memory in a build without CUDA: ", dst.shape_str()));
-#endif
+  ops_for_one_device("add_async", dst, src).add_async(dst, src, stream);
 }
 
 void fill_async(const TensorView& dst, double value, void* stream) {
-  if (dst.device.is_cpu()) return fill(dst, value);
-#ifdef RINGTRAIN_WITH_CUDA
-  cuda_ops::fill(dst, value, stream);
-#else
-  (void)stream;
-  throw Error(cat("device memory in a build without CUDA: ", dst.shape_str()));
-#endif
+  device_ops(dst, "fill_async").fill_async(dst, value, stream);
 }
 
 }  // namespace ringtrain

@@ -5,10 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
-#ifdef RINGTRAIN_WITH_CUDA
-#include "ringtrain/cp/cuda/merge.h"
-#endif
 
 namespace ringtrain::cp {
 
@@ -134,11 +132,10 @@ void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorV
   const int64_t batch = o_a.shape[0], n = o_a.shape[1], heads = o_a.shape[2], dim = o_a.shape[3];
   RT_CHECK(lse_a.shape[0] == batch && lse_a.shape[1] == heads && lse_a.shape[2] == n && lse_b.shape[2] == n,
            "CP merge: lse ", lse_a.shape_str(), " does not match ", o_a.shape_str());
-  if (o_a.device.is_cuda()) {
-#ifdef RINGTRAIN_WITH_CUDA
-    cuda::merge_partial(o_a, lse_a, o_b, lse_b, stream);
-    return;
-#endif
+  if (!o_a.device.is_cpu()) {
+    const MergePartialFn device_merge = find_device_merge_partial(o_a.device.kind);
+    if (!device_merge) throw_no_device_ops(o_a.device, cat("CP merge of ", o_a.shape_str()));
+    return device_merge(o_a, lse_a, o_b, lse_b, stream);
   }
   float* la = lse_a.ptr<float>();
   const float* lb = lse_b.ptr<const float>();

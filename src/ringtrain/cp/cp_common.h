@@ -58,6 +58,11 @@ void block_backward(const attention::AttnParams& local, const attention::AttnBac
 // for device views.
 void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b, const TensorView& lse_b,
                    void* stream);
+// The device form of merge_partial for views on `kind`, or nullptr when this build has none; filled in by
+// register_devices.cpp, the one file of cp that depends on the build's options.
+using MergePartialFn = void (*)(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
+                                const TensorView& lse_b, void* stream);
+MergePartialFn find_device_merge_partial(DeviceKind kind);
 // Sets every element of an fp32 view to -inf (the LSE of rows that have seen no key yet).
 void fill_neg_inf(const TensorView& t, void* stream);
 

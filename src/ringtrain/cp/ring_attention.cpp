@@ -84,8 +84,8 @@ void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const
   const int64_t len = l.local_len();
 
   // The running result is a.o and a.lse (fp32) themselves when one merge at most rounds a.o (cp <= 2) or a.o is
-  // fp32, else an fp32 copy. Each step's partial O comes in the input dtype, what every backend writes natively.
-  const bool o_direct = l.cp <= 2 || a.o.dtype == DType::F32;
+  // fp32 or fp64, else an fp32 copy. Each step's partial O comes in the input dtype, what every backend writes natively.
+  const bool o_direct = l.cp <= 2 || a.o.dtype == DType::F32 || a.o.dtype == DType::F64;
   const Tensor o_acc = o_direct ? Tensor() : empty_like(a.o, DType::F32, dev);
   const TensorView o_run = o_direct ? a.o : o_acc.view();
   // Step 0 attends the own K and V where they are; the blocks that arrive alternate between two buffers.
@@ -157,16 +157,18 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
   // end at the last valid row, so the rows holding a sum are [dq_from, valid).
   // dK/dV: the sum of block s starts with the share of rank s - 1 at step 0 and travels towards the previous rank
   // as narrow as exact: the first hop carries the lone share in the input dtype, later hops fp32 sums.
+  // Sums are kept in fp32, or in fp64 for fp64 inputs (never narrower than the shares they add).
+  const DType sum_dtype = p.dtype == DType::F64 ? DType::F64 : DType::F32;
   const Tensor dq_share = l.cp > 1 ? empty_like(a.q, p.dtype, dev) : Tensor();
-  const Tensor dq_acc = l.cp > 2 ? empty_like(a.q, DType::F32, dev) : Tensor();
+  const Tensor dq_acc = l.cp > 2 ? empty_like(a.q, sum_dtype, dev) : Tensor();
   const TensorView dq_sum = l.cp > 2 ? dq_acc.view() : dq_share.view();
   int64_t dq_from = valid;
   KvPack shares[2];
   for (int i = 0; i < std::min(l.cp - 1, 2); ++i) shares[i] = make_kv_pack(a.k, len, p.dtype, dev, false);
-  const auto hop_dtype = [&](int step) { return step == 1 ? p.dtype : DType::F32; };  // `step` shares arrive
+  const auto hop_dtype = [&](int step) { return step == 1 ? p.dtype : sum_dtype; };  // `step` shares arrive
   const int64_t sum_count = static_cast<int64_t>(shares[0].count());
-  Tensor sum_in = l.cp > 1 ? Tensor::empty({sum_count}, l.cp > 2 ? DType::F32 : p.dtype, dev) : Tensor();
-  Tensor sum_out = l.cp > 2 ? Tensor::empty({sum_count}, DType::F32, dev) : Tensor();
+  Tensor sum_in = l.cp > 1 ? Tensor::empty({sum_count}, l.cp > 2 ? sum_dtype : p.dtype, dev) : Tensor();
+  Tensor sum_out = l.cp > 2 ? Tensor::empty({sum_count}, sum_dtype, dev) : Tensor();
 
   for (int step = 0; step < l.cp; ++step) {
     const int src = (l.rank + 1 + step) % l.cp;
@@ -213,8 +215,8 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
         // The sum goes on in fp32: in place when it arrived in fp32, else converted into sum_out (free: its send has
         // completed).
         KvPack res = in;
-        if (hop_dtype(step) != DType::F32) {
-          res = as_kv(sum_out, DType::F32);
+        if (hop_dtype(step) != sum_dtype) {
+          res = as_kv(sum_out, sum_dtype);
           copy_async(res.k, in.k, a.stream);
           copy_async(res.v, in.v, a.stream);
         }
@@ -222,7 +224,7 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
           add_async(rows(res.k, 0, nk), rows(share.k, 0, nk), a.stream);
           add_async(rows(res.v, 0, nk), rows(share.v, 0, nk), a.stream);
         }
-        if (hop_dtype(step) == DType::F32) std::swap(sum_in, sum_out);  // the result is in sum_out, to be sent next
+        if (hop_dtype(step) == sum_dtype) std::swap(sum_in, sum_out);  // the result is in sum_out, to be sent next
       }
     }
     if (kv_req) {

@@ -15,24 +15,30 @@ void check_targets(const int32_t* targets, int64_t n, int64_t vocab) {
              " is outside the vocabulary [0, ", vocab, ")");
 }
 
-// Turns a chunk's logits [m, vocab] into log-softmax in place (sums in double: vocabularies are large).
+}  // namespace
+
+// Sums in double: vocabularies are large. Entropy from the same pass: with e_v = exp(z_v - max),
+// H = lse - sum_v p_v z_v = log(sum e) - sum(e (z - max)) / sum e.
 template <typename T>
-void log_softmax_rows(T* logits, int64_t m, int64_t vocab) {
+void log_softmax_rows(T* logits, int64_t m, int64_t vocab, T* entropy) {
   parallel_items(m, vocab, [&](int64_t r) {
     T* z = logits + r * vocab;
     const T mx = *std::max_element(z, z + vocab);
-    double sum = 0;
-    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v] - mx));
+    double sum = 0, sum_ez = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double shifted = static_cast<double>(z[v] - mx), e = std::exp(shifted);
+      sum += e;
+      if (entropy && e > 0) sum_ez += e * shifted;  // e = 0 at a -inf logit, whose term is 0
+    }
     const T lse = mx + static_cast<T>(std::log(sum));
+    if (entropy) entropy[r] = static_cast<T>(std::log(sum) - sum_ez / sum);
     for (int64_t v = 0; v < vocab; ++v) z[v] -= lse;
   });
 }
 
-}  // namespace
-
 template <typename T>
 void token_logprobs(T* out, const T* hidden, const T* lm_head, const int32_t* targets, int64_t n,
-                    int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens) {
+                    int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, T* entropy) {
   RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
   check_targets(targets, n, vocab);
   std::vector<T> logits(static_cast<size_t>(std::min(n, chunk_tokens) * vocab));
@@ -40,7 +46,7 @@ void token_logprobs(T* out, const T* hidden, const T* lm_head, const int32_t* ta
     const int64_t m = std::min(chunk_tokens, n - c0);
     linear_forward(logits.data(), hidden + c0 * hidden_dim, lm_head, static_cast<const T*>(nullptr), m, hidden_dim,
                    vocab);
-    log_softmax_rows(logits.data(), m, vocab);
+    log_softmax_rows(logits.data(), m, vocab, entropy ? entropy + c0 : nullptr);
     for (int64_t r = 0; r < m; ++r) out[c0 + r] = targets[c0 + r] < 0 ? T(0) : logits[r * vocab + targets[c0 + r]];
   }
 }
@@ -129,7 +135,8 @@ void sequence_logprobs_backward(Model<T>& model, const std::vector<int32_t>& ids
 }
 
 #define RT_INSTANTIATE(T)                                                                                          \
-  template void token_logprobs<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);     \
+  template void log_softmax_rows<T>(T*, int64_t, int64_t, T*);                                                     \
+  template void token_logprobs<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, T*); \
   template void token_logprobs_backward<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t, \
                                            int64_t, int64_t);                                                      \
   template std::vector<T> model_row_logprobs<T>(Model<T>&, const int32_t*, const int32_t*, const int32_t*, int64_t, \

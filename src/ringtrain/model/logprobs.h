@@ -12,10 +12,16 @@ namespace ringtrain::model {
 
 constexpr int64_t kDefaultLogprobChunk = 1024;
 
-// out[i] = log P(targets[i] | row i) for rows [n, hidden_dim]; 0 where targets[i] < 0 (no next token).
+// Turns logits [m, vocab] into log-softmax in place. With `entropy` (optional, [m]), entropy[r] = the entropy of
+// row r's distribution, from the same pass.
+template <typename T>
+void log_softmax_rows(T* logits, int64_t m, int64_t vocab, T* entropy = nullptr);
+
+// out[i] = log P(targets[i] | row i) for rows [n, hidden_dim]; 0 where targets[i] < 0 (no next token). With
+// `entropy` (optional, [n]), entropy[i] = the entropy of row i's whole distribution, from the same pass.
 template <typename T>
 void token_logprobs(T* out, const T* hidden, const T* lm_head, const int32_t* targets, int64_t n,
-                    int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens);
+                    int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, T* entropy = nullptr);
 // Adds d(loss)/d(hidden) into d_hidden and d(loss)/d(lm_head) into d_lm_head, given d_logprobs [n].
 template <typename T>
 void token_logprobs_backward(T* d_hidden, T* d_lm_head, const T* d_logprobs, const T* hidden, const T* lm_head,

@@ -32,15 +32,17 @@ struct ModelOptions {
 template <typename T>
 class Model {
  public:
-  Model(ModelConfig config, const std::vector<float>& params, ModelOptions options = {});
+  Model(ModelConfig config, std::vector<float> params, ModelOptions options = {});
   // config.json + safetensors from a checkpoint folder.
   static Model load(const std::filesystem::path& dir, ModelOptions options = {});
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   std::vector<T>& params() { return params_; }
+  const std::vector<T>& params() const { return params_; }
   // Allocated (zeroed) by zero_grads() or the first backward(); empty before, so scoring-only models pay nothing.
   std::vector<T>& grads() { return grads_; }
+  const std::vector<T>& grads() const { return grads_; }
   void zero_grads();
   const T* lm_head() const { return params_.data() + layout_.lm_head; }
   T* lm_head_grad() {

@@ -41,7 +41,8 @@ struct TokenBatch {
 };
 
 // Per sequence, in token order: logprobs[b][p] = log P(seq[p] | seq[<p]), with logprobs[b][0] = 0; entropy[b][p] the
-// entropy of the distribution that predicted token p (0 at p = 0), only when asked for.
+// entropy of the distribution that predicted token p (0 at p = 0), only when asked for. fp32 whatever the policy's
+// dtype (an F64 policy's scores are rounded).
 struct TokenScores {
   std::vector<std::vector<float>> logprobs;
   std::vector<std::vector<float>> entropy;
@@ -56,12 +57,14 @@ class Policy {
   virtual Device device() const = 0;
   virtual DType dtype() const = 0;
 
-  // Scores every sequence of the batch. With for_backward the activations backward() needs are kept (until the next
-  // score()). with_entropy adds the per-token entropy, computed inside the chunked LM head.
+  // Scores every sequence of the batch (not empty, no empty sequence, token ids inside the vocabulary), all in one
+  // forward padded to the longest. With for_backward the activations backward() needs are kept, for one backward()
+  // before the next score(). with_entropy adds the per-token entropy, computed inside the chunked LM head.
   virtual TokenScores score(const TokenBatch& batch, bool for_backward, bool with_entropy = false) = 0;
   // After score(batch, true): adds into the gradients the gradient of sum_b sum_p d_logprobs[b][p] * logprobs[b][p]
   // (under CP, this rank's share: the sum over the cp group is the gradient). d_logprobs has the shape of the
-  // scores; entry 0 of each sequence is ignored.
+  // scores (checked); entry 0 of each sequence is ignored. Without a score(..., true) since the last backward, an
+  // error.
   virtual void backward(const std::vector<std::vector<float>>& d_logprobs) = 0;
 
   // The flat buffers the optimizer works on, in the policy's own element order (not necessarily layout()'s): the
@@ -71,7 +74,8 @@ class Policy {
   virtual TensorView weights() = 0;
   virtual TensorView grads() = 0;
   virtual const std::vector<int64_t>& flat_offsets() const = 0;
-  // Makes every gradient zero before the first backward of a step.
+  // Makes every gradient zero before the first backward of a step (on a GPU without a pass over them: grads() then
+  // clears what no backward has written since).
   virtual void zero_grads() = 0;
 
   // Host values in layout() order (fp32; fp64 for an F64 policy is rounded), and the way back in.

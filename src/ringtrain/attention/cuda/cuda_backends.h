@@ -1,12 +1,17 @@
 // GPU attention backends (built only with CUDA). Each factory returns one implementation for the registry
-// (attention/backend.h); register_cuda_backends() in register.cpp lists them in one place.
+// (attention/backend.h); register_cuda_backends() in register.cpp lists them in one place and
+// attention/register_backends.cpp calls it.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "ringtrain/attention/backend.h"
 
 namespace ringtrain::attention {
+
+// Adds the GPU implementations this build has.
+void register_cuda_backends(std::vector<std::unique_ptr<Backend>>& out);
 
 // `flash`: the hand-written Hopper kernels (cuda/flash_*).
 std::unique_ptr<Backend> make_cuda_flash_backend();

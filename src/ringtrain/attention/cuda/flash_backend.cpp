@@ -31,11 +31,7 @@ class FlashBackend final : public Backend {
 
   std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {
     std::vector<std::string> r;
-    if (!p.device.is_cuda()) {
-      r.push_back(cat("runs on CUDA devices, not ", device_name(p.device)));
-    } else if (const int arch = cuda_arch(p.device.index); arch != 90) {
-      r.push_back(cat("kernels are built for sm_90a (Hopper); ", device_name(p.device), " is sm_", arch));
-    }
+    if (std::string why = hopper_unavailable_reason(p.device); !why.empty()) r.push_back(std::move(why));
     if (p.dtype != DType::BF16 && p.dtype != DType::F16)
       r.push_back(cat("dtype ", dtype_name(p.dtype), " (needs bf16 or fp16)"));
     if (p.head_dim != 64 && p.head_dim != 128) r.push_back(cat("head dim ", p.head_dim, " (needs 64 or 128)"));

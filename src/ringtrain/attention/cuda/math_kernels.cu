@@ -169,7 +169,7 @@ void gather_fp32(cudaStream_t s, const Strided& src, int64_t row0, int64_t n, in
       break;
     default: throw Error(cat("GPU math backend: cannot read ", dtype_name(src.dtype), " tensors"));
   }
-  check_launch("gather_kernel");
+  RT_CUDA_CHECK_LAUNCH("gather_kernel");
 }
 
 void scatter_fp32(cudaStream_t s, const float* src, int64_t row0, int64_t n, int64_t head0, int64_t heads, int64_t d,
@@ -191,7 +191,7 @@ void scatter_fp32(cudaStream_t s, const float* src, int64_t row0, int64_t n, int
       break;
     default: throw Error(cat("GPU math backend: cannot write ", dtype_name(dst.dtype), " tensors"));
   }
-  check_launch("scatter_kernel");
+  RT_CUDA_CHECK_LAUNCH("scatter_kernel");
 }
 
 void add_group_sums(cudaStream_t s, const float* src, int64_t head0, int64_t heads, int64_t group, int64_t n, int64_t d,
@@ -200,7 +200,7 @@ void add_group_sums(cudaStream_t s, const float* src, int64_t head0, int64_t hea
   const int64_t total = (kv_hi - kv_lo + 1) * n * d;
   if (n * d == 0) return;
   group_sum_kernel<<<grid_for(total), kThreads, 0, s>>>(src, head0, heads, group, kv_lo, n * d, acc, total);
-  check_launch("group_sum_kernel");
+  RT_CUDA_CHECK_LAUNCH("group_sum_kernel");
 }
 
 void add_bias(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld,
@@ -219,7 +219,7 @@ void add_bias(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t 
     case DType::F64: run(static_cast<const double*>(bias.data)); break;
     default: throw Error(cat("GPU math backend: cannot read a ", dtype_name(bias.dtype), " bias"));
   }
-  check_launch("add_bias_kernel");
+  RT_CUDA_CHECK_LAUNCH("add_bias_kernel");
 }
 
 void softmax_rows(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld, MaskType mask,
@@ -228,7 +228,7 @@ void softmax_rows(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int6
   if (rows == 0) return;
   check_rows(rows);
   softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(scores, sq, skv, ld, mask, lse, head0, row0);
-  check_launch("softmax_kernel");
+  RT_CUDA_CHECK_LAUNCH("softmax_kernel");
 }
 
 void backward_rows(cudaStream_t s, float* scores, float* dp, const float* o, const float* dout, int64_t heads,
@@ -239,7 +239,7 @@ void backward_rows(cudaStream_t s, float* scores, float* dp, const float* o, con
   check_rows(rows);
   backward_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(scores, dp, o, dout, sq, skv, ld, d, mask, lse,
                                                                         head0, row0);
-  check_launch("backward_rows_kernel");
+  RT_CUDA_CHECK_LAUNCH("backward_rows_kernel");
 }
 
 }  // namespace ringtrain::attention::cuda

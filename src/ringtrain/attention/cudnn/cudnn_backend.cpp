@@ -5,12 +5,12 @@
 #include <memory>
 #include <vector>
 
-#include "ringtrain/attention/cpu/head_io.h"
-#include "ringtrain/core/cuda/tensor_ops.h"
 #include "ringtrain/attention/cuda/cuda_backends.h"
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cudnn/ragged.h"
 #include "ringtrain/attention/cudnn/sdpa_graphs.h"
+#include "ringtrain/attention/layout.h"
+#include "ringtrain/core/cuda/tensor_ops.h"
 #include "ringtrain/core/device_info.h"
 
 namespace ringtrain::attention {
@@ -171,11 +171,8 @@ class CudnnBackend final : public Backend {
 
   std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {
     std::vector<std::string> r;
-    if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-      r.push_back(why);
-    } else if (const int arch = cuda_arch(p.device.index); arch != 90) {
-      r.push_back(cat("this build's helper kernels are for sm_90a (Hopper); ", device_name(p.device),
-                      " has compute capability ", arch / 10, ".", arch % 10));
+    if (std::string why = hopper_unavailable_reason(p.device); !why.empty()) {
+      r.push_back(std::move(why));
     } else if (const std::string& err = cudnn::load_error(); !err.empty()) {
       r.push_back(err);
     } else if (p.packed && p.heads_q != p.heads_kv && cudnn::backend_version() < 90600) {
@@ -225,7 +222,7 @@ class CudnnBackend final : public Backend {
                         tensor4(p, v, p.seqlen_kv, rg.off_kv), tensor4(p, o, p.seqlen_q, rg.off_q), stats);
     if (!o_direct) cuda_ops::strided_copy(a.o, o, st);
     if (p.packed) {
-      const TensorView lse = cpu::lse_view(p, a.lse, 0);
+      const TensorView lse = lse_view(p, a.lse, 0);
       cudnn::stats_to_lse(st, padded, a.cu_seqlens_q.ptr<const int32_t>(), p.batch, p.heads_q, p.seqlen_q,
                           static_cast<float*>(lse.data), lse.stride[0], lse.stride[1]);
     }
@@ -251,7 +248,7 @@ class CudnnBackend final : public Backend {
     Tensor4 stats;
     if (p.packed) {
       auto* padded = static_cast<float*>(temps.raw(p.batch * p.heads_q * p.seqlen_q * sizeof(float), "stats"));
-      const TensorView lse = cpu::lse_view(p, a.lse, 0);
+      const TensorView lse = lse_view(p, a.lse, 0);
       cudnn::lse_to_stats(st, static_cast<const float*>(lse.data), lse.stride[0], lse.stride[1],
                           a.cu_seqlens_q.ptr<const int32_t>(), p.batch, p.heads_q, p.seqlen_q, padded);
       stats = padded_stats(p, padded);

@@ -35,7 +35,7 @@ __global__ void stats_kernel(float* stats, const int32_t* cu_q, int64_t heads, i
 void ragged_metadata(cudaStream_t s, const int32_t* cu_q, const int32_t* cu_kv, int64_t batch, int64_t q_token_elems,
                      int64_t kv_token_elems, int32_t* seq_q, int32_t* seq_kv, int32_t* off_q, int32_t* off_kv) {
   metadata_kernel<<<1, 256, 0, s>>>(cu_q, cu_kv, batch, q_token_elems, kv_token_elems, seq_q, seq_kv, off_q, off_kv);
-  cuda::check_launch("ragged metadata_kernel");
+  RT_CUDA_CHECK_LAUNCH("ragged metadata_kernel");
 }
 
 void stats_to_lse(cudaStream_t s, const float* stats, const int32_t* cu_q, int64_t batch, int64_t heads, int64_t s_max,
@@ -43,7 +43,7 @@ void stats_to_lse(cudaStream_t s, const float* stats, const int32_t* cu_q, int64
   if (batch * heads == 0) return;
   stats_kernel<<<static_cast<unsigned>(batch * heads), 256, 0, s>>>(const_cast<float*>(stats), cu_q, heads, s_max, lse,
                                                                     lse_head_stride, lse_row_stride, true);
-  cuda::check_launch("stats_kernel");
+  RT_CUDA_CHECK_LAUNCH("stats_kernel");
 }
 
 void lse_to_stats(cudaStream_t s, const float* lse, int64_t lse_head_stride, int64_t lse_row_stride,
@@ -51,7 +51,7 @@ void lse_to_stats(cudaStream_t s, const float* lse, int64_t lse_head_stride, int
   if (batch * heads == 0) return;
   stats_kernel<<<static_cast<unsigned>(batch * heads), 256, 0, s>>>(stats, cu_q, heads, s_max, const_cast<float*>(lse),
                                                                     lse_head_stride, lse_row_stride, false);
-  cuda::check_launch("stats_kernel");
+  RT_CUDA_CHECK_LAUNCH("stats_kernel");
 }
 
 }  // namespace ringtrain::attention::cudnn

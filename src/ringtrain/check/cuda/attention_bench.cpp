@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ringtrain/check/cuda/cuda_checks.h"
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 
 namespace ringtrain::check::cuda {
@@ -35,8 +36,7 @@ AttentionBenchRow bench_attention_backend(attention::BackendId id, const AttnPro
   }
   // Rotate among input sets when one set would sit in L2 (else repeated calls would time the cache).
   int l2 = 0;
-  const cudaError_t e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev.index);
-  RT_CHECK(e == cudaSuccess, "bench: L2 size: ", cudaGetErrorString(e));
+  RT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev.index), "L2 size");
   const int64_t set_bytes = static_cast<int64_t>(dtype_size(prob.dtype)) * prob.batch * prob.seq * prob.head_dim *
                             (2 * prob.heads_q + 2 * prob.heads_kv);
   const int sets =

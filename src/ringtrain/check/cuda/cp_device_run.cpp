@@ -6,13 +6,13 @@
 #include <vector>
 
 #include "ringtrain/check/cuda/cuda_checks.h"
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/cp/zigzag.h"
 
 namespace ringtrain::check::cuda {
 namespace {
 
-void check_cuda(cudaError_t e, const char* what) { RT_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e)); }
 
 // Reduces a few doubles over the ranks (a device all-reduce).
 std::vector<double> all_reduce_host(comm::Communicator& comm, std::vector<double> v, comm::ReduceOp op) {
@@ -29,7 +29,7 @@ std::vector<double> all_reduce_host(comm::Communicator& comm, std::vector<double
 DeviceRunResult run_cp_on_device(comm::Communicator& comm, const DeviceRunOptions& opt) {
   const Device dev = comm.device();
   RT_CHECK(dev.is_cuda(), "run_cp_on_device: the communicator's buffers are on ", device_name(dev), ", not a GPU");
-  check_cuda(cudaSetDevice(dev.index), "cudaSetDevice");
+  RT_CUDA_CHECK(cudaSetDevice(dev.index));
   const AttnProblem& p = opt.prob;
   const cp::ZigzagLayout l(comm.size(), comm.rank(), p.seq);
   DeviceRunResult res;
@@ -65,14 +65,14 @@ DeviceRunResult run_cp_on_device(comm::Communicator& comm, const DeviceRunOption
   local.poison_outputs();
   cp_fwd();
   cp_bwd();
-  check_cuda(cudaDeviceSynchronize(), "CP attention");
+  RT_CUDA_CHECK(cudaDeviceSynchronize(), "CP attention");
   res.dispatches = attention::dispatch_counts();
 
   if (opt.check) {
     whole.poison_outputs();
     single_fwd();
     single_bwd();
-    check_cuda(cudaDeviceSynchronize(), "single-GPU attention");
+    RT_CUDA_CHECK(cudaDeviceSynchronize(), "single-GPU attention");
     const AttnBuffers ref(p, l.local_len(), dev);
     cp::shard(whole.o, 1, l, ref.o);
     cp::shard(whole.lse, 2, l, ref.lse);

@@ -2,12 +2,12 @@
 #include <cuda_runtime_api.h>
 
 #include "ringtrain/check/cuda/cuda_checks.h"
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 
 namespace ringtrain::check::cuda {
 namespace {
 
-void check_cuda(cudaError_t e, const char* what) { RT_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e)); }
 
 class EventClock final : public DeviceClock {
  public:
@@ -21,20 +21,20 @@ class EventClock final : public DeviceClock {
   void mark() override {
     if (used_ == events_.size()) {
       cudaEvent_t e;
-      check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+      RT_CUDA_CHECK(cudaEventCreate(&e));
       events_.push_back(e);
     }
-    check_cuda(cudaEventRecord(events_[used_++], stream_), "cudaEventRecord");
+    RT_CUDA_CHECK(cudaEventRecord(events_[used_++], stream_));
   }
 
   std::vector<double> finish() override {
     // The whole device: the timed work may have enqueued on other streams (NCCL's) too.
-    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-    check_cuda(cudaDeviceSynchronize(), "synchronize after a timed run");
+    RT_CUDA_CHECK(cudaSetDevice(device_));
+    RT_CUDA_CHECK(cudaDeviceSynchronize(), "synchronize after a timed run");
     std::vector<double> ms;
     for (size_t i = 1; i < used_; ++i) {
       float t = 0;
-      check_cuda(cudaEventElapsedTime(&t, events_[0], events_[i]), "cudaEventElapsedTime");
+      RT_CUDA_CHECK(cudaEventElapsedTime(&t, events_[0], events_[i]));
       ms.push_back(t);
     }
     used_ = 0;
@@ -56,7 +56,7 @@ std::unique_ptr<DeviceClock> make_event_clock(Device dev, void* stream) {
 
 std::string gpu_name(int device) {
   cudaDeviceProp prop{};
-  check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  RT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   return prop.name;
 }
 

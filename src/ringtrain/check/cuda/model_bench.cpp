@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ringtrain/check/cuda/cuda_checks.h"
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/cp_scoring.h"
 #include "ringtrain/model/cuda/gpu_logprobs.h"
@@ -60,31 +61,29 @@ double step_flops(const model::ModelConfig& c, int64_t seq) {
   return 6 * matmul_weights(c) * S + 6.0 * c.layers * S * S * (c.heads * c.head_dim);
 }
 
-void cuda_ok(cudaError_t e, const char* what) {
-  RT_CHECK(e == cudaSuccess, "bench model: ", what, ": ", cudaGetErrorString(e));
-}
 
 double gib(uint64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
 
 // The current device's default pool, where Tensor allocates.
 cudaMemPool_t current_pool() {
   int device = 0;
-  cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  RT_CUDA_CHECK(cudaGetDevice(&device));
   cudaMemPool_t pool;
-  cuda_ok(cudaDeviceGetDefaultMemPool(&pool, device), "default memory pool");
+  RT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device), "default memory pool");
   return pool;
 }
 
 uint64_t pool_attribute(cudaMemPoolAttr attr) {
   uint64_t v = 0;
-  cuda_ok(cudaMemPoolGetAttribute(current_pool(), attr, &v), "memory pool attribute");
+  RT_CUDA_CHECK(cudaMemPoolGetAttribute(current_pool(), attr, &v), "memory pool attribute");
   return v;
 }
 
 // Restarts the pool's high-water mark from what is in use now.
 void reset_pool_peak() {
   uint64_t zero = 0;
-  cuda_ok(cudaMemPoolSetAttribute(current_pool(), cudaMemPoolAttrUsedMemHigh, &zero), "resetting the pool's peak");
+  RT_CUDA_CHECK(cudaMemPoolSetAttribute(current_pool(), cudaMemPoolAttrUsedMemHigh, &zero),
+                "resetting the pool's peak");
 }
 
 // One rank's share of a sequence: its rows (all of them on one GPU, the zigzag shard under CP) on the device.
@@ -170,10 +169,10 @@ nlohmann::json bench_shape(model::cuda::GpuModel& m, int64_t seq, const ModelBen
   const double ms = max_over_ranks(runs.median_to(2), comm);
   const uint64_t peak = pool_attribute(cudaMemPoolAttrUsedMemHigh);
   size_t free_bytes = 0, total_bytes = 0;
-  cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  RT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
 
   // The LM head alone (logprobs, then their backward), on the last forward's hidden states: its extra peak.
-  cuda_ok(cudaDeviceSynchronize(), "before the logprob step");
+  RT_CUDA_CHECK(cudaDeviceSynchronize(), "before the logprob step");
   const uint64_t before = pool_attribute(cudaMemPoolAttrUsedMemCurrent);
   reset_pool_peak();
   model::cuda::token_logprobs(m.gemm(), buf.logprobs.ptr<float>(), m.hidden(), m.lm_head(), in.targets.ptr<int32_t>(),
@@ -181,7 +180,7 @@ nlohmann::json bench_shape(model::cuda::GpuModel& m, int64_t seq, const ModelBen
   model::cuda::token_logprobs_backward(m.gemm(), buf.d_hidden.ptr<bf16>(), m.lm_head_grad(),
                                        in.d_logprobs.ptr<float>(), m.hidden(), m.lm_head(), in.targets.ptr<int32_t>(),
                                        n, c.hidden, c.vocab, chunk);
-  cuda_ok(cudaDeviceSynchronize(), "logprob step");
+  RT_CUDA_CHECK(cudaDeviceSynchronize(), "logprob step");
   const uint64_t logprob_extra = pool_attribute(cudaMemPoolAttrUsedMemHigh) - before;
 
   const int world = comm ? comm->size() : 1;

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "ringtrain/core/cuda/check.h"
+
 namespace ringtrain::comm {
 namespace {
 
@@ -27,9 +29,6 @@ ncclDataType_t nccl_type(DType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
 
-void check_cuda(cudaError_t e, const char* what) {
-  RT_CHECK(e == cudaSuccess, "nccl communicator: ", what, ": ", cudaGetErrorString(e));
-}
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -37,12 +36,11 @@ class NcclCommunicator final : public Communicator {
       : rank_(info.rank), world_(info.world), device_(Device::cuda(info.local_rank)), timeout_(timeout) {
     ::setenv("NCCL_NVLS_ENABLE", "0", 1);
     int gpus = 0;
-    check_cuda(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
+    RT_CUDA_CHECK(cudaGetDeviceCount(&gpus));
     RT_CHECK(info.local_rank < gpus, "rank ", rank_, " has local rank ", info.local_rank, " but this node has only ",
              gpus, " GPU(s)");
-    check_cuda(cudaSetDevice(device_.index), "cudaSetDevice");
-    check_cuda(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaEventCreateWithFlags(&after_legacy_, cudaEventDisableTiming), "cudaEventCreate");
+    RT_CUDA_CHECK(cudaSetDevice(device_.index));
+    create_stream_and_event();
     ncclUniqueId id{};
     if (rank_ == 0) RT_CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId failed");
     std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
@@ -55,6 +53,12 @@ class NcclCommunicator final : public Communicator {
     RT_CHECK(r == ncclSuccess || r == ncclInProgress, "ncclCommInitRankConfig failed on rank ", rank_, ": ",
              ncclGetErrorString(r));
     settle("ncclCommInitRank");
+  }
+
+  // Adopts a communicator made by ncclCommSplit (already settled).
+  NcclCommunicator(ncclComm_t comm, int rank, int world, Device device, std::chrono::milliseconds timeout)
+      : rank_(rank), world_(world), device_(device), timeout_(timeout), comm_(comm) {
+    create_stream_and_event();
   }
 
   ~NcclCommunicator() override {
@@ -122,8 +126,23 @@ class NcclCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    if (!barrier_buf_) check_cuda(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc (barrier)");
+    if (!barrier_buf_) RT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(int32_t)), "cudaMalloc (barrier)");
     all_reduce(barrier_buf_, 1, DType::I32, ReduceOp::Sum, nullptr);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    RT_CHECK(!aborted_, "nccl communicator on rank ", rank_, " was aborted: ", why_);
+    if (color < 0) fail(cat("split: color must be >= 0, got ", color));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    call("ncclCommSplit", ncclCommSplit(comm_, color, key, &child, &config));
+    RT_CHECK(child != nullptr, "ncclCommSplit on rank ", rank_, " returned no communicator");
+    settle_comm(child, "ncclCommSplit (the new communicator)");
+    int child_rank = -1, child_size = 0;
+    ncclCommUserRank(child, &child_rank);
+    ncclCommCount(child, &child_size);
+    return std::make_unique<NcclCommunicator>(child, child_rank, child_size, device_, timeout_);
   }
 
   void abort(const std::string& why) override {
@@ -136,8 +155,8 @@ class NcclCommunicator final : public Communicator {
   // Polls the stream until the work enqueued so far is done, the timeout passes, or NCCL reports an error.
   void wait_stream(cudaStream_t s, const std::string& what) {
     cudaEvent_t ev;
-    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ev, s), "cudaEventRecord");
+    RT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    RT_CUDA_CHECK(cudaEventRecord(ev, s));
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       const cudaError_t q = cudaEventQuery(ev);
@@ -180,8 +199,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t pick(void* stream) {
     RT_CHECK(!aborted_, "nccl communicator on rank ", rank_, " was aborted: ", why_);
     if (stream) return static_cast<cudaStream_t>(stream);
-    check_cuda(cudaEventRecord(after_legacy_, cudaStreamLegacy), "cudaEventRecord (the buffers' producers)");
-    check_cuda(cudaStreamWaitEvent(own_stream_, after_legacy_, 0), "cudaStreamWaitEvent (the buffers' producers)");
+    RT_CUDA_CHECK(cudaEventRecord(after_legacy_, cudaStreamLegacy), "cudaEventRecord (the buffers' producers)");
+    RT_CUDA_CHECK(cudaStreamWaitEvent(own_stream_, after_legacy_, 0), "cudaStreamWaitEvent (the buffers' producers)");
     return own_stream_;
   }
 
@@ -208,15 +227,28 @@ class NcclCommunicator final : public Communicator {
     call(what, ncclGroupEnd());
   }
 
+  void create_stream_and_event() {
+    RT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+    RT_CUDA_CHECK(cudaEventCreateWithFlags(&after_legacy_, cudaEventDisableTiming));
+  }
+
   // Waits (with the deadline) until a non-blocking NCCL call has been accepted.
-  void settle(const std::string& what) {
+  void settle(const std::string& what) { settle_comm(comm_, what); }
+
+  // The same for the call's communicator `comm` (a split's new one is aborted with ours when it fails).
+  void settle_comm(ncclComm_t comm, const std::string& what) {
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
+      ncclCommGetAsyncError(comm, &state);
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(cat(what, ": ", ncclGetErrorString(state)));
-      if (Clock::now() >= deadline) fail(cat(what, " not accepted within ", timeout_.count(), " ms"));
+      std::string error;
+      if (state != ncclInProgress) error = cat(what, ": ", ncclGetErrorString(state));
+      else if (Clock::now() >= deadline) error = cat(what, " not accepted within ", timeout_.count(), " ms");
+      if (!error.empty()) {
+        if (comm != comm_) ncclCommAbort(comm);
+        fail(error);
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }

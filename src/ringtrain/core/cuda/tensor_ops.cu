@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/cuda/float_convert.cuh"
 #include "ringtrain/core/cuda/tensor_ops.h"
 #include "ringtrain/core/error.h"
@@ -159,10 +160,7 @@ unsigned grid_for(int64_t work) {
   return static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 132 * 16));
 }
 
-void check(const char* what, const TensorView& dst) {
-  const cudaError_t e = cudaGetLastError();
-  RT_CHECK(e == cudaSuccess, what, " failed for ", dst.shape_str(), ": ", cudaGetErrorString(e));
-}
+void check(const char* what, const TensorView& dst) { RT_CUDA_CHECK_LAUNCH(what, " for ", dst.shape_str()); }
 
 bool is_16_or_32_bit_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
@@ -205,9 +203,8 @@ void strided_copy(const TensorView& dst, const TensorView& src, void* stream, bo
   const Shape4 s = collapsed(dst, src);
   const bool contiguous = s.ndim == 1 && s.dst_stride[0] == 1 && s.src_stride[0] == 1;
   if (!accumulate && contiguous && dst.dtype == src.dtype) {
-    const cudaError_t e = cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, st);
-    RT_CHECK(e == cudaSuccess, "device copy failed for ", dst.shape_str(), " <- ", src.shape_str(), ": ",
-             cudaGetErrorString(e));
+    RT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, st), "device copy ",
+                  dst.shape_str(), " <- ", src.shape_str());
     return;
   }
   if (is_16_or_32_bit_float(dst.dtype) && is_16_or_32_bit_float(src.dtype)) {
@@ -240,8 +237,7 @@ void fill(const TensorView& dst, double value, void* stream) {
   auto st = static_cast<cudaStream_t>(stream);
   const Shape4 s = collapsed(dst, dst);
   if (value == 0.0 && s.ndim == 1 && s.dst_stride[0] == 1) {
-    const cudaError_t e = cudaMemsetAsync(dst.data, 0, dst.nbytes(), st);
-    RT_CHECK(e == cudaSuccess, "cudaMemsetAsync failed for ", dst.shape_str(), ": ", cudaGetErrorString(e));
+    RT_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, dst.nbytes(), st), "fill ", dst.shape_str());
     return;
   }
   const auto v = static_cast<float>(value);

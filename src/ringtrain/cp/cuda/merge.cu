@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/cuda/float_convert.cuh"
 #include "ringtrain/core/error.h"
 #include "ringtrain/cp/cuda/merge.h"
@@ -119,8 +120,7 @@ void merge_partial(const TensorView& o_a, const TensorView& lse_a, const TensorV
     case DType::F16: launch_b<__half>(o_a, lse_a, o_b, lse_b, st); break;
     default: throw Error(cat("CP merge: O of dtype ", dtype_name(o_a.dtype), " is not supported"));
   }
-  const cudaError_t e = cudaGetLastError();
-  RT_CHECK(e == cudaSuccess, "CP merge kernel failed for ", o_a.shape_str(), ": ", cudaGetErrorString(e));
+  RT_CUDA_CHECK_LAUNCH("the CP merge kernel for ", o_a.shape_str());
 }
 
 }  // namespace ringtrain::cp::cuda

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/cp_scoring.h"
 #include "ringtrain/model/logprobs.h"
 
 namespace ringtrain::model::cuda {
@@ -31,7 +30,7 @@ int64_t default_logprob_chunk(int64_t vocab) {
 }
 
 void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_head, const int32_t* targets,
-                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens) {
+                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* entropy) {
   RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
   const int64_t rows = std::min(n, chunk_tokens);
   int device = 0;
@@ -41,7 +40,8 @@ void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_h
   for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
     const int64_t m = std::min(chunk_tokens, n - c0);
     gemm.linear_forward_f32(logits.ptr<float>(), hidden + c0 * hidden_dim, lm_head, m, hidden_dim, vocab);
-    logprob_rows(gemm.stream(), out + c0, lse.ptr<float>(), logits.ptr<float>(), targets + c0, m, vocab);
+    logprob_rows(gemm.stream(), out + c0, lse.ptr<float>(), logits.ptr<float>(), targets + c0, m, vocab,
+                 entropy ? entropy + c0 : nullptr);
   }
 }
 
@@ -124,34 +124,6 @@ void sequence_logprobs_backward(GpuModel& model, const std::vector<int32_t>& ids
   std::vector<float> d_rows(ids.size(), 0.f);
   for (size_t i = 0; i + 1 < ids.size(); ++i) d_rows[i] = d_logprobs[i + 1];
   model_row_logprobs_backward(model, targets.data(), d_rows.data(), attention, chunk_tokens);
-}
-
-std::vector<float> cp_sequence_logprobs(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
-                                        const std::vector<int32_t>& ids, int64_t chunk_tokens, bool for_backward) {
-  const CpCall call = make_cp_call(comm, config, ids);
-  const CpShard& shard = call.shard;
-  const int64_t n = call.layout.local_len();
-  const std::vector<float> rows = model_row_logprobs(model, shard.tokens.data(), shard.positions.data(),
-                                                     shard.targets.data(), 1, n, *call.attention, chunk_tokens,
-                                                     for_backward);
-  // The gather runs in the communicator's memory (device memory for NCCL).
-  const Tensor mine = Tensor::empty({n}, DType::F32, comm.device());
-  const Tensor all = Tensor::empty({comm.size() * n}, DType::F32, comm.device());
-  copy(mine, contiguous_view(const_cast<float*>(rows.data()), DType::F32, Device::cpu(), {n}));
-  comm.all_gather(mine.data(), all.data(), static_cast<size_t>(n), DType::F32);
-  std::vector<float> gathered(static_cast<size_t>(comm.size() * n));
-  copy(contiguous_view(gathered.data(), DType::F32, Device::cpu(), {comm.size() * n}), all);
-  return cp_rows_to_tokens(gathered, comm.size(), static_cast<int64_t>(ids.size()));
-}
-
-void cp_sequence_logprobs_backward(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
-                                   const std::vector<int32_t>& ids, const std::vector<float>& d_logprobs,
-                                   int64_t chunk_tokens) {
-  RT_CHECK(d_logprobs.size() == ids.size(), "logprobs backward: ", d_logprobs.size(), " gradients for ", ids.size(),
-           " tokens");
-  const CpCall call = make_cp_call(comm, config, ids);
-  const std::vector<float> d_rows = cp_row_grads(call.shard, d_logprobs);
-  model_row_logprobs_backward(model, call.shard.targets.data(), d_rows.data(), *call.attention, chunk_tokens);
 }
 
 }  // namespace ringtrain::model::cuda

@@ -1,8 +1,7 @@
 // Token log-probabilities on the GPU: the LM head (bf16 GEMM, fp32 logits) and log-softmax at the targets in fp32,
 // chunked over tokens so that only [chunk x vocab] logits exist at a time, and the backward of a loss given
 // d(loss)/d(logprob) (logits recomputed per chunk, dlogits rounded to bf16 for the LM-head backward GEMMs, the
-// lm_head gradient accumulated in fp32). The model-level functions mirror model/logprobs.h and
-// model/cp_scoring.h for GpuModel.
+// lm_head gradient accumulated in fp32). The model-level functions mirror model/logprobs.h for GpuModel.
 //
 // Memory: one chunk holds fp32 logits, 4 bytes per (row, vocabulary entry), plus a few floats per row; the
 // backward writes the bf16 dlogits over them. default_logprob_chunk() keeps that under kLogprobChunkBytes =
@@ -15,8 +14,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "ringtrain/comm/communicator.h"
-#include "ringtrain/cp/cp_attention.h"
 #include "ringtrain/model/cuda/gpu_model.h"
 
 namespace ringtrain::model::cuda {
@@ -26,9 +23,10 @@ constexpr int64_t kLogprobChunkBytes = int64_t(896) << 20;
 int64_t default_logprob_chunk(int64_t vocab);
 
 // Device pointers, enqueued on gemm.stream(). out[i] = log P(targets[i] | row i) for rows [n, hidden_dim]; 0 where
-// targets[i] < 0. Targets must lie below vocab (checked on the host by the callers below).
+// targets[i] < 0. Targets must lie below vocab (checked on the host by the callers below). With `entropy` (optional,
+// [n]), entropy[i] = the entropy of row i's whole distribution, from the same pass over the logits.
 void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_head, const int32_t* targets,
-                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens);
+                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* entropy = nullptr);
 // d_hidden [n, hidden_dim] overwritten with d(loss)/d(hidden); d(loss)/d(lm_head) added into the fp32 d_lm_head
 // (written instead when it is fresh).
 // The logprobs are recomputed on the way; when `logprobs` is non-null they are written there too, so that a loss
@@ -52,15 +50,5 @@ std::vector<float> sequence_logprobs(GpuModel& model, const std::vector<int32_t>
                                      int64_t chunk_tokens, bool for_backward = false);
 void sequence_logprobs_backward(GpuModel& model, const std::vector<int32_t>& ids, const std::vector<float>& d_logprobs,
                                 SequenceAttention& attention, int64_t chunk_tokens);
-
-// Context parallelism (every rank calls with the whole sequence; see model/cp_scoring.h): each rank scores its
-// zigzag shard; the rows are all-gathered over comm and returned in token order on every rank.
-std::vector<float> cp_sequence_logprobs(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
-                                        const std::vector<int32_t>& ids, int64_t chunk_tokens,
-                                        bool for_backward = false);
-// Adds this rank's share of the weight gradients (the sum over the cp group is the gradient).
-void cp_sequence_logprobs_backward(GpuModel& model, comm::Communicator& comm, const cp::CpConfig& config,
-                                   const std::vector<int32_t>& ids, const std::vector<float>& d_logprobs,
-                                   int64_t chunk_tokens);
 
 }  // namespace ringtrain::model::cuda

@@ -1,6 +1,7 @@
 #include "ringtrain/model/cuda/gpu_model.h"
 
 #include "ringtrain/attention/selection.h"
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/layers.h"
 
@@ -11,9 +12,6 @@ namespace {
 // kernels want; inside a fused group (q/k/v, gate/up) tensors follow each other without a gap.
 constexpr int64_t kGroupAlign = 64;
 
-void cuda_ok(cudaError_t e, const char* what) {
-  RT_CHECK(e == cudaSuccess, "gpu model: ", what, ": ", cudaGetErrorString(e));
-}
 
 template <typename T>
 T* at(T* base, int64_t offset) {
@@ -96,7 +94,7 @@ void GpuLayerActs::allocate(const ModelConfig& c, int64_t batch, int64_t seqlen,
 GpuModel::GpuModel(ModelConfig config, ModelOptions options, int device)
     : config_(std::move(config)), layout_(config_), dev_(layout_), options_(std::move(options)),
       device_(Device::cuda(device)) {
-  cuda_ok(cudaSetDevice(device), "cudaSetDevice");
+  RT_CUDA_CHECK(cudaSetDevice(device));
   gemm_ = std::make_unique<Gemm>(stream());
   weights_ = Tensor::empty({dev_.total()}, DType::BF16, device_);
   const std::vector<float> inv_freq = rope_inv_freq(config_.rope, config_.head_dim);
@@ -107,13 +105,26 @@ GpuModel::GpuModel(ModelConfig config, ModelOptions options, int device)
 
 GpuModel::GpuModel(ModelConfig config, const std::vector<float>& params, ModelOptions options, int device)
     : GpuModel(std::move(config), std::move(options), device) {
-  RT_CHECK(static_cast<int64_t>(params.size()) == layout_.total(), "gpu model: ", params.size(),
+  set_params(params);
+}
+
+void GpuModel::set_params(const std::vector<float>& values) {
+  RT_CHECK(static_cast<int64_t>(values.size()) == layout_.total(), "gpu model: ", values.size(),
            " parameter values for a layout of ", layout_.total());
   const std::vector<ParamSpec>& specs = layout_.specs();
   for (size_t i = 0; i < specs.size(); ++i)  // fp32 -> bf16 (round to nearest) in copy()
     copy(contiguous_view(weights_.ptr<bf16>() + dev_.device_offsets()[i], DType::BF16, device_, {specs[i].numel}),
-         contiguous_view(const_cast<float*>(params.data()) + specs[i].offset, DType::F32, Device::cpu(),
+         contiguous_view(const_cast<float*>(values.data()) + specs[i].offset, DType::F32, Device::cpu(),
                          {specs[i].numel}));
+}
+
+std::vector<float> GpuModel::params() const {
+  std::vector<float> out(static_cast<size_t>(layout_.total()));
+  const std::vector<ParamSpec>& specs = layout_.specs();
+  for (size_t i = 0; i < specs.size(); ++i)
+    copy(contiguous_view(out.data() + specs[i].offset, DType::F32, Device::cpu(), {specs[i].numel}),
+         contiguous_view(weights_.ptr<bf16>() + dev_.device_offsets()[i], DType::BF16, device_, {specs[i].numel}));
+  return out;
 }
 
 GpuModel GpuModel::random(ModelConfig config, uint64_t seed, ModelOptions options, int device) {
@@ -156,7 +167,7 @@ bool GpuModel::grad_fresh(int64_t device_offset) const {
 void GpuModel::clear_summed_grads() {
   float* G = grads_.ptr<float>();
   const auto clear = [&](int64_t begin, int64_t end) {
-    cuda_ok(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
+    RT_CUDA_CHECK(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
             "clearing the summed gradients");
   };
   clear(dev_.summed_begin(), dev_.total());
@@ -165,10 +176,25 @@ void GpuModel::clear_summed_grads() {
   if (dev_.lm_head == dev_.embed) lm_head_fresh_ = false;
 }
 
+TensorView GpuModel::grad_buffer() {
+  if (!grads_.defined()) zero_grads();
+  float* G = grads_.ptr<float>();
+  const auto clear = [&](int64_t begin, int64_t end) {
+    if (end > begin)
+      RT_CUDA_CHECK(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
+              "clearing the unwritten gradients");
+  };
+  const int64_t head_end = dev_.lm_head + config_.vocab * config_.hidden;
+  if (body_fresh_) clear(0, dev_.lm_head), clear(head_end, dev_.total());
+  if (lm_head_fresh_) clear(dev_.lm_head, head_end);
+  body_fresh_ = lm_head_fresh_ = false;
+  return grads_.view();
+}
+
 std::vector<float> GpuModel::grads() const {
   std::vector<float> out(static_cast<size_t>(layout_.total()), 0.f);
   if (!grads_.defined()) return out;
-  cuda_ok(cudaStreamSynchronize(stream()), "waiting for the gradients");
+  RT_CUDA_CHECK(cudaStreamSynchronize(stream()), "waiting for the gradients");
   const std::vector<ParamSpec>& specs = layout_.specs();
   for (size_t i = 0; i < specs.size(); ++i) {
     const int64_t at_device = dev_.device_offsets()[i];
@@ -184,7 +210,7 @@ std::vector<float> GpuModel::grad(const std::string& name) const {
   RT_CHECK(spec != nullptr, "gpu model: no weight named '", name, "' in a ", arch_class_name(config_.arch));
   std::vector<float> out(static_cast<size_t>(spec->numel), 0.f);
   if (!grads_.defined()) return out;
-  cuda_ok(cudaStreamSynchronize(stream()), "waiting for the gradients");
+  RT_CUDA_CHECK(cudaStreamSynchronize(stream()), "waiting for the gradients");
   const int64_t device_offset = dev_.device_offsets()[static_cast<size_t>(spec - layout_.specs().data())];
   if (grad_fresh(device_offset)) return out;
   copy(contiguous_view(out.data(), DType::F32, Device::cpu(), {spec->numel}),

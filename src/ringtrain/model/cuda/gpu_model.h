@@ -20,12 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/core/cuda/gemm.h"
 #include "ringtrain/core/tensor.h"
-#include "ringtrain/model/cuda/gemm.h"
 #include "ringtrain/model/cuda/layer_kernels.h"
 #include "ringtrain/model/model.h"
 
 namespace ringtrain::model::cuda {
+
+using ringtrain::cuda::Gemm;  // the cuBLASLt products are core's
 
 // A weight gradient to add into; `fresh` while it holds nothing since zero_grads(), so that the first contribution
 // writes it instead of adding (and nothing has to clear it first).
@@ -99,6 +101,14 @@ class GpuModel {
   std::vector<float> grads() const;
   // One gradient by its Hugging Face name; an unknown name is an error naming it.
   std::vector<float> grad(const std::string& name) const;
+  // The device buffers themselves (dev_layout() order), for an optimizer: the bf16 weights, and the fp32 gradients
+  // with every slice that zero_grads() marked but no backward wrote made zero on the device first.
+  TensorView weight_buffer() { return weights_.view(); }
+  TensorView grad_buffer();
+  const GpuParamLayout& dev_layout() const { return dev_; }
+  // Host fp32 values in ParamLayout order: downloaded from the bf16 weights, and uploaded (rounded to bf16).
+  std::vector<float> params() const;
+  void set_params(const std::vector<float>& values);
   // Bytes of the weights and gradients (what the benchmark counts as "weights").
   size_t weight_bytes() const;
 

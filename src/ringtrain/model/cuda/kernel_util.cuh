@@ -1,6 +1,6 @@
 // Helpers shared by the GPU model's small kernels: packs of V bf16 values moved as one load/store (V = 8: one
-// 16-byte uint4; V = 4 (stores only): 8 bytes; V = 2: one bf16x2; V = 1: scalar), warp reductions, launch sizes and
-// launch error checks.
+// 16-byte uint4; V = 4 (stores only): 8 bytes; V = 2: one bf16x2; V = 1: scalar), warp reductions and launch sizes
+// (launch errors: RT_CUDA_CHECK_LAUNCH of core/cuda/check.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,16 +8,8 @@
 
 #include <cstdint>
 
-#include "ringtrain/core/error.h"
-
-// Throws with the kernel's name, the shape it was launched for and where, when a launch failed.
-#define RT_KERNEL_CHECK(kernel, ...)                                                                             \
-  do {                                                                                                           \
-    const cudaError_t rt_kernel_err_ = cudaGetLastError();                                                       \
-    if (rt_kernel_err_ != cudaSuccess)                                                                           \
-      throw ::ringtrain::Error(::ringtrain::cat("launching ", kernel, " (", __VA_ARGS__, ") at ", __FILE__, ":", \
-                                                __LINE__, ": ", cudaGetErrorString(rt_kernel_err_)));            \
-  } while (0)
+#include "ringtrain/core/cuda/check.h"
+#include "ringtrain/core/cuda/device.h"
 
 namespace ringtrain::model::cuda {
 
@@ -91,13 +83,6 @@ inline unsigned grid_for(int64_t items, int threads) {
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-// Streaming multiprocessors of the current device: sizes grids whose blocks each flush a partial reduction.
-inline int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    throw ::ringtrain::Error("cannot query the number of multiprocessors of the current CUDA device");
-  return sms;
-}
+using ringtrain::cuda::sm_count;
 
 }  // namespace ringtrain::model::cuda

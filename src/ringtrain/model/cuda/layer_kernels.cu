@@ -92,7 +92,7 @@ void embedding_forward(cudaStream_t s, bf16* x, const int32_t* tokens, const bf1
   } else {
     embedding_forward_kernel<1><<<grid_for(n * dim, kThreads), kThreads, 0, s>>>(x, tokens, table, n, dim);
   }
-  RT_KERNEL_CHECK("embedding_forward_kernel", "n=", n, " dim=", dim);
+  RT_CUDA_CHECK_LAUNCH("embedding_forward_kernel ", "n=", n, " dim=", dim);
 }
 
 void embedding_backward(cudaStream_t s, float* dtable, const int32_t* tokens, const bf16* dx, int64_t n, int64_t dim) {
@@ -102,7 +102,7 @@ void embedding_backward(cudaStream_t s, float* dtable, const int32_t* tokens, co
   } else {
     embedding_backward_kernel<1><<<grid_for(n * dim, kThreads), kThreads, 0, s>>>(dtable, tokens, dx, n, dim);
   }
-  RT_KERNEL_CHECK("embedding_backward_kernel", "n=", n, " dim=", dim);
+  RT_CUDA_CHECK_LAUNCH("embedding_backward_kernel ", "n=", n, " dim=", dim);
 }
 
 void swiglu_forward(cudaStream_t s, bf16* h, const bf16* gate_up, int64_t n, int64_t ffn) {
@@ -112,7 +112,7 @@ void swiglu_forward(cudaStream_t s, bf16* h, const bf16* gate_up, int64_t n, int
   } else {
     swiglu_forward_kernel<1><<<grid_for(n * ffn, kThreads), kThreads, 0, s>>>(h, gate_up, n, ffn);
   }
-  RT_KERNEL_CHECK("swiglu_forward_kernel", "n=", n, " ffn=", ffn);
+  RT_CUDA_CHECK_LAUNCH("swiglu_forward_kernel ", "n=", n, " ffn=", ffn);
 }
 
 void swiglu_backward(cudaStream_t s, bf16* dgate_up, const bf16* dh, const bf16* gate_up, int64_t n, int64_t ffn) {
@@ -122,7 +122,7 @@ void swiglu_backward(cudaStream_t s, bf16* dgate_up, const bf16* dh, const bf16*
   } else {
     swiglu_backward_kernel<1><<<grid_for(n * ffn, kThreads), kThreads, 0, s>>>(dgate_up, dh, gate_up, n, ffn);
   }
-  RT_KERNEL_CHECK("swiglu_backward_kernel", "n=", n, " ffn=", ffn);
+  RT_CUDA_CHECK_LAUNCH("swiglu_backward_kernel ", "n=", n, " ffn=", ffn);
 }
 
 }  // namespace ringtrain::model::cuda

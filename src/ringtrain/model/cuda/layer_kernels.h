@@ -55,9 +55,10 @@ void swiglu_forward(cudaStream_t s, bf16* h, const bf16* gate_up, int64_t n, int
 void swiglu_backward(cudaStream_t s, bf16* dgate_up, const bf16* dh, const bf16* gate_up, int64_t n, int64_t ffn);
 
 // Token log-probabilities from one chunk of fp32 logits [rows, vocab] (the LM head GEMM's output):
-// logprob[r] = logits[r, t] - logsumexp(logits[r, :]) for t = targets[r] >= 0, else 0; lse[r] saved.
+// logprob[r] = logits[r, t] - logsumexp(logits[r, :]) for t = targets[r] >= 0, else 0; lse[r] saved. With
+// `entropy` (optional), entropy[r] = the entropy of row r's softmax, from the same pass.
 void logprob_rows(cudaStream_t s, float* logprob, float* lse, const float* logits, const int32_t* targets,
-                  int64_t rows, int64_t vocab);
+                  int64_t rows, int64_t vocab, float* entropy = nullptr);
 // d(loss)/d(logits) for d(loss)/d(logprob) = d_logprob: dlogits[r, j] = d_logprob[r] * (onehot(t) - softmax)[j]
 // (0 rows where targets[r] < 0), as bf16 for the LM-head backward GEMMs, written over the logits: row r takes the
 // first half of row r's fp32 bytes, so the result is a bf16 [rows, vocab] matrix with a row pitch of 2 * vocab

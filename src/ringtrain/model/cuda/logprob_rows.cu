@@ -1,5 +1,6 @@
 // Token log-probabilities from fp32 logits, one block per row: a single pass keeps a running (max, sum of
-// exp(z - max)) per thread, merged across the block; lse = max + log(sum). The backward recomputes softmax from the
+// exp(z - max)) per thread, merged across the block; lse = max + log(sum). For the entropy the pass also keeps
+// sum of exp(z - max) (z - max), so that H = lse - sum p z = log(sum) - that / sum. The backward recomputes softmax from the
 // saved lse and writes the bf16 gradient in place of the logits. Rows are read as float4 when vocab % 4 == 0 and the
 // base is 16-byte aligned.
 #include <algorithm>
@@ -24,26 +25,43 @@ __device__ inline void load_f32(const float* p, float (&out)[V]) {
   }
 }
 
-// (max, sum) <- the pair describing both sets of values; a set of -inf logits only is (-inf, anything) and adds
-// nothing. A NaN max is taken over (fmaxf would drop it) so that NaN logits give a NaN lse.
-__device__ inline void merge_exp_sum(float& max, float& sum, float other_max, float other_sum) {
-  if (other_max == -INFINITY) return;
-  if (max == -INFINITY || isnan(other_max)) {
-    max = other_max, sum = other_sum;
-    return;
-  }
-  const float m = fmaxf(max, other_max);
-  sum = sum * expf(max - m) + other_sum * expf(other_max - m);
-  max = m;
-}
+// The running statistics of a set of logits z: max, sum of exp(z - max) and, for the entropy, sum of
+// exp(z - max) (z - max). A set of -inf logits only is (-inf, anything) and adds nothing. A NaN max is taken over
+// (fmaxf would drop it) so that NaN logits give a NaN lse.
+template <bool Entropy>
+struct ExpSums {
+  float max = -INFINITY, sum = 0.f, sum_ez = 0.f;
 
-template <int V>
+  __device__ void merge(float other_max, float other_sum, float other_sum_ez) {
+    if (other_max == -INFINITY) return;
+    if (max == -INFINITY || isnan(other_max)) {
+      max = other_max, sum = other_sum, sum_ez = other_sum_ez;
+      return;
+    }
+    const float m = fmaxf(max, other_max);
+    const float shift = max - m, other_shift = other_max - m;
+    const float scale = expf(shift), other_scale = expf(other_shift);
+    // exp(z - m) (z - m) = exp(z - max) exp(shift) ((z - max) + shift)
+    if constexpr (Entropy)
+      sum_ez = scale * (sum_ez + shift * sum) + other_scale * (other_sum_ez + other_shift * other_sum);
+    sum = sum * scale + other_sum * other_scale;
+    max = m;
+  }
+  __device__ void shuffle_merge(int offset) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, max, offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float other_sum_ez = Entropy ? __shfl_xor_sync(0xffffffffu, sum_ez, offset) : 0.f;
+    merge(other_max, other_sum, other_sum_ez);
+  }
+};
+
+template <int V, bool Entropy>
 __global__ void logprob_rows_kernel(float* logprob, float* lse, const float* logits, const int32_t* targets,
-                                    int64_t vocab) {
-  __shared__ float warp_max_s[kRowWarps], warp_sum_s[kRowWarps];
+                                    int64_t vocab, float* entropy) {
+  __shared__ float warp_max_s[kRowWarps], warp_sum_s[kRowWarps], warp_sum_ez_s[kRowWarps];
   const int64_t row = blockIdx.x;
   const float* z = logits + row * vocab;
-  float max = -INFINITY, sum = 0.f;
+  ExpSums<Entropy> acc;
   // Unrolled so that several loads are in flight before the (max, sum) chain needs them.
 #pragma unroll 4
   for (int64_t c = threadIdx.x * V; c < vocab; c += kRowThreads * V) {
@@ -52,26 +70,27 @@ __global__ void logprob_rows_kernel(float* logprob, float* lse, const float* log
     float pack_max = v[0];
 #pragma unroll
     for (int i = 1; i < V; ++i) pack_max = fmaxf(pack_max, v[i]);
-    float pack_sum = 0.f;
+    float pack_sum = 0.f, pack_sum_ez = 0.f;
 #pragma unroll
-    for (int i = 0; i < V; ++i) pack_sum += expf(v[i] - pack_max);
-    merge_exp_sum(max, sum, pack_max, pack_sum);
+    for (int i = 0; i < V; ++i) {
+      const float shifted = v[i] - pack_max, e = expf(shifted);
+      pack_sum += e;
+      if constexpr (Entropy) pack_sum_ez += e > 0.f ? e * shifted : 0.f;  // a -inf logit adds 0, not NaN
+    }
+    acc.merge(pack_max, pack_sum, pack_sum_ez);
   }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other_max = __shfl_xor_sync(0xffffffffu, max, offset);
-    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
-    merge_exp_sum(max, sum, other_max, other_sum);
-  }
+  for (int offset = 16; offset > 0; offset /= 2) acc.shuffle_merge(offset);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_max_s[warp] = max, warp_sum_s[warp] = sum;
+  if (lane == 0) warp_max_s[warp] = acc.max, warp_sum_s[warp] = acc.sum, warp_sum_ez_s[warp] = acc.sum_ez;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kRowWarps; ++w) merge_exp_sum(max, sum, warp_max_s[w], warp_sum_s[w]);
-    const float row_lse = max + logf(sum);
+    for (int w = 1; w < kRowWarps; ++w) acc.merge(warp_max_s[w], warp_sum_s[w], warp_sum_ez_s[w]);
+    const float row_lse = acc.max + logf(acc.sum);
     const int32_t t = targets[row];
     lse[row] = row_lse;
     logprob[row] = t >= 0 ? z[t] - row_lse : 0.f;
+    if constexpr (Entropy) entropy[row] = logf(acc.sum) - acc.sum_ez / acc.sum;
   }
 }
 
@@ -112,16 +131,17 @@ __global__ void logprob_rows_backward_kernel(float* logits, const float* lse, co
 }  // namespace
 
 void logprob_rows(cudaStream_t s, float* logprob, float* lse, const float* logits, const int32_t* targets, int64_t rows,
-                  int64_t vocab) {
+                  int64_t vocab, float* entropy) {
   if (rows == 0) return;
   RT_CHECK(vocab > 0, "logprob_rows: vocab must be positive, got ", vocab);
   RT_CHECK(rows < (int64_t{1} << 31), "logprob_rows: ", rows, " rows exceed one grid");
-  if (vocab % 4 == 0 && all_aligned(16, logits)) {
-    logprob_rows_kernel<4><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(logprob, lse, logits, targets, vocab);
-  } else {
-    logprob_rows_kernel<1><<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(logprob, lse, logits, targets, vocab);
-  }
-  RT_KERNEL_CHECK("logprob_rows_kernel", "rows=", rows, " vocab=", vocab);
+  const auto launch = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, s>>>(logprob, lse, logits, targets, vocab, entropy);
+  };
+  const bool packs = vocab % 4 == 0 && all_aligned(16, logits);
+  if (entropy) launch(packs ? logprob_rows_kernel<4, true> : logprob_rows_kernel<1, true>);
+  else launch(packs ? logprob_rows_kernel<4, false> : logprob_rows_kernel<1, false>);
+  RT_CUDA_CHECK_LAUNCH("logprob_rows_kernel ", "rows=", rows, " vocab=", vocab);
 }
 
 bf16* logprob_rows_backward_in_place(cudaStream_t s, float* logits, const float* lse, const int32_t* targets,
@@ -134,7 +154,7 @@ bf16* logprob_rows_backward_in_place(cudaStream_t s, float* logits, const float*
   } else {
     logprob_rows_backward_kernel<1><<<grid, kRowThreads, 0, s>>>(logits, lse, targets, d_logprob, rows, vocab);
   }
-  RT_KERNEL_CHECK("logprob_rows_backward_kernel", "rows=", rows, " vocab=", vocab);
+  RT_CUDA_CHECK_LAUNCH("logprob_rows_backward_kernel ", "rows=", rows, " vocab=", vocab);
   return reinterpret_cast<bf16*>(logits);
 }
 

@@ -290,7 +290,7 @@ void qkv_split_forward(cudaStream_t s, const QkvShape& sh, bf16* q, bf16* k, bf1
     qkv_split_forward_kernel<1><<<token_blocks(sh.n), kThreads, shared, s>>>(sh, q, k, v, rstd_q, rstd_k, qkv, q_norm,
                                                                              k_norm, positions, inv_freq);
   }
-  RT_KERNEL_CHECK("qkv_split_forward_kernel", "n=", sh.n, " heads q/kv ", sh.heads_q, "/", sh.heads_kv,
+  RT_CUDA_CHECK_LAUNCH("qkv_split_forward_kernel ", "n=", sh.n, " heads q/kv ", sh.heads_q, "/", sh.heads_kv,
                   " head_dim=", sh.head_dim);
 }
 
@@ -314,7 +314,7 @@ void qkv_split_backward(cudaStream_t s, const QkvShape& sh, bf16* dqkv, float* d
         sh, dqkv, q_norm ? dq_norm : nullptr, k_norm ? dk_norm : nullptr, dq, dk, dv, qkv, q_norm, k_norm, rstd_q,
         rstd_k, positions, inv_freq);
   }
-  RT_KERNEL_CHECK("qkv_split_backward_kernel", "n=", sh.n, " heads q/kv ", sh.heads_q, "/", sh.heads_kv,
+  RT_CUDA_CHECK_LAUNCH("qkv_split_backward_kernel ", "n=", sh.n, " heads q/kv ", sh.heads_q, "/", sh.heads_kv,
                   " head_dim=", sh.head_dim);
 }
 

@@ -105,10 +105,10 @@ void launch_backward(cudaStream_t s, unsigned blocks, bf16* dx, bool accumulate,
                      const bf16* x, const bf16* w, const float* rstd, int64_t rows, int64_t dim) {
   const size_t shared = static_cast<size_t>(kWarpSlices ? kWarps : 1) * static_cast<size_t>(dim) * sizeof(float);
   if (shared > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(rmsnorm_backward_kernel<V, kWarpSlices>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-    RT_CHECK(err == cudaSuccess, "rmsnorm_backward: dim ", dim, " needs ", shared,
-             " bytes of shared memory for its weight-gradient partial: ", cudaGetErrorString(err));
+    RT_CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_backward_kernel<V, kWarpSlices>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+                  "rmsnorm_backward: dim ", dim, " needs ", shared,
+                  " bytes of shared memory for its weight-gradient partial");
   }
   rmsnorm_backward_kernel<V, kWarpSlices><<<blocks, kThreads, shared, s>>>(dx, accumulate, dw, dy, x, w, rstd, rows,
                                                                            dim);
@@ -144,7 +144,7 @@ void rmsnorm_forward(cudaStream_t s, bf16* y, float* rstd, const bf16* x, const 
   } else {
     rmsnorm_forward_kernel<1><<<blocks, kThreads, 0, s>>>(y, rstd, x, w, rows, dim, eps);
   }
-  RT_KERNEL_CHECK("rmsnorm_forward_kernel", "rows=", rows, " dim=", dim);
+  RT_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel ", "rows=", rows, " dim=", dim);
 }
 
 void rmsnorm_backward(cudaStream_t s, bf16* dx, bool accumulate, float* dw, const bf16* dy, const bf16* x,
@@ -156,7 +156,7 @@ void rmsnorm_backward(cudaStream_t s, bf16* dx, bool accumulate, float* dw, cons
   } else {
     launch_backward<1>(s, dx, accumulate, dw, dy, x, w, rstd, rows, dim);
   }
-  RT_KERNEL_CHECK("rmsnorm_backward_kernel", "rows=", rows, " dim=", dim);
+  RT_CUDA_CHECK_LAUNCH("rmsnorm_backward_kernel ", "rows=", rows, " dim=", dim);
 }
 
 }  // namespace ringtrain::model::cuda

@@ -3,11 +3,14 @@
 // are added in shared memory and the block adds its 32 sums into db with fp32 atomics.
 #include <algorithm>
 
-#include "ringtrain/model/cuda/bias_grad.cuh"
-#include "ringtrain/model/cuda/kernel_util.cuh"
+#include "ringtrain/core/cuda/bias_grad.cuh"
+#include "ringtrain/core/cuda/check.h"
+#include "ringtrain/core/cuda/device.h"
 
-namespace ringtrain::model::cuda {
+namespace ringtrain::cuda {
 namespace {
+
+using bf16 = __nv_bfloat16;
 
 constexpr int kCols = 32, kRowThreads = 8;
 
@@ -42,7 +45,7 @@ void bias_grad_add(cudaStream_t s, float* db, const bf16* dy, int64_t n, int64_t
   RT_CHECK(col_blocks < (int64_t{1} << 31), "bias_grad_add: out=", out, " exceeds one grid");
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block));
   bias_grad_kernel<<<grid, dim3(kCols, kRowThreads), 0, s>>>(db, dy, n, out, rows_per_block);
-  RT_KERNEL_CHECK("bias_grad_kernel", "n=", n, " out=", out);
+  RT_CUDA_CHECK_LAUNCH("bias_grad_kernel ", "n=", n, " out=", out);
 }
 
-}  // namespace ringtrain::model::cuda
+}  // namespace ringtrain::cuda

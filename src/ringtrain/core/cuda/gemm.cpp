@@ -6,7 +6,7 @@
 // Operands are bf16, the accumulation fp32 (CUBLAS_COMPUTE_32F runs bf16 tensor cores with fp32 sums), results bf16
 // or fp32. The bias of the forward is cuBLASLt's BIAS epilogue and a residual is its C operand (beta = 1): both are
 // added in the epilogue, so neither costs a pass of its own over the activations.
-#include "ringtrain/model/cuda/gemm.h"
+#include "ringtrain/core/cuda/gemm.h"
 
 #include <cublasLt.h>
 
@@ -17,27 +17,11 @@
 #include <string_view>
 #include <vector>
 
+#include "ringtrain/core/cuda/bias_grad.cuh"
+#include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/cuda/bias_grad.cuh"
 
-#define RT_LT_CHECK(expr, ...)                                                                                  \
-  do {                                                                                                          \
-    const cublasStatus_t rt_lt_status_ = (expr);                                                                \
-    if (rt_lt_status_ != CUBLAS_STATUS_SUCCESS)                                                                 \
-      throw ::ringtrain::Error(::ringtrain::cat("cuBLASLt: ", #expr, " failed (",                               \
-                                                cublasLtGetStatusString(rt_lt_status_), ") at ", __FILE__, ":", \
-                                                __LINE__, " for ", __VA_ARGS__));                               \
-  } while (0)
-
-#define RT_GEMM_CUDA_CHECK(expr, ...)                                                                          \
-  do {                                                                                                         \
-    const cudaError_t rt_gemm_err_ = (expr);                                                                   \
-    if (rt_gemm_err_ != cudaSuccess)                                                                           \
-      throw ::ringtrain::Error(::ringtrain::cat(#expr, " failed (", cudaGetErrorString(rt_gemm_err_), ") at ", \
-                                                __FILE__, ":", __LINE__, " for ", __VA_ARGS__));               \
-  } while (0)
-
-namespace ringtrain::model::cuda {
+namespace ringtrain::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -123,6 +107,20 @@ struct Plan {
   }
 };
 
+// What a plan of batched_f32 depends on: the shape, the operands' transposes, row pitches, batch strides and
+// alignments.
+struct BatchedKey {
+  int64_t m, n, k, batch;
+  bool trans_a, trans_b;
+  int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
+  uint32_t align_a, align_b, align_c;
+  auto operator<=>(const BatchedKey&) const = default;
+};
+
+std::string describe(const BatchedKey& k) {
+  return cat("fp32 [", k.m, "x", k.k, "]x[", k.k, "x", k.n, "] batch ", k.batch);
+}
+
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
   ~Preference() {
@@ -132,7 +130,7 @@ struct Preference {
 
 void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const auto& value,
               const PlanKey& key) {
-  RT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), describe(key));
+  RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), describe(key));
 }
 
 }  // namespace
@@ -144,9 +142,11 @@ struct Gemm::Impl {
   bool autotune = true;          // RINGTRAIN_GEMM_AUTOTUNE=0 keeps the heuristic's first choice (reproducible bits)
   int64_t aligned_bias_capacity = 0;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  std::map<BatchedKey, std::unique_ptr<Plan>> batched_plans;
 
   ~Impl() {
     plans.clear();
+    batched_plans.clear();
     if (handle) cublasLtDestroy(handle);
     if (workspace) cudaFree(workspace);
     if (aligned_bias) cudaFree(aligned_bias);
@@ -156,26 +156,26 @@ struct Gemm::Impl {
     auto it = plans.find(key);
     if (it != plans.end()) return *it->second;
     auto p = std::make_unique<Plan>();
-    RT_LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), describe(key));
-    RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &s.trans_a, sizeof(s.trans_a)),
+    RT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), describe(key));
+    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &s.trans_a, sizeof(s.trans_a)),
                 describe(key));
-    RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &s.trans_b, sizeof(s.trans_b)),
+    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &s.trans_b, sizeof(s.trans_b)),
                 describe(key));
     if (key.bias) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       const cudaDataType_t bias_type = CUDA_R_16BF;
-      RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+      RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
                   describe(key));
-      RT_LT_CHECK(
+      RT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
           describe(key));
     }
-    RT_LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.a.rows, s.a.cols, s.a.ld), describe(key));
-    RT_LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, s.b.rows, s.b.cols, s.b.ld), describe(key));
-    RT_LT_CHECK(cublasLtMatrixLayoutCreate(&p->d, s.d_type, s.d.rows, s.d.cols, s.d.ld), describe(key));
+    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.a.rows, s.a.cols, s.a.ld), describe(key));
+    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, s.b.rows, s.b.cols, s.b.ld), describe(key));
+    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, s.d_type, s.d.rows, s.d.cols, s.d.ld), describe(key));
 
     Preference pr;
-    RT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pr.pref), describe(key));
+    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pr.pref), describe(key));
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes}, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b, key);
@@ -183,7 +183,7 @@ struct Gemm::Impl {
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d, key);
     cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
     int found = 0;
-    RT_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref,
+    RT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref,
                                                autotune ? kTuneCandidates : 1, results, &found),
                 describe(key));
     RT_CHECK(found > 0, "cuBLASLt has no algorithm for ", describe(key), " (alignments A ", key.align_a, " B ",
@@ -195,6 +195,54 @@ struct Gemm::Impl {
     p->b_bytes = static_cast<size_t>(s.b.ld) * s.b.cols * sizeof(bf16);
     p->d_bytes = static_cast<size_t>(s.d.ld) * s.d.cols * (s.d_type == CUDA_R_32F ? 4 : 2);
     return *plans.emplace(key, std::move(p)).first->second;
+  }
+
+  // cuBLASLt is column-major: a row-major C[m, n] is the column-major C^T[n, m] = op(B)^T op(A)^T, so the operands
+  // swap places and each keeps its own transpose flag. fp32 operands with CUBLAS_COMPUTE_32F: true fp32, no TF32.
+  Plan& batched_plan(const BatchedKey& key) {
+    auto it = batched_plans.find(key);
+    if (it != batched_plans.end()) return *it->second;
+    auto p = std::make_unique<Plan>();
+    RT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), describe(key));
+    const cublasOperation_t op_first = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_second = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)),
+                    describe(key));
+    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+                    describe(key));
+    const auto layout = [&](cublasLtMatrixLayout_t* l, int64_t rows, int64_t cols, int64_t ld, int64_t stride) {
+      RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<uint64_t>(rows),
+                                                 static_cast<uint64_t>(cols), ld),
+                      describe(key));
+      const int32_t count = static_cast<int32_t>(key.batch);
+      RT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+                      describe(key));
+      RT_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+          describe(key));
+    };
+    // The first (column-major) operand: B stored row-major [k, n] (or [n, k] transposed) is column-major [n, k]
+    // ([k, n]).
+    layout(&p->a, key.trans_b ? key.k : key.n, key.trans_b ? key.n : key.k, key.ldb, key.stride_b);
+    layout(&p->b, key.trans_a ? key.m : key.k, key.trans_a ? key.k : key.m, key.lda, key.stride_a);
+    layout(&p->d, key.n, key.m, key.ldc, key.stride_c);
+    Preference pr;
+    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pr.pref), describe(key));
+    const auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
+      RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pr.pref, attr, &value, sizeof(value)), describe(key));
+    };
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    RT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref, 1, &result, &found),
+                    describe(key));
+    RT_CHECK(found > 0, "cuBLASLt has no algorithm for the ", describe(key));
+    p->algo = result.algo;
+    return *batched_plans.emplace(key, std::move(p)).first->second;
   }
 
   // Chooses among the plan's candidates by timing each on this call's operands (once to warm up, three times timed)
@@ -218,7 +266,7 @@ struct Gemm::Impl {
         return;
       }
       if (zero_operand) {
-        RT_GEMM_CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream), "autotuning ", describe(key));
+        RT_CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream), "autotuning ", describe(key));
         (p.a_bytes <= p.b_bytes ? a : b) = scratch;
       } else {
         target = scratch;
@@ -227,8 +275,8 @@ struct Gemm::Impl {
     const std::vector<cublasLtMatmulAlgo_t> candidates = std::move(p.candidates);
     p.candidates.clear();
     cudaEvent_t start = nullptr, stop = nullptr;
-    RT_GEMM_CUDA_CHECK(cudaEventCreate(&start), "autotuning ", describe(key));
-    RT_GEMM_CUDA_CHECK(cudaEventCreate(&stop), "autotuning ", describe(key));
+    RT_CUDA_CHECK(cudaEventCreate(&start), "autotuning ", describe(key));
+    RT_CUDA_CHECK(cudaEventCreate(&stop), "autotuning ", describe(key));
     const float alpha = 1.f;
     float best = 0.f;
     for (const cublasLtMatmulAlgo_t& algo : candidates) {
@@ -237,18 +285,18 @@ struct Gemm::Impl {
                               kWorkspaceBytes, stream);
       };
       if (once() != CUBLAS_STATUS_SUCCESS) continue;
-      RT_GEMM_CUDA_CHECK(cudaEventRecord(start, stream), "autotuning ", describe(key));
+      RT_CUDA_CHECK(cudaEventRecord(start, stream), "autotuning ", describe(key));
       bool ok = true;
       for (int i = 0; i < 3 && ok; ++i) ok = once() == CUBLAS_STATUS_SUCCESS;
-      RT_GEMM_CUDA_CHECK(cudaEventRecord(stop, stream), "autotuning ", describe(key));
-      RT_GEMM_CUDA_CHECK(cudaEventSynchronize(stop), "autotuning ", describe(key));
+      RT_CUDA_CHECK(cudaEventRecord(stop, stream), "autotuning ", describe(key));
+      RT_CUDA_CHECK(cudaEventSynchronize(stop), "autotuning ", describe(key));
       float ms = 0.f;
-      RT_GEMM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "autotuning ", describe(key));
+      RT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "autotuning ", describe(key));
       if (ok && (best == 0.f || ms < best)) best = ms, p.algo = algo;
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-    if (scratch) RT_GEMM_CUDA_CHECK(cudaFreeAsync(scratch, stream), "the autotuning scratch of ", describe(key));
+    if (scratch) RT_CUDA_CHECK(cudaFreeAsync(scratch, stream), "the autotuning scratch of ", describe(key));
   }
 
   // D = op(A) · op(B) + beta * C on the stream; C is D's layout and defaults to D.
@@ -256,11 +304,11 @@ struct Gemm::Impl {
            const bf16* bias, const void* c = nullptr) {
     Plan& p = plan(key, s);
     if (bias)
-      RT_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+      RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                   describe(key));
     if (!p.candidates.empty()) tune(stream, key, p, a, b, d, beta, c);
     const float alpha = 1.f;
-    RT_LT_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, c ? c : d, p.d, d, p.d, &p.algo, workspace,
+    RT_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, c ? c : d, p.d, d, p.d, &p.algo, workspace,
                                kWorkspaceBytes, stream),
                 describe(key));
   }
@@ -271,14 +319,14 @@ struct Gemm::Impl {
     if (!bias || reinterpret_cast<uintptr_t>(bias) % 16 == 0) return bias;
     if (aligned_bias_capacity < out) {
       // The old buffer may still be read by queued GEMMs.
-      RT_GEMM_CUDA_CHECK(cudaStreamSynchronize(stream), "growing the aligned bias buffer to ", out);
-      if (aligned_bias) RT_GEMM_CUDA_CHECK(cudaFree(aligned_bias), "growing the aligned bias buffer to ", out);
+      RT_CUDA_CHECK(cudaStreamSynchronize(stream), "growing the aligned bias buffer to ", out);
+      if (aligned_bias) RT_CUDA_CHECK(cudaFree(aligned_bias), "growing the aligned bias buffer to ", out);
       aligned_bias = nullptr, aligned_bias_capacity = 0;
-      RT_GEMM_CUDA_CHECK(cudaMalloc(&aligned_bias, static_cast<size_t>(out) * sizeof(bf16)),
+      RT_CUDA_CHECK(cudaMalloc(&aligned_bias, static_cast<size_t>(out) * sizeof(bf16)),
                          "the aligned bias buffer of ", out, " values");
       aligned_bias_capacity = out;
     }
-    RT_GEMM_CUDA_CHECK(
+    RT_CUDA_CHECK(
         cudaMemcpyAsync(aligned_bias, bias, static_cast<size_t>(out) * sizeof(bf16), cudaMemcpyDeviceToDevice, stream),
         "copying a bias of ", out, " values");
     return static_cast<const bf16*>(aligned_bias);
@@ -288,8 +336,8 @@ struct Gemm::Impl {
 Gemm::Gemm(cudaStream_t stream) : impl_(std::make_unique<Impl>()), stream_(stream) {
   const char* tune = std::getenv("RINGTRAIN_GEMM_AUTOTUNE");
   impl_->autotune = !(tune && std::string_view(tune) == "0");
-  RT_LT_CHECK(cublasLtCreate(&impl_->handle), "a new Gemm");
-  RT_GEMM_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes), "the ", kWorkspaceBytes, "-byte GEMM workspace");
+  RT_CUBLAS_CHECK(cublasLtCreate(&impl_->handle), "a new Gemm");
+  RT_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes), "the ", kWorkspaceBytes, "-byte GEMM workspace");
 }
 
 Gemm::~Gemm() {
@@ -334,7 +382,7 @@ void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, bool accumul
   if (in == 0 || out == 0) return;
   if (n == 0) {  // no rows: nothing to add, and an overwritten dw is zero
     if (!accumulate_dw)
-      RT_GEMM_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(in * out) * sizeof(float), stream_),
+      RT_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(in * out) * sizeof(float), stream_),
                          "clearing dw[", out, ", ", in, "]");
     return;
   }
@@ -353,4 +401,35 @@ void Gemm::linear_backward(bf16* dx, bool accumulate_dx, float* dw, bool accumul
   if (db) bias_grad_add(stream_, db, dy, n, out);
 }
 
-}  // namespace ringtrain::model::cuda
+void Gemm::batched_f32(int64_t m, int64_t n, int64_t k, float alpha, RowMajorF32 a, RowMajorF32 b, float* c,
+                       int64_t ldc, int64_t c_batch_stride, int64_t batch) {
+  RT_CHECK(batch > 0 && batch < (int64_t{1} << 31), "batched_f32: bad batch count ", batch);
+  if (m == 0 || n == 0) return;
+  RT_CHECK(k > 0, "batched_f32: empty inner dimension");
+  // The alignment cuBLASLt may assume: of the address, the row pitch and the batch stride.
+  const auto align = [](const void* p, int64_t ld, int64_t stride) {
+    return std::min(alignment_of(p, ld, sizeof(float)), alignment_of(p, stride, sizeof(float)));
+  };
+  const BatchedKey key{.m = m,
+                       .n = n,
+                       .k = k,
+                       .batch = batch,
+                       .trans_a = a.transposed,
+                       .trans_b = b.transposed,
+                       .lda = a.ld,
+                       .ldb = b.ld,
+                       .ldc = ldc,
+                       .stride_a = a.batch_stride,
+                       .stride_b = b.batch_stride,
+                       .stride_c = c_batch_stride,
+                       .align_a = align(a.data, a.ld, a.batch_stride),
+                       .align_b = align(b.data, b.ld, b.batch_stride),
+                       .align_c = align(c, ldc, c_batch_stride)};
+  Plan& p = impl_->batched_plan(key);
+  const float beta = 0.f;
+  RT_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.op, &alpha, b.data, p.a, a.data, p.b, &beta, c, p.d, c, p.d, &p.algo,
+                                 impl_->workspace, kWorkspaceBytes, stream_),
+                  describe(key));
+}
+
+}  // namespace ringtrain::cuda

@@ -1,7 +1,10 @@
-// The model's matrix products through cuBLASLt: bf16 operands, fp32 accumulation (CUBLAS_COMPUTE_32F), in the
-// row-major Hugging Face conventions of model/layers.h (weights [out, in]). One Gemm per stream: it owns the
-// cuBLASLt handle, a workspace and a cache of matmul descriptors per shape, with the algorithm chosen by timing the
-// heuristic's first six on the shape's first call (RINGTRAIN_GEMM_AUTOTUNE=0: the heuristic's first, as before).
+// The matrix products of the GPU code through cuBLASLt (CUDA builds only). One Gemm per stream: it owns the cuBLASLt
+// handle, a workspace and a cache of matmul descriptors per shape.
+//  - The model's linear layers: bf16 operands, fp32 accumulation (CUBLAS_COMPUTE_32F), in the row-major Hugging Face
+//    conventions of model/layers.h (weights [out, in]), with the algorithm chosen by timing the heuristic's first six
+//    on the shape's first call (RINGTRAIN_GEMM_AUTOTUNE=0: the heuristic's first).
+//  - Row-major fp32 strided-batched products in true fp32 (CUBLAS_COMPUTE_32F on fp32 operands: no TF32), with the
+//    heuristic's first algorithm: the GPU math attention backend, the GPU reference.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,7 +13,16 @@
 #include <cstdint>
 #include <memory>
 
-namespace ringtrain::model::cuda {
+namespace ringtrain::cuda {
+
+// An fp32 operand of batched_f32: a row-major matrix with rows `ld` elements apart and batch entries
+// `batch_stride` elements apart, used transposed when asked.
+struct RowMajorF32 {
+  const float* data;
+  int64_t ld;
+  int64_t batch_stride;
+  bool transposed;
+};
 
 class Gemm {
  public:
@@ -33,6 +45,11 @@ class Gemm {
                        const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t n, int64_t in,
                        int64_t out, int64_t dy_ld = 0);
 
+  // c[b] = alpha * op(a[b]) · op(b[b]) for b < batch: c[b] is [m, n] with rows ldc elements apart, op(a[b]) is
+  // [m, k], op(b[b]) is [k, n]. True fp32 (no TF32).
+  void batched_f32(int64_t m, int64_t n, int64_t k, float alpha, RowMajorF32 a, RowMajorF32 b, float* c, int64_t ldc,
+                   int64_t c_batch_stride, int64_t batch);
+
   cudaStream_t stream() const { return stream_; }
 
  private:
@@ -41,4 +58,4 @@ class Gemm {
   cudaStream_t stream_;
 };
 
-}  // namespace ringtrain::model::cuda
+}  // namespace ringtrain::cuda

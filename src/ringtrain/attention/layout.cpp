@@ -1,8 +1,8 @@
-#include "ringtrain/attention/cpu/head_io.h"
+#include "ringtrain/attention/layout.h"
 
 #include "ringtrain/core/error.h"
 
-namespace ringtrain::attention::cpu {
+namespace ringtrain::attention {
 
 std::vector<Segment> segments(const AttnParams& p, const TensorView& cu_q, const TensorView& cu_kv) {
   std::vector<Segment> segs;
@@ -10,7 +10,7 @@ std::vector<Segment> segments(const AttnParams& p, const TensorView& cu_q, const
     for (int64_t b = 0; b < p.batch; ++b) segs.push_back({b, 0, p.seqlen_q, 0, p.seqlen_kv});
     return segs;
   }
-  RT_CHECK(cu_q.device.is_cpu() && cu_kv.device.is_cpu(), "cu_seqlens must be in host memory for CPU attention");
+  RT_CHECK(cu_q.device.is_cpu() && cu_kv.device.is_cpu(), "cu_seqlens must be in host memory to split a call into its sequences");
   const auto* cq = cu_q.ptr<const int32_t>();
   const auto* ck = cu_kv.ptr<const int32_t>();
   RT_CHECK(cq[0] == 0 && ck[0] == 0, "cu_seqlens must start with 0");
@@ -45,4 +45,4 @@ TensorView lse_view(const AttnParams& p, const TensorView& lse, int64_t batch) {
   return v;
 }
 
-}  // namespace ringtrain::attention::cpu
+}  // namespace ringtrain::attention

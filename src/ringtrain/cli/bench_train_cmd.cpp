@@ -1,0 +1,111 @@
+// `ringtrain bench train`: full training steps through the Trainer (train/bench_train.h). On GPUs, --cp N re-runs
+// itself on N ranks (one process per GPU, NCCL); --device cpu runs the same on in-process ranks (a smoke test with
+// a small --layers/--hidden/--vocab). One machine-readable line starts with "BENCH_TRAIN " followed by JSON.
+#include <cstdio>
+#include <memory>
+
+#include "ringtrain/cli/commands.h"
+#include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/core/device_info.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/train/bench_train.h"
+
+namespace ringtrain::cli {
+namespace {
+
+struct BenchTrainCli {
+  train::BenchTrainOptions bench;
+  std::string arch = "llama", device = "cuda";
+  bool untied = false;
+  int cp = 1;
+  int64_t timeout_ms = 600000;
+};
+
+void print_row(const nlohmann::json& row) {
+  std::printf("%8s %4s %5s %10s %12s %12s %7s %10s %10s\n", "S", "cp", "loss", "step_ms", "tokens/s", "TFLOP/s/GPU",
+              "MFU", "peak_GiB", "optim_GiB");
+  std::printf("%8lld %4d %5s %10.1f %12.0f %12.1f %6.1f%% %10.1f %10.2f\n", row["seq"].get<long long>(),
+              row["cp"].get<int>(), row["loss_kind"].get<std::string>().c_str(), row["step_ms"].get<double>(),
+              row["tokens_per_s"].get<double>(), row["tflops_per_gpu"].get<double>(), 100 * row["mfu"].get<double>(),
+              row["peak_pool_gib"].get<double>(), row["optimizer_gib"].get<double>());
+  std::printf("%8s phases (rank 0, ms):", "");
+  for (const auto& p : row["phases_ms"])
+    std::printf(" %s %.2f", p["phase"].get<std::string>().c_str(), p["ms"].get<double>());
+  std::printf("\nBENCH_TRAIN %s\n", row.dump().c_str());
+  std::fflush(stdout);
+}
+
+void run(BenchTrainCli& o) {
+  train::BenchTrainOptions& b = o.bench;
+  b.model.arch = model::parse_arch(o.arch);
+  b.model.tie_embeddings = !o.untied;
+  b.model.qkv_bias = b.model.arch == model::Arch::Qwen2;
+  b.model.qk_norm = b.model.arch == model::Arch::Qwen3;
+  const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+  if (o.device == "cpu") {
+    nlohmann::json row;
+    comm::run_ranks(o.cp, timeout, [&](comm::Communicator& world) {
+      nlohmann::json mine = train::run_train_bench(b, world);
+      if (world.rank() == 0) row = mine;
+    });
+    print_row(row);
+    return;
+  }
+  RT_CHECK(o.device == "cuda", "bench train: --device ", o.device, ": expected cuda or cpu");
+  if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+    std::fprintf(stderr, "ringtrain: bench train needs a GPU: %s\n", why.c_str());
+    throw Exit{2};
+  }
+  if (cuda_device_count() < o.cp) {
+    std::fprintf(stderr, "ringtrain: --cp %d needs %d GPUs on this node, found %d\n", o.cp, o.cp, cuda_device_count());
+    throw Exit{2};
+  }
+  if (o.cp > 1 && !inside_ranks(o.cp)) throw Exit{relaunch_self(o.cp)};
+  const std::unique_ptr<comm::Communicator> world = nccl_from_environment(timeout);
+  const nlohmann::json row = train::run_train_bench(b, *world);
+  if (world->rank() == 0) {
+    std::printf("train benchmark: %s L=%lld hidden=%lld heads=%lld/%lld head_dim=%lld ffn=%lld vocab=%lld, bf16 "
+                "weights, fp32 grads and AdamW state (ZeRO-2 over %d), warm-up %d, median of %d; MFU vs 989 TFLOP/s\n",
+                o.arch.c_str(), static_cast<long long>(b.model.layers), static_cast<long long>(b.model.hidden),
+                static_cast<long long>(b.model.heads), static_cast<long long>(b.model.kv_heads),
+                static_cast<long long>(b.model.head_dim), static_cast<long long>(b.model.ffn),
+                static_cast<long long>(b.model.vocab), o.cp, b.warmup, b.steps);
+    print_row(row);
+  }
+}
+
+}  // namespace
+
+void add_bench_train_command(CLI::App& app) {
+  auto o = std::make_shared<BenchTrainCli>();
+  o->bench.model = train::llama_1b_config();
+  model::ModelConfig& m = o->bench.model;
+  CLI::App* cmd = app.get_subcommand("bench")->add_subcommand(
+      "train", "Time full training steps (forward, loss, backward, reduce-scatter, clip, AdamW, all-gather)");
+  cmd->add_option("--device", o->device, "cuda or cpu")->capture_default_str();
+  cmd->add_option("--seq", o->bench.seq, "tokens per step (one sequence)")->capture_default_str();
+  cmd->add_option("--cp", o->cp, "GPUs (context parallelism; ZeRO-2 over them)")->capture_default_str();
+  cmd->add_option("--steps", o->bench.steps, "timed steps")->capture_default_str();
+  cmd->add_option("--warmup", o->bench.warmup)->capture_default_str();
+  cmd->add_option("--loss", o->bench.loss, "nll or pg")->capture_default_str();
+  cmd->add_option("--arch", o->arch, "llama, qwen2, qwen3 or mistral")->capture_default_str();
+  cmd->add_option("--layers", m.layers)->capture_default_str();
+  cmd->add_option("--hidden", m.hidden)->capture_default_str();
+  cmd->add_option("--heads", m.heads)->capture_default_str();
+  cmd->add_option("--kv-heads", m.kv_heads)->capture_default_str();
+  cmd->add_option("--head-dim", m.head_dim)->capture_default_str();
+  cmd->add_option("--ffn", m.ffn)->capture_default_str();
+  cmd->add_option("--vocab", m.vocab)->capture_default_str();
+  cmd->add_flag("--untied", o->untied, "a separate lm_head (default: tied, as Llama-3.2-1B)");
+  cmd->add_option("--backends", o->bench.backends, "the model's attention allow-list (default: all)");
+  cmd->add_option("--chunk", o->bench.logprob_chunk, "tokens per LM-head chunk (default: the device's)");
+  cmd->add_option("--seed", o->bench.seed)->capture_default_str();
+  cmd->add_option("--timeout-ms", o->timeout_ms, "communicator timeout")->capture_default_str();
+  cmd->callback([o] {
+    RT_CHECK(o->cp >= 1, "bench train: --cp ", o->cp, ": must be at least 1");
+    run(*o);
+  });
+}
+
+}  // namespace ringtrain::cli

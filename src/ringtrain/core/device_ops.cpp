@@ -1,0 +1,95 @@
+#include "ringtrain/core/device_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/core/hashed_normal.h"
+
+namespace ringtrain {
+namespace {
+
+// Host memory; the stream-ordered forms are done at once.
+class HostDeviceOps final : public DeviceOps {
+ public:
+  DeviceKind kind() const override { return DeviceKind::CPU; }
+
+  std::shared_ptr<void> allocate(const TensorView& like) const override {
+    const size_t bytes = std::max<size_t>(like.nbytes(), 1);
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    RT_CHECK(p, "host allocation of ", bytes, " bytes failed for ", like.shape_str());
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  }
+
+  void copy(const TensorView& dst, const TensorView& src) const override {
+    if (dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous()) {
+      std::memcpy(dst.data, src.data, dst.nbytes());
+      return;
+    }
+    for_each_offset(dst, src, [&](int64_t od, int64_t os) {
+      store_from_double(dst.data, dst.dtype, od, load_as_double(src.data, src.dtype, os));
+    });
+  }
+
+  void copy_async(const TensorView& dst, const TensorView& src, void*) const override { copy(dst, src); }
+
+  void add_async(const TensorView& dst, const TensorView& src, void*) const override {
+    for_each_offset(dst, src, [&](int64_t od, int64_t os) {
+      store_from_double(dst.data, dst.dtype, od,
+                        load_as_double(dst.data, dst.dtype, od) + load_as_double(src.data, src.dtype, os));
+    });
+  }
+
+  void fill_async(const TensorView& dst, double value, void*) const override {
+    if (value == 0.0 && !std::signbit(value) && dst.is_contiguous()) {  // all-zero bits are +0 in every dtype
+      std::memset(dst.data, 0, dst.nbytes());
+      return;
+    }
+    for_each_offset(dst, dst, [&](int64_t o, int64_t) { store_from_double(dst.data, dst.dtype, o, value); });
+  }
+
+  void fill_normal_hashed_async(const TensorView& dst, uint64_t seed, double stddev, void*) const override {
+    int64_t k = 0;  // row-major element number, the same numbering as the device kernel's
+    for_each_offset(dst, dst, [&](int64_t o, int64_t) {
+      store_from_double(dst.data, dst.dtype, o, stddev * hashed_normal(seed, static_cast<uint64_t>(k++)));
+    });
+  }
+
+  void synchronize_stream(void*, const std::string&) const override {}
+  int device_count() const override { return 1; }
+  std::string unavailable_reason() const override { return ""; }
+  int arch(int) const override { return 0; }
+  void synchronize(int) const override {}
+  uint64_t pool_peak_bytes(int) const override { return 0; }
+  void reset_pool_peak(int) const override {}
+};
+
+}  // namespace
+
+const DeviceOps& host_device_ops() {
+  static const HostDeviceOps ops;
+  return ops;
+}
+
+const DeviceOps* find_device_ops(DeviceKind kind) {
+  static const DeviceOpsRegistry registry = [] {
+    DeviceOpsRegistry r;
+    register_device_ops(r);
+    return r;
+  }();
+  return kind == DeviceKind::CPU ? registry.cpu : registry.cuda;
+}
+
+const DeviceOps& device_ops(const TensorView& view, const char* what) {
+  if (const DeviceOps* ops = find_device_ops(view.device.kind)) return *ops;
+  throw_no_device_ops(view.device, cat(what, " ", view.shape_str()));
+}
+
+void throw_no_device_ops(Device device, const std::string& what) {
+  throw Error(cat(what, ": ", device_name(device), " memory, but this build of ringtrain has no ",
+                  device.is_cuda() ? "CUDA" : device_name(device), " support"));
+}
+
+}  // namespace ringtrain

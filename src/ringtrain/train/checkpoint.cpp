@@ -1,0 +1,434 @@
+#include "ringtrain/train/checkpoint.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/file_io.h"
+#include "ringtrain/model/hf_config.h"
+#include "ringtrain/model/params.h"
+#include "ringtrain/model/safetensors.h"
+
+namespace ringtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kStateFile = "trainer_state.json";
+constexpr const char* kSavingMarker = ".ringtrain-saving";  // in DIR.saving while a save is under way
+constexpr const char* kFormat = "ringtrain-train-state";
+constexpr int kVersion = 1;
+constexpr const char* kKinds[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+fs::path normalized(const fs::path& dir) {
+  fs::path d = dir.lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();
+  RT_CHECK(!d.empty(), "checkpoint: empty folder name");
+  return d;
+}
+
+fs::path saving_dir(const fs::path& dir) { return dir.parent_path() / (dir.filename().string() + ".saving"); }
+
+std::string optimizer_file(int rank, int world) {
+  char name[64];
+  std::snprintf(name, sizeof name, "optimizer/rank-%05d-of-%05d.safetensors", rank, world);
+  return name;
+}
+
+// A directory (not a link to one) holding trainer_state.json: what a save may replace.
+bool is_checkpoint_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::symlink_status(p, ec).type() == fs::file_type::directory &&
+         fs::symlink_status(p / kStateFile, ec).type() == fs::file_type::regular;
+}
+
+bool exists_no_follow(const fs::path& p) {
+  std::error_code ec;
+  return fs::symlink_status(p, ec).type() != fs::file_type::not_found && !ec;
+}
+
+// Runs f on every rank; when it throws anywhere, every rank throws the error of the highest failing rank (sent to
+// all, so that each process's log names the cause).
+void all_or_none(comm::Communicator& world, const std::string& what, const std::function<void()>& f) {
+  std::string error;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const auto share = [&](int64_t* values, int64_t n, comm::ReduceOp op, int root) {
+    Tensor buf = Tensor::empty({n}, DType::I64, world.device());
+    const TensorView host = contiguous_view(values, DType::I64, Device::cpu(), {n});
+    copy(buf, host);
+    if (root < 0) world.all_reduce(buf.data(), static_cast<size_t>(n), DType::I64, op);
+    else world.broadcast(buf.data(), static_cast<size_t>(n), DType::I64, root);
+    copy(host, buf);
+  };
+  int64_t failed = error.empty() ? 0 : world.rank() + 1;
+  share(&failed, 1, comm::ReduceOp::Max, -1);
+  if (!failed) return;
+  const int root = static_cast<int>(failed - 1);
+  int64_t length = static_cast<int64_t>(error.size());
+  share(&length, 1, comm::ReduceOp::Max, root);
+  std::vector<int64_t> text(static_cast<size_t>((length + 7) / 8) + 1, 0);
+  std::memcpy(text.data(), error.data(), world.rank() == root ? error.size() : 0);
+  share(text.data(), static_cast<int64_t>(text.size()), comm::ReduceOp::Max, root);
+  if (world.rank() == root) throw Error(error);
+  throw Error(cat(what, " failed on rank ", root, ": ", std::string(reinterpret_cast<const char*>(text.data()),
+                                                                   static_cast<size_t>(length))));
+}
+
+std::vector<int64_t> all_gather_i64(comm::Communicator& world, int64_t value) {
+  std::vector<int64_t> all(static_cast<size_t>(world.size()));
+  Tensor send = Tensor::empty({1}, DType::I64, world.device());
+  Tensor recv = Tensor::empty({world.size()}, DType::I64, world.device());
+  copy(send, contiguous_view(&value, DType::I64, Device::cpu(), {1}));
+  world.all_gather(send.data(), recv.data(), 1, DType::I64);
+  copy(contiguous_view(all.data(), DType::I64, Device::cpu(), {world.size()}), recv);
+  return all;
+}
+
+// The element range [lo, hi) of spec i that the flat shard [begin, end) covers, in the tensor's own elements
+// (empty when lo >= hi).
+std::pair<int64_t, int64_t> covered(const model::ParamSpec& spec, int64_t flat_offset, int64_t begin, int64_t end) {
+  const int64_t lo = std::max(begin, flat_offset), hi = std::min(end, flat_offset + spec.numel);
+  return {lo - flat_offset, hi - flat_offset};
+}
+
+std::vector<char> to_host(const Tensor& t) {
+  std::vector<char> out(t.nbytes());
+  if (!out.empty()) copy(contiguous_view(out.data(), t.dtype(), Device::cpu(), {t.numel()}), t);
+  return out;
+}
+
+void write_optimizer_shard(const fs::path& path, Trainer& trainer) {
+  model::Policy& policy = trainer.policy();
+  const ShardState& sh = trainer.shard();
+  const DType dtype = sh.master.dtype();
+  const size_t es = dtype_size(dtype);
+  const std::vector<char> host[3] = {to_host(sh.master), to_host(sh.exp_avg), to_host(sh.exp_avg_sq)};
+  model::TensorMap tensors;
+  const auto& specs = policy.layout().specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t off = policy.flat_offsets()[i];
+    const auto [lo, hi] = covered(specs[i], off, sh.begin, sh.end);
+    if (lo >= hi) continue;
+    const size_t from = static_cast<size_t>(off + lo - sh.begin) * es, bytes = static_cast<size_t>(hi - lo) * es;
+    for (int k = 0; k < 3; ++k) {
+      model::StoredTensor t;
+      t.dtype = dtype;
+      t.shape = {hi - lo};
+      t.bytes.assign(host[k].data() + from, bytes);
+      tensors[cat(kKinds[k], "@", specs[i].name, "@", lo)] = std::move(t);
+    }
+  }
+  model::write_safetensors(path, tensors);
+}
+
+// The compute weights in the Hugging Face layout, in one file or in shards of at most max_shard_bytes with an
+// index. Returns the files written (relative to dir).
+std::vector<std::string> write_hf_weights(const fs::path& dir, Trainer& trainer, const CheckpointOptions& options) {
+  model::Policy& policy = trainer.policy();
+  model::ModelConfig config = policy.config();
+  config.dtype = policy.weights().dtype == DType::BF16 ? DType::BF16 : DType::F32;
+  const std::vector<float> values = policy.params();
+  model::TensorMap all = model::params_to_tensors(policy.layout(), values.data(), config.dtype);
+  std::vector<std::string> files;
+  const auto done = [&](const std::string& name) {
+    files.push_back(name);
+    if (options.after_file) options.after_file(dir / name);
+  };
+  model::write_config(dir, config);
+  done("config.json");
+  int64_t total = 0;
+  for (const auto& [name, t] : all) total += static_cast<int64_t>(t.bytes.size());
+  if (total <= options.max_shard_bytes) {
+    model::write_safetensors(dir / "model.safetensors", all);
+    done("model.safetensors");
+    return files;
+  }
+  // Shards in layout order, each closed before it would pass the limit (a larger tensor gets a shard of its own).
+  std::vector<model::TensorMap> shards(1);
+  int64_t in_shard = 0;
+  for (const model::ParamSpec& spec : policy.layout().specs()) {
+    auto node = all.extract(spec.name);
+    if (node.empty()) continue;  // a tied lm_head is stored once
+    const int64_t bytes = static_cast<int64_t>(node.mapped().bytes.size());
+    if (in_shard > 0 && in_shard + bytes > options.max_shard_bytes) shards.emplace_back(), in_shard = 0;
+    in_shard += bytes;
+    shards.back().insert(std::move(node));
+  }
+  json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    for (const auto& [tensor, t] : shards[s]) index["weight_map"][tensor] = name;
+    model::write_safetensors(dir / name, shards[s]);
+    done(name);
+  }
+  model::write_file_atomic(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+  done("model.safetensors.index.json");
+  return files;
+}
+
+// Makes DIR.saving fresh: a leftover of a save that died is removed, but only when it carries our marker.
+void prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
+  RT_CHECK(!exists_no_follow(dest) || is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
+           ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
+  if (exists_no_follow(tmp)) {  // an unfinished save, or the previous checkpoint left by an exchange that died
+    RT_CHECK(is_checkpoint_dir(tmp) || (fs::symlink_status(tmp).type() == fs::file_type::directory &&
+                                        fs::symlink_status(tmp / kSavingMarker).type() == fs::file_type::regular),
+             "checkpoint: refusing to remove ", tmp.string(), ": it is neither an unfinished save (no ", kSavingMarker,
+             ") nor a checkpoint");
+    fs::remove_all(tmp);
+  }
+  fs::create_directories(tmp / "optimizer");
+  model::write_file_atomic(tmp / kSavingMarker, "");
+}
+
+// DIR.saving becomes DIR; an existing checkpoint at DIR is exchanged atomically and then removed.
+void publish(const fs::path& tmp, const fs::path& dest) {
+  if (!exists_no_follow(dest)) {
+    fs::rename(tmp, dest);
+    fs::remove(dest / kSavingMarker);
+    return;
+  }
+  RT_CHECK(is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
+           ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove(dest / kSavingMarker);
+    fs::remove_all(tmp);  // now the previous checkpoint
+    return;
+  }
+  // File systems without the exchange: the old one moves aside first, so one whole checkpoint always exists.
+  const fs::path old = dest.parent_path() / (dest.filename().string() + ".old");
+  if (exists_no_follow(old)) {
+    RT_CHECK(is_checkpoint_dir(old), "checkpoint: refusing to remove ", old.string(), ": not a checkpoint folder");
+    fs::remove_all(old);
+  }
+  fs::rename(dest, old);
+  fs::rename(tmp, dest);
+  fs::remove(dest / kSavingMarker);
+  fs::remove_all(old);
+}
+
+json read_json(const fs::path& path) {
+  const std::string text = model::read_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(cat(path.string(), ": not valid JSON: ", e.what()));
+  }
+}
+
+// The config as JSON without the storage dtype (a bf16 and an fp32 checkpoint of one model are the same model).
+json model_fingerprint(model::ModelConfig c) {
+  c.dtype = DType::F32;
+  return model::config_to_json(c);
+}
+
+void check_same_model(const fs::path& config_file, const model::ModelConfig& policy_config) {
+  const model::ModelConfig saved = model::load_config(config_file.parent_path());
+  const json a = model_fingerprint(saved), b = model_fingerprint(policy_config);
+  if (a == b) return;
+  for (const auto& [key, value] : a.items()) {
+    const auto other = b.find(key);
+    RT_CHECK(other != b.end() && *other == value, config_file.string(), ": the checkpoint is of another model: '", key,
+             "' is ", value.dump(), " there and ", other == b.end() ? "absent" : other->dump(), " in this policy");
+  }
+  for (const auto& [key, value] : b.items())
+    RT_CHECK(a.contains(key), config_file.string(), ": the checkpoint is of another model: '", key,
+             "' is absent there and ", value.dump(), " in this policy");
+}
+
+// Every file the state lists exists with its recorded size (a truncated or replaced file is named before any read).
+void check_files(const fs::path& dir, const json& files, const fs::path& state_path) {
+  RT_CHECK(files.is_object(), state_path.string(), ": 'files' must be an object");
+  for (const auto& [name, size] : files.items()) {
+    const fs::path rel(name);
+    RT_CHECK(rel.is_relative() && name.find("..") == std::string::npos, state_path.string(), ": file name '", name,
+             "' must stay inside the checkpoint");
+    const fs::path p = dir / rel;
+    std::error_code ec;
+    RT_CHECK(fs::symlink_status(p, ec).type() == fs::file_type::regular, p.string(),
+             ": missing (or not a regular file), listed in ", state_path.string());
+    const auto actual = fs::file_size(p, ec);
+    RT_CHECK(!ec && size.is_number_unsigned() && actual == size.get<uint64_t>(), p.string(), ": ", actual,
+             " bytes, but the checkpoint recorded ", size.dump(), " (truncated or replaced)");
+  }
+}
+
+// "kind@name@start" → its parts; an error names the file and the tensor.
+struct PieceKey {
+  int kind = -1;
+  std::string name;
+  int64_t start = 0;
+};
+PieceKey parse_piece(const std::string& key, const std::string& file) {
+  const size_t a = key.find('@'), b = key.rfind('@');
+  PieceKey p;
+  if (a != std::string::npos && b > a) {
+    const std::string kind = key.substr(0, a);
+    for (int k = 0; k < 3; ++k)
+      if (kind == kKinds[k]) p.kind = k;
+    p.name = key.substr(a + 1, b - a - 1);
+    const auto [end, ec] = std::from_chars(key.data() + b + 1, key.data() + key.size(), p.start);
+    if (ec != std::errc() || end != key.data() + key.size() || p.start < 0) p.kind = -1;
+  }
+  RT_CHECK(p.kind >= 0, file, ": tensor '", key, "' is not an optimizer piece (kind@name@start)");
+  return p;
+}
+
+// Fills this rank's shard (host buffers of the master dtype, 3 × n elements) from every rank's optimizer file.
+void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& files, Trainer& trainer,
+                           std::vector<char> (&host)[3]) {
+  model::Policy& policy = trainer.policy();
+  const ShardState& sh = trainer.shard();
+  const DType dtype = sh.master.dtype();
+  const size_t es = dtype_size(dtype);
+  const int64_t n = sh.end - sh.begin;
+  // Per element of the shard and kind: 0 = must be filled, 1 = filled or not part of any tensor (an alignment gap).
+  std::vector<uint8_t> filled(static_cast<size_t>(3 * n), 1);
+  for (size_t i = 0; i < policy.layout().specs().size(); ++i) {
+    const auto [lo, hi] = covered(policy.layout().specs()[i], policy.flat_offsets()[i], sh.begin, sh.end);
+    for (int k = 0; k < 3 && lo < hi; ++k)
+      std::fill_n(filled.begin() + k * n + policy.flat_offsets()[i] + lo - sh.begin, hi - lo, uint8_t{0});
+  }
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < policy.layout().specs().size(); ++i) index[policy.layout().specs()[i].name] = i;
+  for (const std::string& name : files) {
+    const fs::path path = dir / name;
+    for (const auto& [key, t] : model::read_safetensors(path)) {
+      const PieceKey p = parse_piece(key, path.string());
+      const auto found = index.find(p.name);
+      RT_CHECK(found != index.end(), path.string(), ": tensor '", key, "' names no weight of this model");
+      const model::ParamSpec& spec = policy.layout().specs()[found->second];
+      RT_CHECK(t.shape.size() == 1 && is_float(t.dtype), path.string(), ": tensor '", key,
+               "' must be a 1-D float tensor, got ", model::shape_string(t.shape), " ", dtype_name(t.dtype));
+      const int64_t len = t.shape[0];
+      RT_CHECK(len <= spec.numel - p.start, path.string(), ": tensor '", key, "' covers elements ", p.start, "..",
+               p.start + len, " of a tensor of ", spec.numel);
+      const int64_t off = policy.flat_offsets()[found->second];
+      const auto [lo, hi] = covered(spec, off, sh.begin, sh.end);
+      const int64_t from = std::max(lo, p.start), to = std::min(hi, p.start + len);
+      if (from >= to) continue;
+      const int64_t at = off + from - sh.begin;  // elements [from, to) of the tensor are [at, at + to - from) here
+      std::fill_n(filled.begin() + p.kind * n + at, to - from, uint8_t{1});
+      if (t.dtype == dtype) {
+        std::memcpy(host[p.kind].data() + at * es, t.bytes.data() + (from - p.start) * es, (to - from) * es);
+      } else {
+        for (int64_t e = from; e < to; ++e)
+          store_from_double(host[p.kind].data(), dtype, at + e - from,
+                            load_as_double(t.bytes.data(), t.dtype, e - p.start));
+      }
+    }
+  }
+  for (int k = 0; k < 3; ++k)
+    for (int64_t at = 0; at < n; ++at)
+      if (!filled[k * n + at]) {
+        std::string where;
+        for (size_t i = 0; i < policy.layout().specs().size(); ++i) {
+          const int64_t off = policy.flat_offsets()[i];
+          if (sh.begin + at >= off && sh.begin + at < off + policy.layout().specs()[i].numel)
+            where = cat(policy.layout().specs()[i].name, " element ", sh.begin + at - off);
+        }
+        throw Error(cat(dir.string(), "/optimizer: no piece holds ", kKinds[k], " of ", where));
+      }
+}
+
+}  // namespace
+
+void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const TrainingProgress& progress,
+                              const CheckpointOptions& options) {
+  comm::Communicator& world = trainer.mesh().world();
+  const fs::path dest = normalized(dir_in), tmp = saving_dir(dest);
+  const int rank = world.rank(), size = world.size();
+  all_or_none(world, "checkpoint save (preparing)", [&] {
+    if (rank == 0) prepare_saving_dir(dest, tmp);
+  });
+  std::vector<std::string> lead_files;
+  int64_t shard_bytes = 0;
+  all_or_none(world, "checkpoint save (writing)", [&] {
+    const fs::path mine = tmp / optimizer_file(rank, size);
+    write_optimizer_shard(mine, trainer);
+    if (options.after_file) options.after_file(mine);
+    shard_bytes = static_cast<int64_t>(fs::file_size(mine));
+    if (rank == 0) lead_files = write_hf_weights(tmp, trainer, options);
+  });
+  const std::vector<int64_t> sizes = all_gather_i64(world, shard_bytes);
+  all_or_none(world, "checkpoint save (publishing)", [&] {
+    if (rank != 0) return;
+    json st;
+    st["format"] = kFormat;
+    st["version"] = kVersion;
+    st["step"] = trainer.steps_taken();
+    st["optimizer_steps"] = trainer.optimizer_steps();
+    st["schedule_position"] = trainer.schedule_position();
+    st["data"] = {{"epoch", progress.epoch}, {"index", progress.index}};
+    st["rng"] = progress.rng;
+    st["mesh"] = {{"dp", trainer.mesh().dp()}, {"cp", trainer.mesh().cp()}};
+    st["master_dtype"] = dtype_name(trainer.shard().master.dtype());
+    st["model"] = model_fingerprint(trainer.policy().config());
+    st["files"] = json::object();
+    st["optimizer_files"] = json::array();
+    for (const std::string& f : lead_files) st["files"][f] = fs::file_size(tmp / f);
+    for (int r = 0; r < size; ++r) {
+      st["files"][optimizer_file(r, size)] = sizes[r];
+      st["optimizer_files"].push_back(optimizer_file(r, size));
+    }
+    model::write_file_atomic(tmp / kStateFile, st.dump(2) + "\n");
+    if (options.after_file) options.after_file(tmp / kStateFile);
+    publish(tmp, dest);
+  });
+  world.barrier();  // every rank returns with the checkpoint in place
+}
+
+TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& trainer) {
+  comm::Communicator& world = trainer.mesh().world();
+  const fs::path dir = normalized(dir_in), state_path = dir / kStateFile;
+  TrainingProgress progress;
+  int64_t steps = 0, optimizer_steps = 0, schedule_position = 0;
+  all_or_none(world, "checkpoint load", [&] {
+    const json st = read_json(state_path);
+    try {
+      RT_CHECK(st.value("format", "") == kFormat && st.value("version", 0) == kVersion, state_path.string(),
+               ": not a ringtrain training state of version ", kVersion);
+      check_files(dir, st.at("files"), state_path);
+      check_same_model(dir / "config.json", trainer.policy().config());
+      steps = st.at("step").get<int64_t>();
+      optimizer_steps = st.at("optimizer_steps").get<int64_t>();
+      schedule_position = st.at("schedule_position").get<int64_t>();
+      progress.epoch = st.at("data").at("epoch").get<int64_t>();
+      progress.index = st.at("data").at("index").get<int64_t>();
+      progress.rng = st.at("rng").get<std::string>();
+      std::vector<std::string> files = st.at("optimizer_files").get<std::vector<std::string>>();
+      for (const std::string& f : files)
+        RT_CHECK(st["files"].contains(f), state_path.string(), ": optimizer file ", f, " has no recorded size");
+      ShardState& sh = trainer.shard();
+      std::vector<char> host[3];
+      for (auto& h : host) h.resize(sh.master.nbytes());
+      read_optimizer_shards(dir, files, trainer, host);
+      const Tensor* dst[3] = {&sh.master, &sh.exp_avg, &sh.exp_avg_sq};
+      for (int k = 0; k < 3; ++k)
+        if (!host[k].empty())
+          copy(*dst[k], contiguous_view(host[k].data(), sh.master.dtype(), Device::cpu(), {sh.master.numel()}));
+      trainer.restore_counters(steps, optimizer_steps, schedule_position);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(cat(state_path.string(), ": ", e.what()));
+    }
+  });
+  trainer.refresh_weights();
+  return progress;
+}
+
+}  // namespace ringtrain::train

@@ -1,0 +1,296 @@
+#include "ringtrain/train/losses.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ringtrain/core/error.h"
+
+namespace ringtrain::train {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+int64_t checked_size(const TokenMasks& m) {
+  RT_CHECK(m.batch >= 0 && m.seq >= 0, "loss: negative shape batch=", m.batch, " seq=", m.seq);
+  int64_t n = 0;
+  RT_CHECK(!__builtin_mul_overflow(m.batch, m.seq, &n), "loss: batch*seq overflows (", m.batch, "x", m.seq, ")");
+  RT_CHECK(static_cast<int64_t>(m.token_mask.size()) == n, "loss: token_mask has ", m.token_mask.size(),
+           " entries, expected batch*seq = ", n);
+  RT_CHECK(static_cast<int64_t>(m.sample_mask.size()) == m.batch, "loss: sample_mask has ", m.sample_mask.size(),
+           " entries, expected batch = ", m.batch);
+  return n;
+}
+
+template <typename S>
+void check_span(const S& s, int64_t n, const char* what, bool optional = false) {
+  if (optional && s.empty()) return;
+  RT_CHECK(static_cast<int64_t>(s.size()) == n, "loss: ", what, " has ", s.size(), " entries, expected batch*seq = ", n);
+}
+
+bool counted(const TokenMasks& m, int64_t b, int64_t p) {
+  return p > 0 && m.sample_mask[b] != 0 && m.token_mask[b * m.seq + p] != 0;
+}
+
+int64_t counted_in_row(const TokenMasks& m, int64_t b) {
+  int64_t n = 0;
+  for (int64_t p = 1; p < m.seq; ++p) n += counted(m, b, p);
+  return n;
+}
+
+// The global normaliser must cover this microbatch's own count; 0 is allowed only when nothing here counts.
+void check_normaliser(double global, double local, const char* what) {
+  RT_CHECK(std::isfinite(global) && global >= local, "loss: global ", what, " = ", global,
+           " is smaller than this microbatch's ", local, " (or not finite)");
+}
+
+bool isnan_any(std::initializer_list<double> xs) {
+  for (double x : xs)
+    if (std::isnan(x)) return true;
+  return false;
+}
+
+}  // namespace
+
+double softplus(double x) { return std::max(x, 0.0) + std::log1p(std::exp(-std::abs(x))); }
+
+double sigmoid(double x) {
+  if (x >= 0) return 1.0 / (1.0 + std::exp(-x));
+  const double e = std::exp(x);
+  return e / (1.0 + e);
+}
+
+ValidCounts count_valid(const TokenMasks& masks) {
+  checked_size(masks);
+  ValidCounts c;
+  for (int64_t b = 0; b < masks.batch; ++b) {
+    const int64_t n = counted_in_row(masks, b);
+    c.tokens += static_cast<double>(n);
+    c.sequences += n > 0 ? 1 : 0;
+  }
+  return c;
+}
+
+template <typename T>
+LossResult nll_loss(const TokenMasks& masks, std::span<const T> logprobs, const ValidCounts& global,
+                    std::span<T> grad_logprobs) {
+  const int64_t n = checked_size(masks);
+  check_span(logprobs, n, "logprobs");
+  check_span(grad_logprobs, n, "grad_logprobs");
+  check_normaliser(global.tokens, count_valid(masks).tokens, "valid tokens");
+  LossResult out;
+  double sum = 0;
+  for (int64_t b = 0; b < masks.batch; ++b)
+    for (int64_t p = 0; p < masks.seq; ++p) {
+      const int64_t i = b * masks.seq + p;
+      if (!counted(masks, b, p)) {
+        grad_logprobs[i] = T(0);
+        continue;
+      }
+      sum += static_cast<double>(logprobs[i]);
+      grad_logprobs[i] = static_cast<T>(-1.0 / global.tokens);
+    }
+  out.loss = sum == 0 ? 0.0 : -sum / global.tokens;  // sum == 0 also when nothing counts (global may be 0)
+  return out;
+}
+
+namespace {
+
+struct PGToken {
+  double loss;       // w·(pg + beta·kl)
+  double grad;       // d(loss)/d(cur)
+  bool clipped;      // the ratio-clipped branch is strictly larger
+  bool dual_clipped;
+  double kl;         // clamped kl value (0 without beta)
+};
+
+PGToken pg_token(double cur, double prev, double adv, double ref, double weight, const ClippedPGConfig& cfg) {
+  PGToken t{0, 0, false, false, 0};
+  const double r = std::exp(cur - prev);
+  double pg = 0, dpg = 0;
+  if (adv != 0) {  // A = 0 contributes exactly 0 even where r overflows (0·inf would be NaN)
+    const double unclipped = -adv * r;
+    const double clipped = -adv * std::clamp(r, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high);
+    if (clipped > unclipped) {  // only possible with r outside the clip range, where the branch is constant
+      pg = clipped;
+      t.clipped = true;
+    } else {
+      pg = unclipped;
+      dpg = -adv * r;
+    }
+    if (cfg.dual_clip > 0 && adv < 0 && pg > -adv * cfg.dual_clip) {
+      pg = -adv * cfg.dual_clip;
+      dpg = 0;
+      t.dual_clipped = true;
+    }
+  }
+  double dkl = 0;
+  if (cfg.kl_beta != 0) {
+    const double x_raw = ref - cur;
+    const double x = std::clamp(x_raw, -20.0, 20.0);
+    const double dx = x == x_raw ? -1.0 : 0.0;  // d(x)/d(cur)
+    double k = 0, dk = 0;
+    switch (cfg.kl_estimator) {
+      case KLEstimator::K1: k = -x, dk = -1; break;
+      case KLEstimator::K2: k = 0.5 * x * x, dk = x; break;
+      case KLEstimator::K3: k = std::expm1(x) - x, dk = std::expm1(x); break;
+    }
+    t.kl = std::clamp(k, -10.0, 10.0);
+    dkl = t.kl == k ? dk * dx : 0.0;
+  }
+  t.loss = weight * (pg + cfg.kl_beta * t.kl);
+  t.grad = weight * (dpg + cfg.kl_beta * dkl);
+  if (isnan_any({cur, prev, adv, ref, weight})) t.loss = t.grad = kNaN;
+  return t;
+}
+
+}  // namespace
+
+template <typename T>
+LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in, const ClippedPGConfig& cfg,
+                           const ValidCounts& global, std::span<T> grad_logprobs) {
+  const int64_t n = checked_size(masks);
+  check_span(in.logprobs, n, "logprobs");
+  check_span(in.prev_logprobs, n, "prev_logprobs");
+  check_span(in.advantages, n, "advantages");
+  check_span(in.ref_logprobs, n, "ref_logprobs", true);
+  check_span(in.gen_logprobs, n, "gen_logprobs", true);
+  check_span(in.entropy, n, "entropy", true);
+  check_span(grad_logprobs, n, "grad_logprobs");
+  RT_CHECK(cfg.eps_low >= 0 && cfg.eps_low <= 1 && cfg.eps_high >= 0, "clipped PG: eps_low ", cfg.eps_low,
+           " must be in [0, 1] and eps_high ", cfg.eps_high, " >= 0");
+  RT_CHECK(cfg.dual_clip == 0 || cfg.dual_clip > 1, "clipped PG: dual_clip ", cfg.dual_clip, " must be > 1 (or 0: off)");
+  RT_CHECK(std::isfinite(cfg.kl_beta), "clipped PG: kl_beta ", cfg.kl_beta, " is not finite");
+  RT_CHECK(cfg.kl_beta == 0 || !in.ref_logprobs.empty(), "clipped PG: kl_beta ", cfg.kl_beta,
+           " needs ref_logprobs");
+  const ValidCounts local = count_valid(masks);
+  const bool by_sequence = cfg.aggregation == Aggregation::SequenceMean;
+  if (by_sequence)
+    check_normaliser(global.sequences, local.sequences, "valid sequences");
+  else
+    check_normaliser(global.tokens, local.tokens, "valid tokens");
+
+  double clipped = 0, dual_clipped = 0, approx_kl = 0, ratio = 0, ref_kl = 0, weights = 0, entropy = 0;
+  double loss = 0;
+  for (int64_t b = 0; b < masks.batch; ++b) {
+    const int64_t row_tokens = counted_in_row(masks, b);
+    // d(microbatch loss)/d(token loss): 1/global tokens, or 1/(tokens of the row · global sequences).
+    const double scale = by_sequence ? (row_tokens > 0 ? 1.0 / (static_cast<double>(row_tokens) * global.sequences) : 0)
+                                     : 1.0 / global.tokens;
+    for (int64_t p = 0; p < masks.seq; ++p) {
+      const int64_t i = b * masks.seq + p;
+      if (!counted(masks, b, p)) {
+        grad_logprobs[i] = T(0);
+        continue;
+      }
+      const double cur = static_cast<double>(in.logprobs[i]);
+      const double prev = static_cast<double>(in.prev_logprobs[i]);
+      const double ref = cfg.kl_beta == 0 ? 0.0 : static_cast<double>(in.ref_logprobs[i]);
+      const double w = in.gen_logprobs.empty() ? 1.0 : std::exp(prev - static_cast<double>(in.gen_logprobs[i]));
+      const PGToken t = pg_token(cur, prev, static_cast<double>(in.advantages[i]), ref, w, cfg);
+      loss += t.loss * scale;
+      grad_logprobs[i] = static_cast<T>(t.grad * scale);
+      clipped += t.clipped;
+      dual_clipped += t.dual_clipped;
+      const double log_prev_over_cur = prev - cur;
+      approx_kl += std::expm1(log_prev_over_cur) - log_prev_over_cur;
+      ratio += std::exp(cur - prev);
+      ref_kl += t.kl;
+      weights += w;
+      if (!in.entropy.empty()) entropy += static_cast<double>(in.entropy[i]);
+    }
+  }
+  LossResult out;
+  out.loss = loss;
+  const double c = local.tokens;
+  out.metrics = {{"clip_fraction", clipped, c}, {"dual_clip_fraction", dual_clipped, c},
+                 {"approx_kl", approx_kl, c}, {"ratio", ratio, c}};
+  if (!in.ref_logprobs.empty() && cfg.kl_beta != 0) out.metrics.push_back({"ref_kl", ref_kl, c});
+  if (!in.gen_logprobs.empty()) out.metrics.push_back({"importance_weight", weights, c});
+  if (!in.entropy.empty()) out.metrics.push_back({"entropy", entropy, c});
+  return out;
+}
+
+DPOCounts count_dpo_pairs(const TokenMasks& masks) {
+  checked_size(masks);
+  RT_CHECK(masks.batch % 2 == 0, "DPO: batch ", masks.batch, " must be even (chosen/rejected pairs)");
+  DPOCounts c;
+  for (int64_t pair = 0; pair < masks.batch / 2; ++pair) {
+    const bool chosen = masks.sample_mask[2 * pair] != 0, rejected = masks.sample_mask[2 * pair + 1] != 0;
+    RT_CHECK(chosen == rejected, "DPO: pair ", pair, " has sample_mask ", int(chosen), " on the chosen sequence but ",
+             int(rejected), " on the rejected one");
+    if (!chosen) continue;
+    c.pairs += 1;
+    c.chosen_tokens += static_cast<double>(counted_in_row(masks, 2 * pair));
+  }
+  return c;
+}
+
+template <typename T>
+LossResult dpo_loss(const TokenMasks& masks, std::span<const T> logprobs, std::span<const T> ref_logprobs,
+                    const DPOConfig& cfg, const DPOCounts& global, std::span<T> grad_logprobs) {
+  const int64_t n = checked_size(masks);
+  check_span(logprobs, n, "logprobs");
+  check_span(ref_logprobs, n, "ref_logprobs");
+  check_span(grad_logprobs, n, "grad_logprobs");
+  RT_CHECK(std::isfinite(cfg.beta) && cfg.beta > 0, "DPO: beta ", cfg.beta, " must be > 0");
+  RT_CHECK(std::isfinite(cfg.nll_coef) && cfg.nll_coef >= 0, "DPO: nll_coef ", cfg.nll_coef, " must be >= 0");
+  const DPOCounts local = count_dpo_pairs(masks);
+  check_normaliser(global.pairs, local.pairs, "pairs");
+  if (cfg.nll_coef != 0) check_normaliser(global.chosen_tokens, local.chosen_tokens, "chosen tokens");
+
+  auto reward = [&](int64_t b) {
+    double r = 0;
+    for (int64_t p = 1; p < masks.seq; ++p)
+      if (counted(masks, b, p))
+        r += static_cast<double>(logprobs[b * masks.seq + p]) - static_cast<double>(ref_logprobs[b * masks.seq + p]);
+    return r;
+  };
+  LossResult out;
+  double accuracy = 0, margin = 0, chosen_reward = 0, rejected_reward = 0, chosen_nll = 0;
+  for (int64_t i = 0; i < n; ++i) grad_logprobs[i] = T(0);
+  for (int64_t pair = 0; pair < masks.batch / 2; ++pair) {
+    const int64_t bc = 2 * pair, br = 2 * pair + 1;
+    if (masks.sample_mask[bc] == 0) continue;
+    const double rc = reward(bc), rr = reward(br);
+    const double z = cfg.beta * (rc - rr);
+    out.loss += softplus(-z) / global.pairs;
+    // d softplus(-z)/dz = -sigmoid(-z); dz/dlogπ = +beta on chosen tokens, -beta on rejected ones.
+    const double dz = -sigmoid(-z) * cfg.beta / global.pairs;
+    for (int64_t p = 1; p < masks.seq; ++p) {
+      if (counted(masks, bc, p)) {
+        const double lp = static_cast<double>(logprobs[bc * masks.seq + p]);
+        double g = dz;
+        if (cfg.nll_coef != 0) {
+          out.loss -= cfg.nll_coef * lp / global.chosen_tokens;
+          g -= cfg.nll_coef / global.chosen_tokens;
+          chosen_nll -= lp;
+        }
+        grad_logprobs[bc * masks.seq + p] = static_cast<T>(std::isnan(z) ? kNaN : g);
+      }
+      if (counted(masks, br, p)) grad_logprobs[br * masks.seq + p] = static_cast<T>(std::isnan(z) ? kNaN : -dz);
+    }
+    accuracy += rc > rr;
+    margin += rc - rr;
+    chosen_reward += rc;
+    rejected_reward += rr;
+  }
+  out.metrics = {{"reward_accuracy", accuracy, local.pairs},
+                 {"reward_margin", margin, local.pairs},
+                 {"chosen_reward", chosen_reward, local.pairs},
+                 {"rejected_reward", rejected_reward, local.pairs}};
+  if (cfg.nll_coef != 0) out.metrics.push_back({"chosen_nll", chosen_nll, local.chosen_tokens});
+  return out;
+}
+
+#define RT_INSTANTIATE_LOSSES(T)                                                                                    \
+  template LossResult nll_loss<T>(const TokenMasks&, std::span<const T>, const ValidCounts&, std::span<T>);          \
+  template LossResult clipped_pg_loss<T>(const TokenMasks&, const ClippedPGInputs<T>&, const ClippedPGConfig&,       \
+                                         const ValidCounts&, std::span<T>);                                         \
+  template LossResult dpo_loss<T>(const TokenMasks&, std::span<const T>, std::span<const T>, const DPOConfig&,       \
+                                  const DPOCounts&, std::span<T>);
+RT_INSTANTIATE_LOSSES(float)
+RT_INSTANTIATE_LOSSES(double)
+#undef RT_INSTANTIATE_LOSSES
+
+}  // namespace ringtrain::train

@@ -1,0 +1,412 @@
+#include "ringtrain/train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/train/device_optimizer.h"
+
+namespace ringtrain::train {
+namespace {
+
+// A 1-D view of a flat buffer (the policy's are contiguous).
+TensorView flat(const TensorView& v, const char* what) {
+  RT_CHECK(v.is_contiguous(), "trainer: the policy's ", what, " buffer is not contiguous: ", v.shape_str());
+  return contiguous_view(v.data, v.dtype, v.device, {v.numel()});
+}
+
+// The elements of a flat buffer of n that no Hugging Face tensor covers (alignment gaps of the GPU layout), as
+// [begin, end) ranges.
+std::vector<std::pair<int64_t, int64_t>> uncovered(const model::Policy& policy, int64_t n) {
+  std::vector<std::pair<int64_t, int64_t>> tensors;
+  for (size_t i = 0; i < policy.layout().specs().size(); ++i)
+    tensors.emplace_back(policy.flat_offsets()[i], policy.flat_offsets()[i] + policy.layout().specs()[i].numel);
+  std::sort(tensors.begin(), tensors.end());
+  std::vector<std::pair<int64_t, int64_t>> gaps;
+  int64_t at = 0;
+  for (const auto& [begin, end] : tensors) {
+    if (begin > at) gaps.emplace_back(at, begin);
+    at = std::max(at, end);
+  }
+  if (at < n) gaps.emplace_back(at, n);
+  return gaps;
+}
+
+char* byte_at(const TensorView& v, int64_t element) {
+  return static_cast<char*>(v.data) + static_cast<size_t>(element) * dtype_size(v.dtype);
+}
+
+// Sums host doubles over a group through a buffer on its device.
+void all_reduce_sum(comm::Communicator& group, std::vector<double>& values) {
+  if (values.empty()) return;
+  const int64_t n = static_cast<int64_t>(values.size());
+  const TensorView host = contiguous_view(values.data(), DType::F64, Device::cpu(), {n});
+  Tensor buf = Tensor::empty({n}, DType::F64, group.device());
+  copy(buf, host);
+  group.all_reduce(buf.data(), static_cast<size_t>(n), DType::F64, comm::ReduceOp::Sum);
+  copy(host, buf);
+}
+
+// One microbatch padded to its longest sequence, row-major [batch, seq], in the losses' form.
+struct Micro {
+  int64_t first = 0;  // index of its first sequence in the global batch
+  int64_t batch = 0, seq = 0;
+  model::TokenBatch tokens;
+  std::vector<uint8_t> token_mask, sample_mask;
+  std::vector<double> advantages, prev, ref, gen;
+
+  TokenMasks masks() const { return {batch, seq, token_mask, sample_mask}; }
+};
+
+// Pads per-sequence values of sequences [first, first + batch) to [batch * seq]; empty stays empty.
+std::vector<double> pad(const std::vector<std::vector<float>>& per_seq, int64_t first, int64_t batch, int64_t seq) {
+  if (per_seq.empty()) return {};
+  std::vector<double> out(static_cast<size_t>(batch * seq), 0.0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<float>& v = per_seq[first + b];
+    for (size_t p = 0; p < v.size(); ++p) out[b * seq + p] = v[p];
+  }
+  return out;
+}
+
+Micro make_micro(const TrainBatch& tb, int64_t first, int64_t count) {
+  Micro m;
+  m.first = first;
+  m.batch = count;
+  for (int64_t b = 0; b < count; ++b) {
+    m.tokens.sequences.push_back(tb.sequences[first + b]);
+    m.seq = std::max<int64_t>(m.seq, static_cast<int64_t>(tb.sequences[first + b].size()));
+  }
+  m.token_mask.assign(static_cast<size_t>(m.batch * m.seq), 0);
+  m.sample_mask.assign(static_cast<size_t>(m.batch), 1);
+  for (int64_t b = 0; b < count; ++b) {
+    const size_t len = tb.sequences[first + b].size();
+    for (size_t p = 0; p < len; ++p)
+      m.token_mask[b * m.seq + p] = tb.token_mask.empty() ? 1 : tb.token_mask[first + b][p];
+    if (!tb.sample_mask.empty()) m.sample_mask[b] = tb.sample_mask[first + b];
+  }
+  m.advantages = pad(tb.advantages, first, count, m.seq);
+  m.prev = pad(tb.prev_logprobs, first, count, m.seq);
+  m.ref = pad(tb.ref_logprobs, first, count, m.seq);
+  m.gen = pad(tb.gen_logprobs, first, count, m.seq);
+  return m;
+}
+
+void check_per_token(const TrainBatch& tb, const std::vector<std::vector<float>>& field, const char* name,
+                     bool required) {
+  RT_CHECK(!required || !field.empty(), "train batch: this loss needs ", name);
+  if (field.empty()) return;
+  RT_CHECK(field.size() == tb.sequences.size(), "train batch: ", name, " has ", field.size(), " sequences, the batch ",
+           tb.sequences.size());
+  for (size_t i = 0; i < field.size(); ++i)
+    RT_CHECK(field[i].size() == tb.sequences[i].size(), "train batch: ", name, "[", i, "] has ", field[i].size(),
+             " entries for a sequence of ", tb.sequences[i].size(), " tokens");
+}
+
+void validate_batch(const TrainBatch& tb, const LossConfig& loss) {
+  const size_t n = tb.sequences.size();
+  RT_CHECK(n > 0, "train batch: no sequences");
+  for (size_t i = 0; i < n; ++i) RT_CHECK(!tb.sequences[i].empty(), "train batch: sequence ", i, " is empty");
+  if (!tb.token_mask.empty()) {
+    RT_CHECK(tb.token_mask.size() == n, "train batch: token_mask has ", tb.token_mask.size(), " sequences, the batch ",
+             n);
+    for (size_t i = 0; i < n; ++i)
+      RT_CHECK(tb.token_mask[i].size() == tb.sequences[i].size(), "train batch: token_mask[", i, "] has ",
+               tb.token_mask[i].size(), " entries for a sequence of ", tb.sequences[i].size(), " tokens");
+  }
+  RT_CHECK(tb.sample_mask.empty() || tb.sample_mask.size() == n, "train batch: sample_mask has ",
+           tb.sample_mask.size(), " entries, the batch ", n, " sequences");
+  const bool pg = loss.kind == LossKind::ClippedPG, dpo = loss.kind == LossKind::DPO;
+  check_per_token(tb, tb.advantages, "advantages", pg);
+  check_per_token(tb, tb.prev_logprobs, "prev_logprobs", pg);
+  check_per_token(tb, tb.ref_logprobs, "ref_logprobs", dpo || (pg && loss.pg.kl_beta != 0));
+  check_per_token(tb, tb.gen_logprobs, "gen_logprobs", false);
+  RT_CHECK(!dpo || n % 2 == 0, "train batch: DPO needs chosen/rejected pairs, got ", n, " sequences");
+}
+
+std::vector<std::vector<float>> unpad(const std::vector<double>& padded, const Micro& m) {
+  std::vector<std::vector<float>> out(static_cast<size_t>(m.batch));
+  for (int64_t b = 0; b < m.batch; ++b) {
+    const size_t len = m.tokens.sequences[b].size();
+    out[b].resize(len);
+    for (size_t p = 0; p < len; ++p) out[b][p] = static_cast<float>(padded[b * m.seq + p]);
+  }
+  return out;
+}
+
+std::vector<double> pad_scores(const std::vector<std::vector<float>>& rows, const Micro& m) {
+  std::vector<double> out(static_cast<size_t>(m.batch * m.seq), 0.0);
+  RT_CHECK(static_cast<int64_t>(rows.size()) == m.batch, "trainer: the policy scored ", rows.size(),
+           " sequences of ", m.batch);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    RT_CHECK(rows[b].size() == m.tokens.sequences[b].size(), "trainer: the policy scored ", rows[b].size(),
+             " tokens of a sequence of ", m.tokens.sequences[b].size());
+    for (size_t p = 0; p < rows[b].size(); ++p) out[b * m.seq + p] = rows[b][p];
+  }
+  return out;
+}
+
+template <typename T>
+std::span<const T> cspan(const std::vector<T>& v) {
+  return {v.data(), v.size()};
+}
+
+// The loss of one microbatch; grad gets d(loss)/d(logprob) in [batch * seq].
+LossResult micro_loss(const LossConfig& cfg, const Micro& m, const std::vector<double>& logprobs,
+                      const std::vector<double>& entropy, const ValidCounts& global, const DPOCounts& global_pairs,
+                      std::vector<double>& grad) {
+  grad.assign(static_cast<size_t>(m.batch * m.seq), 0.0);
+  const std::span<double> g(grad.data(), grad.size());
+  switch (cfg.kind) {
+    case LossKind::NLL: return nll_loss<double>(m.masks(), cspan(logprobs), global, g);
+    case LossKind::ClippedPG: {
+      ClippedPGInputs<double> in;
+      in.logprobs = cspan(logprobs);
+      in.prev_logprobs = cspan(m.prev);
+      in.advantages = cspan(m.advantages);
+      in.ref_logprobs = cspan(m.ref);
+      in.gen_logprobs = cspan(m.gen);
+      in.entropy = cspan(entropy);
+      return clipped_pg_loss<double>(m.masks(), in, cfg.pg, global, g);
+    }
+    case LossKind::DPO: return dpo_loss<double>(m.masks(), cspan(logprobs), cspan(m.ref), cfg.dpo, global_pairs, g);
+  }
+  throw Error("trainer: unknown loss kind");
+}
+
+}  // namespace
+
+LossKind parse_loss_kind(const std::string& name) {
+  if (name == "nll") return LossKind::NLL;
+  if (name == "pg") return LossKind::ClippedPG;
+  if (name == "dpo") return LossKind::DPO;
+  throw Error(cat("unknown loss '", name, "': expected nll, pg or dpo"));
+}
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::Forward: return "fwd+logprobs";
+    case Phase::Loss: return "loss";
+    case Phase::Backward: return "backward";
+    case Phase::ReduceScatter: return "reduce-scatter";
+    case Phase::NormClip: return "norm/clip";
+    case Phase::AdamW: return "adamw";
+    case Phase::AllGather: return "all-gather";
+  }
+  return "?";
+}
+
+std::pair<int64_t, int64_t> Trainer::shard_range(int64_t n, int world, int rank) {
+  const int64_t part = n / world;
+  const int64_t begin = part * rank;
+  return {begin, rank == world - 1 ? n : begin + part};
+}
+
+Trainer::Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& mesh)
+    : cfg_(cfg), policy_(&policy), mesh_(&mesh), schedule_(cfg.schedule) {
+  validate(cfg.adamw);
+  RT_CHECK(cfg.micro_batch_size >= 1, "trainer: micro_batch_size must be >= 1, got ", cfg.micro_batch_size);
+  RT_CHECK(cfg.loss.kind != LossKind::DPO || cfg.micro_batch_size % 2 == 0,
+           "trainer: DPO keeps pairs together: micro_batch_size must be even, got ", cfg.micro_batch_size);
+  const TensorView w = flat(policy.weights(), "weights"), g = flat(policy.grads(), "gradient");
+  RT_CHECK(w.numel() == g.numel(), "trainer: the policy has ", w.numel(), " weights but ", g.numel(), " gradients");
+  RT_CHECK(w.device == mesh.world().device(), "trainer: the policy is on ", device_name(w.device),
+           " but the communicators on ", device_name(mesh.world().device()));
+  const DType master = g.dtype;
+  RT_CHECK(master == DType::F32 || master == DType::F64, "trainer: gradients must be fp32 or fp64, got ",
+           dtype_name(master));
+  if (!w.device.is_cpu()) {
+    RT_CHECK(device_optimizer_kernels() != nullptr, "trainer: this build has no optimizer kernels for ",
+             device_name(w.device));
+    RT_CHECK(master == DType::F32 && w.dtype == DType::BF16, "trainer: on ", device_name(w.device),
+             " the optimizer takes fp32 gradients and bf16 weights, got ", dtype_name(master), " and ",
+             dtype_name(w.dtype));
+  }
+  const auto [begin, end] = shard_range(w.numel(), mesh.world().size(), mesh.world().rank());
+  shard_.begin = begin, shard_.end = end;
+  const int64_t n = end - begin;
+  shard_.master = Tensor::empty({n}, master, w.device);
+  shard_.exp_avg = Tensor::zeros({n}, master, w.device);
+  shard_.exp_avg_sq = Tensor::zeros({n}, master, w.device);
+  if (n > 0) copy(shard_.master, w.slice(0, begin, n));
+  // Gaps between the tensors (the GPU layout aligns groups) are never written by a backward: zero once in the
+  // gradient buffer (so the norm never reads garbage, and the reductions keep them zero) and in the master shard.
+  for (const auto& [gap_begin, gap_end] : uncovered(policy, w.numel())) {
+    fill(g.slice(0, gap_begin, gap_end - gap_begin), 0.0);
+    const int64_t lo = std::max(gap_begin, begin), hi = std::min(gap_end, end);
+    if (lo < hi) fill(shard_.master.view().slice(0, lo - begin, hi - lo), 0.0);
+  }
+  norm_result_ = Tensor::empty({1}, DType::F64, w.device);
+}
+
+void Trainer::restore_counters(int64_t steps, int64_t optimizer_steps, int64_t schedule_position) {
+  RT_CHECK(steps >= 0 && optimizer_steps >= 0 && optimizer_steps <= steps,
+           "trainer: bad counters: steps ", steps, ", optimizer steps ", optimizer_steps);
+  steps_ = steps;
+  completed_ = optimizer_steps;
+  schedule_.set_position(schedule_position);
+}
+
+void Trainer::all_gather_weights() {
+  comm::Communicator& world = mesh_->world();
+  const TensorView w = flat(policy_->weights(), "weights");
+  if (world.size() == 1) return;
+  const int64_t part = w.numel() / world.size(), tail_begin = part * world.size();
+  if (part > 0) world.all_gather(byte_at(w, part * world.rank()), w.data, static_cast<size_t>(part), w.dtype);
+  if (tail_begin < w.numel())
+    world.broadcast(byte_at(w, tail_begin), static_cast<size_t>(w.numel() - tail_begin), w.dtype, world.size() - 1);
+}
+
+void Trainer::refresh_weights() {
+  const TensorView w = flat(policy_->weights(), "weights");
+  const int64_t n = shard_.end - shard_.begin;
+  if (n > 0) copy(w.slice(0, shard_.begin, n), shard_.master);
+  all_gather_weights();
+}
+
+StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end) {
+  const auto mark = [&](Phase p) {
+    if (on_phase_end) on_phase_end(p);
+  };
+  validate_batch(batch, cfg_.loss);
+  comm::Communicator& world = mesh_->world();
+  StepResult out;
+  out.step = steps_ + 1;
+  out.lr = schedule_.lr();
+
+  // 1. This dp rank's contiguous part (in whole DPO pairs) and its microbatches.
+  const int64_t unit = cfg_.loss.kind == LossKind::DPO ? 2 : 1;
+  const int64_t units = static_cast<int64_t>(batch.sequences.size()) / unit;
+  const int64_t d = mesh_->dp_index(), dp = mesh_->dp();
+  const int64_t first = units * d / dp * unit, last = units * (d + 1) / dp * unit;
+  std::vector<Micro> micros;
+  for (int64_t s = first; s < last; s += cfg_.micro_batch_size)
+    micros.push_back(make_micro(batch, s, std::min(cfg_.micro_batch_size, last - s)));
+
+  // 2. Global counts over dp (the ranks of a cp group hold the same sequences).
+  std::vector<double> counts(4, 0.0);  // tokens, sequences, DPO pairs, DPO chosen tokens
+  for (const Micro& m : micros) {
+    const ValidCounts c = count_valid(m.masks());
+    counts[0] += c.tokens, counts[1] += c.sequences;
+    if (cfg_.loss.kind == LossKind::DPO) {
+      const DPOCounts p = count_dpo_pairs(m.masks());
+      counts[2] += p.pairs, counts[3] += p.chosen_tokens;
+    }
+  }
+  all_reduce_sum(mesh_->dp_group(), counts);
+  const ValidCounts global{counts[0], counts[1]};
+  const DPOCounts global_pairs{counts[2], counts[3]};
+  out.valid_tokens = global.tokens, out.valid_sequences = global.sequences;
+
+  // 3. Microbatches: score, loss, backward. No collective spans dp ranks here, so a rank with fewer microbatches
+  // needs no empty ones; a rank with none still evaluates the loss on nothing to learn the metrics' names.
+  policy_->zero_grads();
+  const bool entropy = cfg_.loss.kind == LossKind::ClippedPG;
+  std::vector<MetricSum> metric_sums;
+  double loss_sum = 0;
+  const auto add_metrics = [&](const LossResult& r) {
+    if (metric_sums.empty()) {
+      metric_sums = r.metrics;
+      return;
+    }
+    RT_CHECK(metric_sums.size() == r.metrics.size(), "trainer: the loss's metrics changed between microbatches");
+    for (size_t i = 0; i < r.metrics.size(); ++i) {
+      metric_sums[i].sum += r.metrics[i].sum;
+      metric_sums[i].count += r.metrics[i].count;
+    }
+  };
+  std::vector<double> grad;
+  for (const Micro& m : micros) {
+    const model::TokenScores scores = policy_->score(m.tokens, true, entropy);
+    mark(Phase::Forward);
+    const std::vector<double> logprobs = pad_scores(scores.logprobs, m);
+    const std::vector<double> ent = entropy ? pad_scores(scores.entropy, m) : std::vector<double>{};
+    const LossResult r = micro_loss(cfg_.loss, m, logprobs, ent, global, global_pairs, grad);
+    out.microbatch_losses.push_back(r.loss);
+    loss_sum += r.loss;
+    add_metrics(r);
+    mark(Phase::Loss);
+    policy_->backward(unpad(grad, m));
+    mark(Phase::Backward);
+  }
+  if (micros.empty()) {
+    Micro none;
+    const std::vector<double> nothing;
+    add_metrics(micro_loss(cfg_.loss, none, nothing, nothing, global, global_pairs, grad));
+  }
+
+  // The loss and the metrics over dp.
+  std::vector<double> sums{loss_sum};
+  for (const MetricSum& s : metric_sums) sums.push_back(s.sum), sums.push_back(s.count);
+  all_reduce_sum(mesh_->dp_group(), sums);
+  out.loss = sums[0];
+  for (size_t i = 0; i < metric_sums.size(); ++i) {
+    const double sum = sums[1 + 2 * i], count = sums[2 + 2 * i];
+    out.metrics.push_back({metric_sums[i].name, count > 0 ? sum / count : 0.0, count});
+  }
+
+  // 4. Gradients summed over all dp · cp ranks into this rank's shard, in place.
+  const TensorView g = flat(policy_->grads(), "gradient");
+  const int64_t part = g.numel() / world.size(), tail_begin = part * world.size();
+  if (part > 0 && world.size() > 1)
+    world.reduce_scatter(g.data, byte_at(g, part * world.rank()), static_cast<size_t>(part), g.dtype,
+                         comm::ReduceOp::Sum);
+  if (tail_begin < g.numel() && world.size() > 1)
+    world.all_reduce(byte_at(g, tail_begin), static_cast<size_t>(g.numel() - tail_begin), g.dtype,
+                     comm::ReduceOp::Sum);
+  mark(Phase::ReduceScatter);
+
+  // 5. Global norm, skip decision and clip coefficient, the same on every rank.
+  const int64_t n = shard_.end - shard_.begin;
+  const TensorView g_shard = g.slice(0, shard_.begin, n);
+  const DeviceOptimizerKernels* kernels = g.device.is_cpu() ? nullptr : device_optimizer_kernels();
+  if (kernels) {
+    kernels->sum_of_squares(g_shard.ptr<float>(), n, norm_result_.ptr<double>(), nullptr);
+  } else {
+    const double sq = g.dtype == DType::F64
+                          ? sum_of_squares<double>(std::span<const double>(g_shard.ptr<double>(), n))
+                          : sum_of_squares<float>(std::span<const float>(g_shard.ptr<float>(), n));
+    copy(norm_result_, contiguous_view(const_cast<double*>(&sq), DType::F64, Device::cpu(), {1}));
+  }
+  world.all_reduce(norm_result_.data(), 1, DType::F64, comm::ReduceOp::Sum);
+  double sq_norm = 0;
+  copy(contiguous_view(&sq_norm, DType::F64, Device::cpu(), {1}), norm_result_);
+  const AdamWStep plan = plan_adamw_step(cfg_.adamw, completed_, out.lr, sq_norm);
+  out.grad_norm = plan.grad_norm;
+  out.skipped = plan.skipped;
+  mark(Phase::NormClip);
+
+  // 6. AdamW on the shard, its new compute weights into the policy's buffer, then everyone's.
+  if (!plan.skipped) {
+    const TensorView w = flat(policy_->weights(), "weights");
+    if (kernels) {
+      DeviceAdamWShard s;
+      s.master = shard_.master.ptr<float>();
+      s.exp_avg = shard_.exp_avg.ptr<float>();
+      s.exp_avg_sq = shard_.exp_avg_sq.ptr<float>();
+      s.grad = g_shard.ptr<float>();
+      s.compute_bf16 = reinterpret_cast<uint16_t*>(byte_at(w, shard_.begin));
+      s.n = n;
+      kernels->adamw_update(plan, s, nullptr);
+    } else if (g.dtype == DType::F64) {
+      adamw_update<double>(plan, shard_.master.ptr<double>(), shard_.exp_avg.ptr<double>(),
+                           shard_.exp_avg_sq.ptr<double>(), g_shard.ptr<double>(), n,
+                           {byte_at(w, shard_.begin), w.dtype});
+    } else {
+      adamw_update<float>(plan, shard_.master.ptr<float>(), shard_.exp_avg.ptr<float>(), shard_.exp_avg_sq.ptr<float>(),
+                          g_shard.ptr<float>(), n, {byte_at(w, shard_.begin), w.dtype});
+    }
+    mark(Phase::AdamW);
+    all_gather_weights();
+    mark(Phase::AllGather);
+    completed_ = plan.step;
+  }
+
+  // 7. The schedule steps once per train step.
+  ++steps_;
+  schedule_.step();
+  return out;
+}
+
+}  // namespace ringtrain::train

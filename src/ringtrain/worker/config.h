@@ -1,0 +1,167 @@
+// The run configuration of the policy worker: a YAML file with the original framework's key names (policy.*,
+// loss_fn.*) and ringtrain's own sections (attention, parallel, device, train), plus dotted command-line
+// overrides (`policy.train_micro_batch_size=2`). One struct per section, every field with a default and a one-line
+// doc (config.cpp's schema holds the docs, printed back by to_yaml).
+//
+// Reading checks every key against the schema (an unknown key is an error naming its full path and the nearest
+// known key), every value's type and range (errors name the key, the value and FILE:LINE), then validate() checks
+// what needs no weights: the mesh, batch divisibility, lengths and budgets. validate_against() adds the checks that
+// need the model's config.json (heads, positions, windows) and runs before any weight is read.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringtrain/attention/backend.h"
+#include "ringtrain/core/tensor.h"
+#include "ringtrain/cp/cp_attention.h"
+#include "ringtrain/model/hf_config.h"
+
+namespace ringtrain::worker {
+
+enum class Precision { BFloat16, Float32, Float64 };
+enum class LossType { Nll, ClippedPg, Dpo };
+enum class KlType { K1, K2, K3 };
+enum class ScheduleKind { Constant, Cosine };
+
+struct DTensorConfig {
+  bool activation_checkpointing = false;
+  // Accepted so the original framework's configs load; ringtrain runs only their default values.
+  int64_t tensor_parallel_size = 1;
+  bool sequence_parallel = false;
+  bool cpu_offload = false;
+  bool operator==(const DTensorConfig&) const = default;
+};
+
+struct SequencePackingConfig {
+  bool enabled = false;
+  int64_t train_mb_tokens = 0;    // token budget of one packed training row; 0 = max length (DPO: twice)
+  int64_t logprob_mb_tokens = 0;  // token budget of one packed scoring row; 0 = train_mb_tokens
+  std::string algorithm = "first_fit_decreasing";
+  bool operator==(const SequencePackingConfig&) const = default;
+};
+
+// Microbatches cut by a token budget from length-sorted sequences, each padded to its longest sequence.
+struct DynamicBatchingConfig {
+  bool enabled = false;
+  int64_t train_mb_tokens = 0;    // padded tokens per training microbatch; 0 = max length x train_micro_batch_size
+  int64_t logprob_mb_tokens = 0;  // padded tokens per scoring microbatch; 0 = max length x logprob_batch_size
+  bool operator==(const DynamicBatchingConfig&) const = default;
+};
+
+struct OptimizerConfig {  // AdamW
+  double lr = 5e-6;
+  double weight_decay = 0.01;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+struct SchedulerConfig {
+  int64_t warmup_steps = 0;  // linear warm-up from lr/warmup_steps to lr over this many optimizer steps
+  ScheduleKind kind = ScheduleKind::Constant;
+  double min_lr = 0.0;      // the cosine schedule's floor
+  int64_t total_steps = 0;  // the cosine schedule's length (warm-up included); 0 = train.steps
+  bool operator==(const SchedulerConfig&) const = default;
+};
+
+struct PolicyConfig {
+  std::string model_name;                // a checkpoint folder, or builtin:<name> (builtin_model_names())
+  int64_t train_global_batch_size = 32;  // sequences (DPO: pairs) per optimizer step, over all dp ranks
+  int64_t train_micro_batch_size = 4;    // sequences (DPO: pairs) per forward/backward on one dp rank
+  int64_t logprob_batch_size = 4;        // sequences per scoring call
+  int64_t max_total_sequence_length = 4096;
+  Precision precision = Precision::BFloat16;
+  double max_grad_norm = 1.0;      // clip by the global L2 norm; 0 = no clipping
+  int64_t logprob_chunk_size = 0;  // tokens per LM-head chunk; 0 = the device's default
+  DTensorConfig dtensor_cfg;
+  SequencePackingConfig sequence_packing;
+  DynamicBatchingConfig dynamic_batching;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  bool operator==(const PolicyConfig&) const = default;
+};
+
+struct LossConfig {
+  LossType type = LossType::Nll;
+  // clipped_pg: weight of the KL(current || reference) term; dpo: the beta of -log sigmoid(beta * reward margin).
+  double reference_policy_kl_penalty = 0.0;
+  KlType reference_policy_kl_type = KlType::K3;
+  double ratio_clip_min = 0.2;  // the ratio is clipped to [1 - ratio_clip_min, 1 + ratio_clip_max]
+  double ratio_clip_max = 0.2;
+  std::optional<double> ratio_clip_c;               // dual clip for negative advantages (> 1); unset = off
+  bool use_importance_sampling_correction = false;  // weight tokens by exp(prev - generation logprobs)
+  bool token_level_loss = true;         // sum over tokens / global valid tokens; false: mean per sequence / sequences
+  double preference_loss_weight = 1.0;  // dpo
+  double sft_loss_weight = 0.0;         // dpo: weight of the NLL of the chosen responses
+  bool operator==(const LossConfig&) const = default;
+};
+
+struct ParallelConfig {
+  int64_t dp = 1;
+  int64_t cp = 1;  // also readable as policy.dtensor_cfg.context_parallel_size
+  cp::CpComm cp_comm = cp::CpComm::Ring;
+  int64_t world() const { return dp * cp; }
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+struct TrainConfig {
+  int64_t steps = 0;             // optimizer steps; 0 = as many as `epochs` passes over the data give
+  int64_t epochs = 1;            // passes over the data; the run ends at whichever limit comes first
+  std::string data;              // JSONL rows (data.h) or a .safetensors batch file
+  std::string checkpoint_dir;    // empty = no checkpoints
+  int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = only at the end
+  std::string metrics_dir;       // metrics.jsonl and TensorBoard events; empty = none
+  uint64_t seed = 0;
+  bool operator==(const TrainConfig&) const = default;
+};
+
+struct Config {
+  PolicyConfig policy;
+  LossConfig loss_fn;
+  std::vector<attention::BackendId> attention_backends;  // attention.backends; empty = every backend
+  ParallelConfig parallel;
+  Device device = Device::cuda();
+  TrainConfig train;
+
+  // Checks that need no model or data (mesh, batch divisibility, lengths, ranges across fields); errors name the
+  // keys and values involved.
+  void validate() const;
+  // Checks against the model's config.json, before weights are read: heads divisible by cp for a2a, the lengths
+  // within the model's positions and sliding window.
+  void validate_against(const model::ModelConfig& model) const;
+
+  // The compute dtype of the policy.
+  DType compute_dtype() const;
+  // Sequences per dp rank per optimizer step (DPO: both sequences of every pair).
+  int64_t local_batch_sequences() const;
+  // Tokens per training / scoring microbatch, defaults resolved: packed tokens with sequence_packing, padded tokens
+  // (sequences x longest) with dynamic_batching, 0 when microbatches hold a fixed number of sequences.
+  int64_t train_mb_tokens() const;
+  int64_t logprob_mb_tokens() const;
+  int64_t total_scheduler_steps() const;  // scheduler.total_steps, else train.steps
+  bool operator==(const Config&) const = default;
+};
+
+// Reads FILE, applies the overrides in order ("a.b.c=VALUE", VALUE a YAML scalar or flow list), checks types and
+// ranges and runs validate(). Every error names FILE:LINE (or the override) and the key.
+Config load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
+// The same from YAML text; `source` names it in errors.
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+// The resolved config as YAML with every key (a comment per field with its doc); parse_config reads it back equal.
+std::string to_yaml(const Config& c);
+
+// The model's configuration: config.json of the checkpoint folder, or the embedded shape of builtin:<name> (whose
+// weights are random_params(ParamLayout(config), train.seed)).
+model::ModelConfig resolve_model_config(const PolicyConfig& policy);
+bool is_builtin_model(const std::string& model_name);
+std::vector<std::string> builtin_model_names();
+
+std::string_view precision_name(Precision p);
+std::string_view loss_type_name(LossType t);
+
+}  // namespace ringtrain::worker

@@ -1,0 +1,75 @@
+// The policy worker: what an RL loop (or `ringtrain train`) drives. One worker per rank of the dp × cp mesh; every
+// rank calls every method with the same arguments (the global batch), the worker takes its own part.
+//
+// Made from a Config (config.h): the model (a checkpoint folder or a builtin one), the mesh, the attention
+// allow-list, the loss, the optimizer and the schedule. Every check that needs no weights runs before any weight is
+// loaded (Config::validate, Config::validate_against on config.json).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/comm/communicator.h"
+#include "ringtrain/model/policy.h"
+#include "ringtrain/train/checkpoint.h"
+#include "ringtrain/train/trainer.h"
+#include "ringtrain/worker/config.h"
+#include "ringtrain/worker/data.h"
+
+namespace ringtrain::worker {
+
+// Per sequence of the batch, in token order: logprobs[b][0] = 0, padding never appears (each sequence keeps its own
+// length); entropy only when asked for.
+struct LogprobResult {
+  std::vector<std::vector<float>> logprobs;
+  std::vector<std::vector<float>> entropy;
+};
+
+struct TrainResult {
+  train::StepResult step;        // loss, grad norm, lr, global valid tokens / sequences, metrics, skipped
+  double tokens_per_second = 0;  // all tokens of the global batch over the step's wall time
+  double seconds = 0;
+};
+
+// One entry per Hugging Face tensor, for an inference engine that takes the weights by name.
+struct RefitEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype;
+};
+
+class PolicyWorker {
+ public:
+  // world: this rank's communicator over all dp · cp ranks (in-process or NCCL); its size must equal
+  // config.parallel.world(). Not owned; it must outlive the worker.
+  PolicyWorker(const Config& config, comm::Communicator& world);
+  ~PolicyWorker();
+
+  const Config& config() const;
+  const model::ModelConfig& model_config() const;
+  model::Policy& policy();
+
+  // Scores the samples (microbatched by logprob_batch_size or packed by logprob_mb_tokens).
+  LogprobResult get_logprobs(const std::vector<Sample>& samples, bool with_entropy = false);
+  // The same under the frozen reference weights (the weights the worker started from), kept in host memory and
+  // swapped into the policy's buffers for the call: never a second copy on the GPU.
+  LogprobResult get_reference_logprobs(const std::vector<Sample>& samples);
+  // One optimizer step on the global batch with the configured loss.
+  TrainResult train(const std::vector<Sample>& samples);
+
+  // Training state (checkpoint.h): weights, optimizer shards, counters, data position.
+  void save(const std::filesystem::path& dir, const train::TrainingProgress& position = {});
+  train::TrainingProgress load(const std::filesystem::path& dir);
+  // The current weights as a Hugging Face checkpoint (config.json + safetensors), written atomically by rank 0.
+  void export_hf(const std::filesystem::path& dir);
+  std::vector<RefitEntry> refit_info() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ringtrain::worker

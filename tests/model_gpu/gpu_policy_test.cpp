@@ -1,0 +1,173 @@
+// The GPU Policy (BF16) against the CPU F64 Policy on the same bf16-rounded weights: logprobs, entropies and
+// gradients of a padded batch of several lengths; the device buffers (grads() after zero_grads(), flat_offsets())
+// and the bf16 round trip of set_params / params(). Skips without a GPU.
+//
+// Tolerances, as in gpu_model_test.cpp (bf16: unit roundoff 2^-9 ≈ 2e-3 per rounding): logprobs and entropies
+// 2e-2 absolute (~15 bf16 roundings of activations per layer on the way to fp32 logits of magnitude ~1-10);
+// gradients 5e-2 relative L2 per tensor (floored at 1e-3 of the whole gradient's norm, for tensors whose gradient is
+// nearly zero): each term passes through several bf16 roundings, a missing or wrong term is an O(1) error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/model_test_util.h"
+#include "ringtrain/attention/cpu/cpu_backends.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/policy.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+using model::Arch;
+using model::ModelConfig;
+using model::Policy;
+using model::PolicyOptions;
+using model::TokenBatch;
+
+constexpr double kLogprobTol = 2e-2;
+constexpr double kGradRelTol = 5e-2;
+
+std::vector<float> round_to_bf16(const std::vector<float>& v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  const Tensor b = Tensor::empty({n}, DType::BF16);
+  copy(b, contiguous_view(const_cast<float*>(v.data()), DType::F32, Device::cpu(), {n}));
+  std::vector<float> out(v.size());
+  copy(contiguous_view(out.data(), DType::F32, Device::cpu(), {n}), b);
+  return out;
+}
+
+std::vector<double> download_f64(const TensorView& t) {
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  copy(contiguous_view(out.data(), DType::F64, Device::cpu(), {t.numel()}), t);
+  return out;
+}
+
+ModelConfig gpu_config(Arch arch, bool tied) {
+  ModelConfig c = testing::tiny_config(arch, tied, /*layers=*/2);
+  c.hidden = 256, c.heads = 4, c.kv_heads = 2, c.head_dim = 64, c.ffn = 512, c.vocab = 1000;
+  return c;
+}
+
+// Transformers' initialisation scaled up 2x, bf16-rounded (both policies see the same weights), as in
+// gpu_model_test's CP test: attention far from uniform, yet logits small enough that bf16 noise is not amplified
+// (tiny_params' O(1) weights at this width give logits so large that bf16 runs differ by ~0.5 in a logprob).
+std::vector<float> gpu_params(const ModelConfig& c, std::mt19937_64& rng) {
+  std::vector<float> p = model::random_params(model::ParamLayout(c), rng());
+  for (float& x : p) x *= 2;
+  return round_to_bf16(p);
+}
+
+PolicyOptions gpu_options() {
+  PolicyOptions o;
+  o.device = Device::cuda(0);
+  o.dtype = DType::BF16;
+  o.logprob_chunk = 48;  // several LM-head chunks over the batch
+  return o;
+}
+
+struct Variant {
+  const char* name;
+  Arch arch;
+  bool tied;
+};
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+class GpuPolicy : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(GpuPolicy, MatchesCpuF64OnABatchOfSeveralLengths) {
+  RT_REQUIRE_GPU();
+  attention::cpu::set_math_fp64(true);
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = gpu_config(GetParam().arch, GetParam().tied);
+  const std::vector<float> params = gpu_params(c, rng);
+  const TokenBatch batch{{testing::random_ids(37, c.vocab, rng), testing::random_ids(70, c.vocab, rng),
+                          testing::random_ids(5, c.vocab, rng)}};
+  std::vector<std::vector<float>> w;
+  std::normal_distribution<float> nd;
+  for (const auto& s : batch.sequences) {
+    w.emplace_back(s.size());
+    for (float& x : w.back()) x = nd(rng);
+  }
+
+  const auto gpu = model::make_policy(c, params, gpu_options());
+  ASSERT_EQ(gpu->dtype(), DType::BF16);
+  PolicyOptions cpu_opts;
+  cpu_opts.dtype = DType::F64;
+  cpu_opts.model.attention_backends = {attention::BackendId::Math};
+  const auto cpu = model::make_policy(c, params, cpu_opts);
+
+  gpu->zero_grads(), cpu->zero_grads();
+  const model::TokenScores got = gpu->score(batch, true, /*with_entropy=*/true);
+  gpu->backward(w);
+  const model::TokenScores want = cpu->score(batch, true, true);
+  cpu->backward(w);
+  attention::cpu::set_math_fp64(false);
+
+  for (size_t b = 0; b < batch.sequences.size(); ++b) {
+    ASSERT_EQ(got.logprobs[b].size(), batch.sequences[b].size());
+    ASSERT_EQ(got.entropy[b].size(), batch.sequences[b].size());
+    EXPECT_EQ(got.logprobs[b][0], 0.f);
+    EXPECT_EQ(got.entropy[b][0], 0.f);
+    for (size_t p = 0; p < batch.sequences[b].size(); ++p) {
+      ASSERT_NEAR(got.logprobs[b][p], want.logprobs[b][p], kLogprobTol) << "sequence " << b << " position " << p;
+      ASSERT_NEAR(got.entropy[b][p], want.entropy[b][p], kLogprobTol) << "sequence " << b << " position " << p;
+    }
+  }
+
+  const std::vector<float> g = gpu->grads_by_layout(), ref = cpu->grads_by_layout();
+  double all = 0;
+  for (float x : ref) all += double(x) * x;
+  const double floor = 1e-3 * std::sqrt(all);
+  ASSERT_GT(floor, 0.0);
+  for (const model::ParamSpec& s : gpu->layout().specs()) {
+    double diff = 0, norm = 0;
+    for (int64_t i = s.offset; i < s.offset + s.numel; ++i)
+      diff += (double(g[i]) - ref[i]) * (double(g[i]) - ref[i]), norm += double(ref[i]) * ref[i];
+    const double err = std::sqrt(diff) / std::max(std::sqrt(norm), floor);
+    EXPECT_LE(err, kGradRelTol) << s.name;  // NaN fails
+  }
+
+  // The device gradient buffer holds the same values at flat_offsets().
+  const std::vector<double> flat = download_f64(gpu->grads());
+  for (size_t t = 0; t < gpu->layout().specs().size(); ++t) {
+    const model::ParamSpec& s = gpu->layout().specs()[t];
+    for (int64_t i = 0; i < s.numel; i += 97)
+      ASSERT_EQ(flat[gpu->flat_offsets()[t] + i], double(g[s.offset + i])) << s.name << " element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, GpuPolicy,
+                         ::testing::Values(Variant{"qwen3_tied", Arch::Qwen3, true},
+                                           Variant{"qwen2_bias", Arch::Qwen2, false},
+                                           Variant{"llama", Arch::Llama, false}));
+
+TEST(GpuPolicyBuffers, ZeroGradsAndParamsRoundTrip) {
+  RT_REQUIRE_GPU();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = gpu_config(Arch::Llama, false);
+  const auto policy = model::make_policy(c, gpu_params(c, rng), gpu_options());
+  const TokenBatch batch{{testing::random_ids(20, c.vocab, rng)}};
+  policy->score(batch, true);
+  policy->backward({std::vector<float>(20, 1.f)});
+  // zero_grads() marks the gradients zero without a pass; the buffer an optimizer reads must hold zeros.
+  policy->zero_grads();
+  for (double x : download_f64(policy->grads())) ASSERT_EQ(x, 0.0);
+  for (float x : policy->grads_by_layout()) ASSERT_EQ(x, 0.f);
+
+  const std::vector<float> values = gpu_params(c, rng);  // exact in bf16
+  policy->set_params(values);
+  EXPECT_EQ(policy->params(), values);
+  const TensorView w = policy->weights();
+  EXPECT_EQ(w.dtype, DType::BF16);
+  const std::vector<double> flat = download_f64(w);
+  const model::ParamSpec& s = policy->layout().specs().back();
+  EXPECT_EQ(flat[policy->flat_offsets().back()], double(values[s.offset])) << s.name;
+  EXPECT_THROW(policy->grad("no.such.weight"), Error);
+}
+
+}  // namespace
+}  // namespace ringtrain

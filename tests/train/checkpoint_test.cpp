@@ -1,0 +1,371 @@
+// Checkpoints of training state (train/checkpoint.h) on CPU in-process meshes:
+// - save after step 2, load into a new policy and trainer, steps 3-5 bitwise equal to an uninterrupted run;
+// - save under 2 × 2, load under 1 × 1 and 1 × 4: the weights right after loading are bitwise the saved ones (the
+//   pieces are copied, not recomputed), steps 3-5 equal the uninterrupted 2 × 2 run within fp32 tolerance (the
+//   gradient sums run in another order);
+// - the Hugging Face weights (one file, or shards with an index) read back by the model layer;
+// - errors naming the file: a truncated or missing optimizer file, another model's checkpoint;
+// - a save that dies midway leaves the previous checkpoint loadable, and a save never replaces what is not a
+//   checkpoint folder.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ringtrain/model/file_io.h"
+#include "ringtrain/model/params.h"
+#include "ringtrain/model/safetensors.h"
+#include "ringtrain/train/checkpoint.h"
+#include "train_test_util.h"
+
+namespace ringtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TrainSetup;
+
+// A fresh folder under the system's temporary directory, removed at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / cat("ringtrain-ckpt-", ::getpid(), "-", testing::fresh_seed());
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+struct RunOutcome {
+  std::vector<std::vector<StepResult>> results;  // [world rank][step]
+  std::vector<std::vector<double>> weights;      // [world rank]: after the last step
+  std::vector<std::vector<double>> loaded;       // [world rank]: right after loading
+  std::vector<TrainingProgress> progress;
+};
+
+// Steps [first, last] on a mesh; with `load`, the state is loaded first; with `save`, saved after step save_after.
+RunOutcome run(const TrainSetup& s, MeshShape shape, int first, int last, const fs::path& load = {},
+        const fs::path& save = {}, int save_after = 0) {
+  const int world = shape.dp * shape.cp;
+  RunOutcome out;
+  out.results.resize(world), out.weights.resize(world), out.loaded.resize(world), out.progress.resize(world);
+  testing::on_mesh(s, DType::F32, shape, [&](Trainer& t, model::Policy& p, const Mesh& mesh) {
+    const int r = mesh.world().rank();
+    if (!load.empty()) {
+      out.progress[r] = load_training_checkpoint(load, t);
+      out.loaded[r] = testing::layout_weights(p);
+      EXPECT_EQ(t.steps_taken(), first - 1);
+      EXPECT_EQ(t.schedule_position(), first - 1);
+    }
+    for (int step = first; step <= last; ++step) {
+      out.results[r].push_back(t.step(s.batch));
+      if (!save.empty() && step == save_after) {
+        std::mt19937_64 data_rng(1234);
+        data_rng.discard(step);
+        std::ostringstream rng;
+        rng << data_rng;
+        save_training_checkpoint(save, t, {3, 17 * step, rng.str()});
+      }
+    }
+    out.weights[r] = testing::layout_weights(p);
+  });
+  return out;
+}
+
+std::vector<double> losses(const std::vector<StepResult>& steps) {
+  std::vector<double> out;
+  for (const StepResult& r : steps) out.push_back(r.loss);
+  return out;
+}
+
+TEST(TrainCheckpoint, ResumeAfterStep2IsBitwiseTheUninterruptedRun) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::ClippedPG, rng);
+  TempDir tmp;
+  const fs::path dir = tmp.path / "step2";
+  for (MeshShape shape : {MeshShape{1, 1}, MeshShape{2, 2}}) {
+    const RunOutcome whole = run(s, shape, 1, 5, {}, dir, 2);
+    const RunOutcome resumed = run(s, shape, 3, 5, dir);
+    const int world = shape.dp * shape.cp;
+    for (int r = 0; r < world; ++r) {
+      const std::vector<double> want = losses(whole.results[r]);
+      EXPECT_EQ(losses(resumed.results[r]), std::vector<double>(want.begin() + 2, want.end())) << "rank " << r;
+      EXPECT_EQ(resumed.results[r][0].lr, whole.results[r][2].lr);
+      EXPECT_EQ(resumed.weights[r], whole.weights[r]) << "rank " << r << " of " << shape.dp << "x" << shape.cp;
+      EXPECT_EQ(resumed.progress[r].epoch, 3);
+      EXPECT_EQ(resumed.progress[r].index, 34);
+      std::mt19937_64 want_rng(1234), got_rng;
+      want_rng.discard(2);
+      std::istringstream(resumed.progress[r].rng) >> got_rng;
+      EXPECT_TRUE(got_rng == want_rng);
+    }
+    // The weights moved during steps 3-5: the comparison above is not of two untouched copies.
+    EXPECT_NE(resumed.loaded[0], resumed.weights[0]);
+  }
+}
+
+// fp32 after 3 more steps in another summation order: AdamW's updates are ~lr per element and the gradients agree to
+// ~1e-6 relative, so the weights agree to ~1e-6 relative; the losses to 1e-5.
+TEST(TrainCheckpoint, SavedUnder2x2LoadsUnder1x1And1x4) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp;
+  const fs::path dir = tmp.path / "mesh2x2";
+  const RunOutcome at2 = run(s, {2, 2}, 1, 2);
+  const RunOutcome whole = run(s, {2, 2}, 1, 5, {}, dir, 2);
+  for (MeshShape shape : {MeshShape{1, 1}, MeshShape{1, 4}}) {
+    const RunOutcome resumed = run(s, shape, 3, 5, dir);
+    for (int r = 0; r < shape.dp * shape.cp; ++r) {
+      EXPECT_EQ(resumed.loaded[r], at2.weights[0]) << "rank " << r << ": the loaded weights are not the saved ones";
+      for (int i = 0; i < 3; ++i)
+        EXPECT_NEAR(resumed.results[r][i].loss, whole.results[0][i + 2].loss,
+                    1e-5 * std::abs(whole.results[0][i + 2].loss))
+            << "step " << i + 3;
+      double num = 0, den = 0;
+      for (size_t e = 0; e < whole.weights[0].size(); ++e) {
+        num += std::pow(resumed.weights[r][e] - whole.weights[0][e], 2);
+        den += std::pow(whole.weights[0][e], 2);
+      }
+      EXPECT_LE(std::sqrt(num / den), 1e-5) << shape.dp << "x" << shape.cp << " rank " << r;
+    }
+  }
+}
+
+// A flat layout with gaps and another tensor order (as the GPU's): one step gives the plain policy's weights bit for
+// bit (the gaps start as NaN: a norm or update that read them would show), and its checkpoint, saved under 2 × 1,
+// loads into plain policies under 1 × 2 with the weights bitwise the saved ones.
+TEST(TrainCheckpoint, OtherFlatOrderAndGaps) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::ClippedPG, rng);
+  TempDir tmp;
+  std::vector<double> plain, gapped_after, gapped_saved;
+  StepResult plain_result, gapped_result;
+  testing::on_mesh(s, DType::F32, {1, 1}, [&](Trainer& t, model::Policy& p, const Mesh&) {
+    plain_result = t.step(s.batch);
+    plain = testing::layout_weights(p);
+  });
+  testing::on_mesh(
+      s, DType::F32, {1, 1},
+      [&](Trainer& t, model::Policy& p, const Mesh&) {
+        gapped_result = t.step(s.batch);
+        gapped_after = testing::layout_weights(p);
+      },
+      /*gapped=*/true);
+  EXPECT_FALSE(gapped_result.skipped);
+  EXPECT_EQ(gapped_result.loss, plain_result.loss);
+  // The norm's fp64 sum runs over the tensors in the other order (last bits); the fp32 clip coefficient and so the
+  // weights come out the same.
+  EXPECT_NEAR(gapped_result.grad_norm, plain_result.grad_norm, 1e-12 * plain_result.grad_norm);
+  EXPECT_EQ(gapped_after, plain);
+
+  testing::on_mesh(
+      s, DType::F32, {2, 1},
+      [&](Trainer& t, model::Policy& p, const Mesh& mesh) {
+        t.step(s.batch);
+        t.step(s.batch);
+        save_training_checkpoint(tmp.path / "gapped", t, {});
+        if (mesh.world().rank() == 0) gapped_saved = testing::layout_weights(p);
+      },
+      /*gapped=*/true);
+  const RunOutcome resumed = run(s, {1, 2}, 3, 3, tmp.path / "gapped");
+  EXPECT_EQ(resumed.loaded[0], gapped_saved);
+  EXPECT_EQ(resumed.loaded[1], gapped_saved);
+  EXPECT_FALSE(resumed.results[0][0].skipped);
+}
+
+// An fp64 trainer's master pieces load into fp32 trainers, rounded once.
+TEST(TrainCheckpoint, Fp64MasterLoadsIntoFp32) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp;
+  std::vector<double> saved;
+  testing::on_mesh(s, DType::F64, {1, 1}, [&](Trainer& t, model::Policy& p, const Mesh&) {
+    t.step(s.batch);
+    t.step(s.batch);
+    save_training_checkpoint(tmp.path / "f64", t, {});
+    saved = testing::layout_weights(p);
+  });
+  const RunOutcome resumed = run(s, {1, 2}, 3, 3, tmp.path / "f64");
+  ASSERT_EQ(resumed.loaded[0].size(), saved.size());
+  for (size_t i = 0; i < saved.size(); ++i) ASSERT_EQ(resumed.loaded[0][i], double(float(saved[i]))) << i;
+  EXPECT_EQ(resumed.loaded[1], resumed.loaded[0]);
+}
+
+TEST(TrainCheckpoint, HuggingFaceWeightsOneFileOrShards) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp;
+  testing::on_mesh(s, DType::F32, {2, 1}, [&](Trainer& t, model::Policy& p, const Mesh& mesh) {
+    t.step(s.batch);
+    save_training_checkpoint(tmp.path / "one", t, {});
+    CheckpointOptions small;
+    small.max_shard_bytes = 20000;
+    save_training_checkpoint(tmp.path / "sharded", t, {}, small);
+    if (mesh.world().rank() != 0) return;
+    const std::vector<float> want = p.params();
+    EXPECT_EQ(model::load_checkpoint_params(tmp.path / "one", s.config), want);
+    EXPECT_TRUE(fs::exists(tmp.path / "sharded" / "model.safetensors.index.json"));
+    EXPECT_FALSE(fs::exists(tmp.path / "sharded" / "model.safetensors"));
+    int shards = 0;
+    for (const auto& entry : fs::directory_iterator(tmp.path / "sharded"))
+      shards += entry.path().filename().string().starts_with("model-0");
+    EXPECT_GE(shards, 3);  // ~87 KB of weights in shards of at most 20 KB (each of the two 12 KB embeddings alone)
+    EXPECT_EQ(model::load_checkpoint_params(tmp.path / "sharded", s.config), want);
+  });
+}
+
+std::string load_error(const TrainSetup& s, const fs::path& dir, MeshShape shape = {1, 2}) {
+  try {
+    run(s, shape, 3, 3, dir);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TrainCheckpoint, DamagedOrForeignCheckpointsAreNamed) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp;
+  const fs::path dir = tmp.path / "ckpt";
+  run(s, {2, 2}, 1, 2, {}, dir, 2);
+  ASSERT_EQ(load_error(s, dir), "");
+
+  // Truncated by 8 bytes.
+  const fs::path shard = dir / "optimizer" / "rank-00001-of-00004.safetensors";
+  const auto size = fs::file_size(shard);
+  fs::resize_file(shard, size - 8);
+  std::string e = load_error(s, dir);
+  EXPECT_NE(e.find(shard.string()), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  // Missing.
+  fs::remove(shard);
+  e = load_error(s, dir);
+  EXPECT_NE(e.find(shard.string() + ": missing"), std::string::npos) << e;
+
+  // Another model: hidden 48 instead of 32.
+  TrainSetup other = s;
+  run(s, {1, 1}, 1, 1, {}, tmp.path / "small", 1);
+  other.config.hidden = 48;
+  std::mt19937_64 rng2(7);
+  other.params = testing::tiny_params(other.config, rng2);
+  e = load_error(other, tmp.path / "small", {1, 1});
+  EXPECT_NE(e.find((tmp.path / "small" / "config.json").string()), std::string::npos) << e;
+  EXPECT_NE(e.find("another model: 'hidden_size' is 32 there and 48"), std::string::npos) << e;
+}
+
+// Hostile optimizer files, each rewritten with its size recorded again (so that only the content is wrong): a piece
+// past its tensor's end, a piece of a weight the model does not have, and a missing piece.
+TEST(TrainCheckpoint, BadOptimizerPiecesAreNamed) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp;
+  const fs::path dir = tmp.path / "ckpt", file = dir / "optimizer" / "rank-00000-of-00001.safetensors";
+  run(s, {1, 1}, 1, 2, {}, dir, 2);
+  const model::TensorMap good = model::read_safetensors(file);
+  const auto rewrite = [&](const model::TensorMap& tensors) {
+    model::write_safetensors(file, tensors);
+    const fs::path state = dir / "trainer_state.json";
+    nlohmann::json j = nlohmann::json::parse(model::read_file(state));
+    j["files"]["optimizer/rank-00000-of-00001.safetensors"] = fs::file_size(file);
+    model::write_file_atomic(state, j.dump());
+  };
+  const auto one_element = [] { return model::from_float32({1.f}, {1}, DType::F32); };
+
+  model::TensorMap past_end = good;
+  past_end["master@model.norm.weight@32"] = one_element();  // the norm has 32 elements: 32 is past its end
+  rewrite(past_end);
+  std::string e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find(file.string() + ": tensor 'master@model.norm.weight@32' covers elements 32..33 of a tensor of 32"),
+            std::string::npos)
+      << e;
+
+  model::TensorMap unknown = good;
+  unknown["exp_avg@model.layers.9.mlp.up_proj.weight@0"] = one_element();
+  rewrite(unknown);
+  e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find("'exp_avg@model.layers.9.mlp.up_proj.weight@0' names no weight of this model"), std::string::npos)
+      << e;
+
+  model::TensorMap missing = good;
+  ASSERT_EQ(missing.erase("exp_avg_sq@model.norm.weight@0"), 1u);
+  rewrite(missing);
+  e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find("/optimizer: no piece holds exp_avg_sq of model.norm.weight element 0"), std::string::npos) << e;
+
+  rewrite(good);
+  EXPECT_EQ(load_error(s, dir, {1, 1}), "");
+}
+
+TEST(TrainCheckpoint, InterruptedSaveLeavesThePreviousCheckpoint) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::DPO, rng);
+  TempDir tmp;
+  const fs::path dir = tmp.path / "latest";
+  std::vector<std::vector<double>> at2(2);
+  std::string error;
+  try {
+    testing::on_mesh(s, DType::F32, {2, 1}, [&](Trainer& t, model::Policy& p, const Mesh& mesh) {
+      t.step(s.batch);
+      t.step(s.batch);
+      save_training_checkpoint(dir, t, {1, 2, "rng"});
+      at2[mesh.world().rank()] = testing::layout_weights(p);
+      t.step(s.batch);
+      CheckpointOptions dying;
+      int written = 0;
+      dying.after_file = [&](const fs::path& f) {
+        if (++written == 2) throw Error(cat("disk full after ", f.filename().string()));
+      };
+      save_training_checkpoint(dir, t, {1, 3, "rng"}, dying);  // rank 0 writes its shard, then config.json: dies
+    });
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("disk full after config.json"), std::string::npos) << error;
+  EXPECT_TRUE(fs::exists(dir.string() + ".saving"));  // the unfinished save, left for the next one to clear
+  const RunOutcome resumed = run(s, {1, 1}, 3, 3, dir);
+  EXPECT_EQ(resumed.loaded[0], at2[0]);
+  EXPECT_EQ(resumed.progress[0].index, 2);
+
+  // The next save clears the leftover and replaces the checkpoint.
+  testing::on_mesh(s, DType::F32, {1, 1}, [&](Trainer& t, model::Policy&, const Mesh&) {
+    load_training_checkpoint(dir, t);
+    t.step(s.batch);
+    save_training_checkpoint(dir, t, {1, 3, "rng"});
+  });
+  EXPECT_FALSE(fs::exists(dir.string() + ".saving"));
+  EXPECT_FALSE(fs::exists(dir / ".ringtrain-saving"));
+  EXPECT_EQ(run(s, {2, 1}, 4, 4, dir).progress[1].index, 3);
+}
+
+TEST(TrainCheckpoint, NeverReplacesWhatIsNotACheckpoint) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp;
+  const fs::path file = tmp.path / "notes.txt", folder = tmp.path / "data";
+  std::ofstream(file) << "keep me";
+  fs::create_directories(folder);
+  std::ofstream(folder / "x") << "keep me too";
+  for (const fs::path& target : {file, folder}) {
+    std::string e;
+    try {
+      run(s, {1, 1}, 1, 1, {}, target, 1);
+    } catch (const std::exception& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("refusing to replace " + target.string()), std::string::npos) << e;
+  }
+  std::string text;
+  std::getline(std::ifstream(file), text);
+  EXPECT_EQ(text, "keep me");
+  EXPECT_TRUE(fs::exists(folder / "x"));
+}
+
+}  // namespace
+}  // namespace ringtrain::train

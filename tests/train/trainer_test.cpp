@@ -1,0 +1,185 @@
+// The train step (train/trainer.h) on CPU in-process ranks:
+// - 1 × 1 against an independent reference: the whole batch scored at once by a fresh policy, the loss of
+//   losses.h, its backward, and trainmath's unsharded host AdamW;
+// - dp × cp ∈ {1×2, 2×1, 2×2, 1×4} against 1 × 1 on the same global batch (loss, gradient norm, metrics,
+//   updated weights), for NLL, the clipped PG with KL and importance weights, and DPO, in fp64 and fp32;
+// - a NaN injected into one rank's gradient skips the step on every rank, leaving weights, master weights and
+//   moments bitwise unchanged.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "ringtrain/attention/cpu/cpu_backends.h"
+#include "ringtrain/comm/in_process.h"
+#include "train_test_util.h"
+
+namespace ringtrain::train {
+namespace {
+
+using testing::TrainSetup;
+
+// Relative L2 distance, NaN-poisoned.
+double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+std::vector<double> difference(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+class TrainerLosses : public ::testing::TestWithParam<LossKind> {
+ protected:
+  void SetUp() override { attention::cpu::set_math_fp64(true); }
+  void TearDown() override { attention::cpu::set_math_fp64(false); }
+};
+
+// 1 × 1 against the independent reference (fp64 policy). The trainer runs microbatches of 2 and the reference one
+// batch of 8: the same sums in another order, so agreement to ~1e-13 relative; 1e-10 leaves room.
+TEST_P(TrainerLosses, OneRankMatchesTheUnshardedReference) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(GetParam(), rng);
+  double want_loss = 0, want_norm = 0;
+  const std::vector<double> want = testing::reference_step(s, testing::train_policy_options(DType::F64, nullptr), &want_loss, &want_norm);
+  const testing::MeshRun got = testing::run_on_mesh(s, DType::F64, {1, 1}, 1);
+  ASSERT_EQ(got.results[0].size(), 1u);
+  const StepResult& r = got.results[0][0];
+  EXPECT_FALSE(r.skipped);
+  EXPECT_NEAR(r.loss, want_loss, 1e-10 * std::abs(want_loss)) << r.loss << " vs " << want_loss;
+  EXPECT_NEAR(r.grad_norm, want_norm, 1e-10 * want_norm);
+  EXPECT_GT(want_norm, 0);
+  const std::vector<double> start(s.params.begin(), s.params.end());
+  EXPECT_LE(rel_l2(difference(got.weights[0], start), difference(want, start)), 1e-10);
+}
+
+struct MeshCase {
+  int dp, cp;
+  DType dtype;
+};
+void PrintTo(const MeshCase& k, std::ostream* os) { *os << k.dp << "x" << k.cp << " " << dtype_name(k.dtype); }
+
+class TrainerMesh : public ::testing::TestWithParam<std::tuple<LossKind, MeshCase>> {
+ protected:
+  void SetUp() override { attention::cpu::set_math_fp64(true); }
+  void TearDown() override { attention::cpu::set_math_fp64(false); }
+};
+
+// Tolerances. fp64 without CP: the same sums over other microbatch / rank groupings, ~1e-14 relative; 1e-10 as
+// asked. With CP, or in fp32, the scores differ in their last fp32 bits: the ring merge goes through the attention
+// layer's fp32 LSE (2e-6 relative on gradients in tests/model/policy_test.cpp), and TokenScores are fp32 (2^-24
+// relative per logprob of ~4.6, so a DPO reward summing ~10 of them moves by ~1e-6; observed up to 1.3e-6 on rewards
+// and 1.7e-6 relative on a PG loss): 1e-5 relative on the loss, norm and weight update, 1e-5 absolute (per unit of
+// magnitude) on the metrics. A wrong shard, count or normaliser moves them by O(1).
+// The weight update is compared (new - start), with AdamW's eps of the gradients' order so that the update is
+// smooth in the gradient (no sign flips of gradients that are zero up to rounding).
+TEST_P(TrainerMesh, EqualsOneRank) {
+  const auto [kind, k] = GetParam();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(kind, rng);
+  const testing::MeshRun one = testing::run_on_mesh(s, k.dtype, {1, 1}, 1);
+  const testing::MeshRun many = testing::run_on_mesh(s, k.dtype, {k.dp, k.cp}, 1);
+  const bool f64 = k.dtype == DType::F64;
+  const double tol = f64 && k.cp == 1 ? 1e-10 : 1e-5;
+  const StepResult& want = one.results[0][0];
+  const std::vector<double> start(s.params.begin(), s.params.end());
+  const std::vector<double> want_update = difference(one.weights[0], start);
+  for (int r = 0; r < k.dp * k.cp; ++r) {
+    const StepResult& got = many.results[r][0];
+    EXPECT_FALSE(got.skipped);
+    EXPECT_NEAR(got.loss, want.loss, tol * std::abs(want.loss)) << "rank " << r;
+    EXPECT_NEAR(got.grad_norm, want.grad_norm, tol * want.grad_norm) << "rank " << r;
+    EXPECT_EQ(got.valid_tokens, want.valid_tokens);
+    EXPECT_EQ(got.valid_sequences, want.valid_sequences);
+    EXPECT_EQ(got.lr, want.lr);
+    ASSERT_EQ(got.metrics.size(), want.metrics.size());
+    for (size_t m = 0; m < want.metrics.size(); ++m) {
+      EXPECT_EQ(got.metrics[m].name, want.metrics[m].name);
+      EXPECT_EQ(got.metrics[m].count, want.metrics[m].count) << want.metrics[m].name;
+      EXPECT_NEAR(got.metrics[m].value, want.metrics[m].value, tol * std::max(1.0, std::abs(want.metrics[m].value)))
+          << want.metrics[m].name << " rank " << r;
+    }
+    // Every rank the same loss and weights, bit for bit (one all-reduce / all-gather gives them all).
+    EXPECT_EQ(std::memcmp(&got.loss, &many.results[0][0].loss, sizeof(double)), 0);
+    EXPECT_EQ(many.weights[r], many.weights[0]) << "rank " << r;
+  }
+  EXPECT_LE(rel_l2(difference(many.weights[0], start), want_update), tol);
+}
+
+std::string mesh_case_name(const ::testing::TestParamInfo<std::tuple<LossKind, MeshCase>>& info) {
+  const auto [kind, k] = info.param;
+  const char* loss = kind == LossKind::NLL ? "nll" : kind == LossKind::ClippedPG ? "pg" : "dpo";
+  return cat(loss, "_", k.dp, "x", k.cp, "_", dtype_name(k.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(Losses, TrainerLosses, ::testing::Values(LossKind::NLL, LossKind::ClippedPG, LossKind::DPO));
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, TrainerMesh,
+    ::testing::Combine(::testing::Values(LossKind::NLL, LossKind::ClippedPG, LossKind::DPO),
+                       ::testing::Values(MeshCase{1, 2, DType::F64}, MeshCase{2, 1, DType::F64},
+                                         MeshCase{2, 2, DType::F64}, MeshCase{1, 4, DType::F64},
+                                         MeshCase{2, 2, DType::F32}, MeshCase{2, 1, DType::F32})),
+    mesh_case_name);
+
+TEST(TrainerMeshShape, WorldMustBeDpTimesCp) {
+  try {
+    comm::run_ranks(4, std::chrono::seconds(10), [](comm::Communicator& c) { Mesh m(c, {3, 1}); });
+    FAIL() << "a 3 x 1 mesh on 4 ranks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dp 3 x cp 1 = 3 ranks, but the world has 4"), std::string::npos) << e.what();
+  }
+}
+
+// Rank 2 of a 2 × 2 mesh writes a NaN into its gradient after the backward of the second step: every rank skips
+// the step, reports it with a NaN norm, and its weights, master weights and moments are bitwise the ones after the
+// first step; the schedule still steps.
+TEST(TrainerSkip, NanOnOneRankSkipsTheStepEverywhere) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::ClippedPG, rng);
+  struct Snapshot {
+    std::vector<float> weights;
+    std::vector<char> master, exp_avg, exp_avg_sq;
+  };
+  const auto bytes = [](const Tensor& t) {
+    const char* p = static_cast<const char*>(t.data());
+    return std::vector<char>(p, p + t.nbytes());
+  };
+  std::vector<Snapshot> before(4), after(4);
+  std::vector<StepResult> skipped(4);
+  comm::run_ranks(4, std::chrono::seconds(60), [&](comm::Communicator& world) {
+    const Mesh mesh(world, {2, 2});
+    auto inner = model::make_policy(s.config, s.params, testing::train_policy_options(DType::F32, &mesh.cp_group()));
+    testing::InjectingPolicy policy(*inner);
+    Trainer trainer(s.cfg, policy, mesh);
+    trainer.step(s.batch);
+    const int r = world.rank();
+    ShardState& sh = trainer.shard();
+    before[r] = {policy.params(), bytes(sh.master), bytes(sh.exp_avg), bytes(sh.exp_avg_sq)};
+    if (r == 2) policy.after_backward = [&] { static_cast<float*>(policy.grads().data)[3] = NAN; };
+    skipped[r] = trainer.step(s.batch);
+    after[r] = {policy.params(), bytes(sh.master), bytes(sh.exp_avg), bytes(sh.exp_avg_sq)};
+    EXPECT_EQ(trainer.optimizer_steps(), 1);
+    EXPECT_EQ(trainer.schedule_position(), 2);
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(skipped[r].skipped) << "rank " << r;
+    EXPECT_TRUE(std::isnan(skipped[r].grad_norm)) << "rank " << r;
+    EXPECT_EQ(after[r].weights, before[r].weights) << "rank " << r;
+    EXPECT_EQ(after[r].master, before[r].master) << "rank " << r;
+    EXPECT_EQ(after[r].exp_avg, before[r].exp_avg) << "rank " << r;
+    EXPECT_EQ(after[r].exp_avg_sq, before[r].exp_avg_sq) << "rank " << r;
+    EXPECT_FALSE(before[r].exp_avg.empty());
+  }
+}
+
+}  // namespace
+}  // namespace ringtrain::train

@@ -1,0 +1,157 @@
+// Training curves: metrics.jsonl read into series (nulls and a torn last line skipped, bad lines named), and the
+// SVG parsed back: one panel per metric in order, and every polyline point mapped back through the panel's own
+// tick marks to the data it was drawn from.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/file_io.h"
+#include "ringtrain/worker/metrics.h"
+#include "ringtrain/worker/plot.h"
+#include "test_util.h"
+
+namespace ringtrain::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("rt_plot_test_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+double attr(const std::string& element, const std::string& name) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(element, m, std::regex(" " + name + "=\"([^\"]*)\""))) << name << " in " << element;
+  return std::stod(m[1].str());
+}
+
+// The panel's tick marks: (data value, pixel) pairs of one axis.
+std::vector<std::pair<double, double>> ticks(const std::string& panel, const std::string& cls, const char* pixel) {
+  std::vector<std::pair<double, double>> out;
+  const std::regex tick("<line class=\"" + cls + "\"[^>]*/>");
+  for (auto it = std::sregex_iterator(panel.begin(), panel.end(), tick); it != std::sregex_iterator(); ++it)
+    out.emplace_back(attr(it->str(), "data-value"), attr(it->str(), pixel));
+  return out;
+}
+
+TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
+  const fs::path dir = temp_dir();
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<double> loss, kl;
+  {
+    MetricsWriter w(dir, false);
+    double l = 3.0;
+    for (int64_t step = 1; step <= 37; ++step) {
+      l *= std::exp(-0.05 + 0.02 * std::normal_distribution<double>()(rng));
+      loss.push_back(l);
+      kl.push_back(step == 9 ? std::nan("") : 1e-3 * static_cast<double>(step));
+      w.write(step, {{"loss", l},
+                     {"grad_norm", 1.0 + 0.1 * step},
+                     {"lr", 1e-5},
+                     {"kl_to_ref", kl.back()},
+                     {"reward/mean", std::normal_distribution<double>()(rng)}});
+    }
+  }
+  // A run resumed from step 30 writes steps 31-37 again: the later values replace the earlier ones.
+  {
+    MetricsWriter resumed(dir, false);
+    for (int64_t step = 31; step <= 37; ++step) {
+      loss[static_cast<size_t>(step - 1)] = 0.01 * static_cast<double>(step);
+      resumed.write(step, {{"loss", loss[static_cast<size_t>(step - 1)]}});
+    }
+  }
+  // A torn last line (the run stopped while writing it) is ignored.
+  std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": 38, \"loss\": 1";
+
+  const std::vector<Series> all = read_metrics(dir / "metrics.jsonl");
+  EXPECT_EQ(default_panels(all), (std::vector<std::string>{"loss", "grad_norm", "kl_to_ref", "reward/mean"}));
+  const std::vector<Series> panels = select_series(all, {"loss", "kl_to_ref"});
+  ASSERT_EQ(panels[0].values, loss);
+  ASSERT_EQ(panels[0].steps.size(), 37u);
+  EXPECT_TRUE(std::is_sorted(panels[0].steps.begin(), panels[0].steps.end()));
+  ASSERT_EQ(panels[1].steps.size(), 36u);  // the NaN at step 9 was written as null and is skipped
+
+  const std::string svg = render_svg(panels, "run <A> & B");
+  EXPECT_NE(svg.find(">run &lt;A&gt; &amp; B</text>"), std::string::npos);
+  const std::regex panel_re("<g class=\"panel\" data-metric=\"([^\"]*)\">([\\s\\S]*?)</g>");
+  std::vector<std::string> names;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), panel_re); it != std::sregex_iterator(); ++it) {
+    const std::string name = (*it)[1].str(), body = (*it)[2].str();
+    names.push_back(name);
+    const Series& s = panels[names.size() - 1];
+    SCOPED_TRACE(name);
+    EXPECT_NE(body.find("class=\"panel-title\""), std::string::npos);
+    EXPECT_NE(body.find(">step</text>"), std::string::npos);
+    // The axis maps from two of its ticks (the first and the last), as a reader of the picture would take them.
+    const auto xt = ticks(body, "xtick", "x1"), yt = ticks(body, "ytick", "y1");
+    ASSERT_GE(xt.size(), 3u);
+    ASSERT_GE(yt.size(), 3u);
+    auto inverse = [](const std::vector<std::pair<double, double>>& t, double pixel) {
+      return t.front().first +
+             (pixel - t.front().second) / (t.back().second - t.front().second) * (t.back().first - t.front().first);
+    };
+    // Ticks cover the data.
+    EXPECT_LE(xt.front().first, s.steps.front());
+    EXPECT_GE(xt.back().first, s.steps.back());
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(body, m, std::regex("<polyline class=\"series\"[^>]* points=\"([^\"]*)\"")));
+    std::istringstream points(m[1].str());
+    std::string pt;
+    size_t i = 0;
+    // Points are written with 0.01 px: half of that in data units, plus rounding of the tick positions.
+    const double x_tol = 0.02 * (xt.back().first - xt.front().first) / std::abs(xt.back().second - xt.front().second);
+    const double y_tol = 0.02 * (yt.back().first - yt.front().first) / std::abs(yt.back().second - yt.front().second);
+    while (points >> pt) {
+      ASSERT_LT(i, s.steps.size());
+      const size_t comma = pt.find(',');
+      EXPECT_NEAR(inverse(xt, std::stod(pt.substr(0, comma))), s.steps[i], x_tol);
+      EXPECT_NEAR(inverse(yt, std::stod(pt.substr(comma + 1))), s.values[i], y_tol);
+      ++i;
+    }
+    EXPECT_EQ(i, s.steps.size());
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"loss", "kl_to_ref"}));
+
+  write_svg(dir / "curves.svg", svg);
+  EXPECT_EQ(model::read_file(dir / "curves.svg"), svg);
+  fs::create_directories(dir / "adir");
+  EXPECT_THROW(write_svg(dir / "adir", svg), Error);
+  fs::remove_all(dir);
+}
+
+TEST(WorkerPlot, BadInputsAreNamed) {
+  const fs::path dir = temp_dir();
+  auto error_of = [&](const std::string& text) -> std::string {
+    std::ofstream(dir / "m.jsonl", std::ios::trunc) << text;
+    try {
+      read_metrics(dir / "m.jsonl");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of("{\"step\": 1}\n{\"loss\": [1]}\n").find("m.jsonl:2: nested deeper"), std::string::npos);
+  EXPECT_NE(error_of("{\"loss\": 1}\n").find("m.jsonl:1: expected an object with a numeric \"step\""),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"step\": 1,\n").find("m.jsonl:1: invalid JSON"), std::string::npos);
+  EXPECT_THROW(select_series(read_metrics(dir / "m.jsonl"), {"loss"}), Error);
+  EXPECT_THROW(render_svg({}, "t"), Error);
+  // One point, a constant series and extreme values draw or fail cleanly, never produce NaN coordinates.
+  const std::string one = render_svg({Series{"x", {5}, {2.5}}}, "t");
+  EXPECT_EQ(one.find("nan"), std::string::npos);
+  EXPECT_THROW(render_svg({Series{"x", {0, 1}, {-1.7e308, 1.7e308}}}, "t"), Error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ringtrain::worker
