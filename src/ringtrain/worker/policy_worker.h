@@ -51,6 +51,8 @@ class PolicyWorker {
   const Config& config() const;
   const model::ModelConfig& model_config() const;
   model::Policy& policy();
+  train::Trainer& trainer();
+  const train::Mesh& mesh() const;
 
   // Scores the samples (microbatched by logprob_batch_size or packed by logprob_mb_tokens).
   LogprobResult get_logprobs(const std::vector<Sample>& samples, bool with_entropy = false);
@@ -71,5 +73,10 @@ class PolicyWorker {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// config.json + model.safetensors (in config.dtype) written into DIR.exporting, then renamed to DIR; an existing
+// DIR is replaced only when it is a directory.
+void write_hf_folder(const std::filesystem::path& dir, const model::ModelConfig& config,
+                     const std::vector<float>& values);
 
 }  // namespace ringtrain::worker
