@@ -330,21 +330,12 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
 
 void PolicyWorker::export_hf(const fs::path& dir) {
   State& s = *state_;
-  std::string error;
-  if (s.world->rank() == 0) {  // every rank holds all weights
-    try {
-      model::ModelConfig config = s.model;
-      config.dtype = s.policy->dtype() == DType::BF16 ? DType::BF16 : DType::F32;
-      write_hf_folder(dir, config, s.policy->params());
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  // Every rank returns, or throws, together.
-  std::vector<float> failed(1, error.empty() ? 0.0f : 1.0f);
-  all_reduce_sum(*s.world, failed);
-  RT_CHECK(error.empty(), error);
-  RT_CHECK(failed[0] == 0.0f, "export: rank 0 failed to write ", dir.string());
+  train::all_or_none(*s.world, "export", [&] {
+    if (s.world->rank() != 0) return;  // every rank holds all weights
+    model::ModelConfig config = s.model;
+    config.dtype = s.policy->dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+    write_hf_folder(dir, config, s.policy->params());
+  });
 }
 
 std::vector<RefitEntry> PolicyWorker::refit_info() const {
