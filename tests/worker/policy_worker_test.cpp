@@ -1,8 +1,9 @@
 // The policy worker: scoring gathered over dp in input order (against a plain one-rank policy scoring each sequence
 // alone), packed scoring equal to unpacked, the reference weights swapped in and out exactly, export_hf refusing to
 // replace a file, and the worker's checks before any weight is read.
-#include <gtest/gtest.h>
+#include "ringtrain/worker/policy_worker.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -15,7 +16,6 @@
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/params.h"
 #include "ringtrain/model/policy.h"
-#include "ringtrain/worker/policy_worker.h"
 #include "test_util.h"
 
 namespace ringtrain::worker {
@@ -93,7 +93,8 @@ TEST(PolicyWorker, LogprobsOverDpAndCpEqualEachSequenceScoredAlone) {
   std::mt19937_64 rng(seed);
   const std::vector<Sample> samples = random_samples(rng, 7, 256);  // 7: dp shares of 3 and 4
   for (const bool packing : {false, true}) {
-    const Config c = tiny_config(2, 2, {packing ? "policy.sequence_packing.enabled=true" : "policy.logprob_batch_size=3"});
+    const Config c =
+        tiny_config(2, 2, {packing ? "policy.sequence_packing.enabled=true" : "policy.logprob_batch_size=3"});
     const LogprobResult want = reference_scores(c, samples);
     std::vector<LogprobResult> got(4);
     comm::run_ranks(4, kTimeout, [&](comm::Communicator& world) {
@@ -114,10 +115,11 @@ TEST(PolicyWorker, PackedScoringEqualsUnpacked) {
   LogprobResult plain, packed;
   comm::run_ranks(1, kTimeout, [&](comm::Communicator& world) {
     plain = PolicyWorker(tiny_config(1, 1), world).get_logprobs(samples);
-    packed = PolicyWorker(tiny_config(1, 1, {"policy.sequence_packing.enabled=true",
-                                             "policy.sequence_packing.logprob_mb_tokens=80"}),
-                          world)
-                 .get_logprobs(samples);
+    packed =
+        PolicyWorker(
+            tiny_config(1, 1, {"policy.sequence_packing.enabled=true", "policy.sequence_packing.logprob_mb_tokens=80"}),
+            world)
+            .get_logprobs(samples);
   });
   EXPECT_LE(max_diff(packed.logprobs, plain.logprobs), kScoreTol);
 }

@@ -4,7 +4,6 @@
 // file, line and field or the key, a non-zero exit code and no checkpoint. Every run passes --timeout so a rank that
 // waits for a dead one gives up instead of hanging.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,10 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/hf_config.h"
@@ -175,6 +173,49 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
             model::load_checkpoint_params(dir.path / "full" / "ckpt" / "step_8", m));
 }
 
+std::vector<std::vector<double>> read_logprobs(const fs::path& file) {
+  std::vector<std::vector<double>> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("logprobs"));
+  return out;
+}
+
+double max_diff(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  if (a.empty() || a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return INFINITY;
+    for (size_t p = 0; p < a[i].size(); ++p) m = std::max(m, std::abs(a[i][p] - b[i][p]));
+  }
+  return m;
+}
+
+// logprobs --config: the config's mesh and packing, --reference the starting weights, --checkpoint a trained state.
+TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
+  TempDir dir("rt_logprobs_config");
+  const fs::path data = dir.path / "data.jsonl";
+  write_data(data, "sft", 8, testing::fresh_seed());
+  const testing::CliResult run =
+      run_cli(train_args("sft", data, dir.path, 1, 1, "train.steps=3 policy.scheduler.total_steps=3"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string base = "logprobs --config " + config_file("sft") + " --data " + data.string() + " --timeout 30";
+  const auto score = [&](const std::string& name, const std::string& args) {
+    const fs::path out = dir.path / name;
+    const testing::CliResult r = run_cli(base + " --out " + out.string() + " " + args);
+    EXPECT_EQ(r.code, 0) << name << ": " << r.output;
+    return read_logprobs(out);
+  };
+  const auto start = score("start.jsonl", "");
+  const auto mesh = score("mesh.jsonl", "--set parallel.dp=2 parallel.cp=2 policy.sequence_packing.enabled=true");
+  const auto reference =
+      score("reference.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string() + " --reference");
+  const auto trained = score("trained.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string());
+  ASSERT_EQ(start.size(), 8u);
+  EXPECT_LE(max_diff(mesh, start), 1e-4);  // fp32 rounding of other shards and batchings (policy_worker_test)
+  EXPECT_EQ(max_diff(reference, start), 0.0);
+  EXPECT_GT(max_diff(trained, start), 1e-3);  // three steps at lr 1e-3 move the scores
+}
+
 TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {
   TempDir dir("rt_train_bad");
   const fs::path good = dir.path / "good.jsonl";
@@ -206,14 +247,16 @@ TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {
       {"token >= vocab", "train.data=" + bad_token.string(), {bad_token.string() + ":3", "input_ids[2] = 256"}},
       {"mask length", "train.data=" + bad_mask.string(), {bad_mask.string() + ":3", "token_mask has 2 entries"}},
       {"too long", "train.data=" + too_long.string(), {too_long.string() + ":3", "input_ids"}},
-      {"wrong type", "train.data=" + good.string() + " policy.train_micro_batch_size=two",
+      {"wrong type",
+       "train.data=" + good.string() + " policy.train_micro_batch_size=two",
        {"policy.train_micro_batch_size", "two"}},
       {"missing file", "train.data=" + (dir.path / "absent.jsonl").string(), {"absent.jsonl"}},
   };
   for (const Case& c : cases) {
     const fs::path run = dir.path / "run";
     // The data path comes last so that it overrides the one train_args sets.
-    const testing::CliResult r = run_cli(train_args("sft", good, run, 2, 2, "train.steps=3 policy.scheduler.total_steps=3 " + c.extra));
+    const testing::CliResult r =
+        run_cli(train_args("sft", good, run, 2, 2, "train.steps=3 policy.scheduler.total_steps=3 " + c.extra));
     EXPECT_NE(r.code, 0) << c.what;
     for (const std::string& s : c.expect) EXPECT_NE(r.output.find(s), std::string::npos) << c.what << ": " << r.output;
     EXPECT_FALSE(fs::exists(run / "ckpt")) << c.what;

@@ -2,9 +2,8 @@
 // (dp x cp), attention allow-list, packing and batch sizes of a run config; --checkpoint scores a training
 // checkpoint's weights, --reference the config's starting weights (the reference policy of the run).
 #include <cstdio>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
@@ -50,8 +49,10 @@ void run_config_logprobs(const ConfigLogprobsOptions& o) {
   }
   std::string text;
   for (const auto& lp : results) text += nlohmann::json{{"logprobs", lp}}.dump() + "\n";
-  if (o.out.empty()) std::fputs(text.c_str(), stdout);
-  else model::write_file_atomic(o.out, text);
+  if (o.out.empty())
+    std::fputs(text.c_str(), stdout);
+  else
+    model::write_file_atomic(o.out, text);
 }
 
 }  // namespace ringtrain::cli

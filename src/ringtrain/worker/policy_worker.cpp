@@ -25,9 +25,15 @@ train::TrainerConfig trainer_config(const Config& c) {
   t.micro_batch_size = c.policy.train_micro_batch_size * (c.loss_fn.type == LossType::Dpo ? 2 : 1);
   const LossConfig& l = c.loss_fn;
   switch (l.type) {
-    case LossType::Nll: t.loss.kind = train::LossKind::NLL; break;
-    case LossType::ClippedPg: t.loss.kind = train::LossKind::ClippedPG; break;
-    case LossType::Dpo: t.loss.kind = train::LossKind::DPO; break;
+    case LossType::Nll:
+      t.loss.kind = train::LossKind::NLL;
+      break;
+    case LossType::ClippedPg:
+      t.loss.kind = train::LossKind::ClippedPG;
+      break;
+    case LossType::Dpo:
+      t.loss.kind = train::LossKind::DPO;
+      break;
   }
   t.loss.pg.eps_low = l.ratio_clip_min;
   t.loss.pg.eps_high = l.ratio_clip_max;
@@ -60,7 +66,8 @@ model::PolicyOptions policy_options(const Config& c, const model::ModelConfig& m
   po.device = c.device.is_cuda() ? world.device() : Device::cpu();
   po.dtype = c.compute_dtype();
   po.model.attention_backends = c.attention_backends;
-  if (c.policy.dtensor_cfg.activation_checkpointing) po.model.checkpoint_layers = model::ModelOptions::checkpoint_all(m.layers);
+  if (c.policy.dtensor_cfg.activation_checkpointing)
+    po.model.checkpoint_layers = model::ModelOptions::checkpoint_all(m.layers);
   po.logprob_chunk = c.policy.logprob_chunk_size;
   po.cp_group = &cp_group;
   po.cp.comm = c.parallel.cp_comm;
@@ -92,17 +99,17 @@ void check_samples(const std::vector<Sample>& samples, const model::ModelConfig&
     RT_CHECK(s.length() >= 1 && s.length() <= max_length, what, ": sample ", i, " has ", s.length(),
              " tokens; policy.max_total_sequence_length allows 1 to ", max_length);
     for (size_t p = 0; p < s.input_ids.size(); ++p)
-      RT_CHECK(s.input_ids[p] >= 0 && s.input_ids[p] < m.vocab, what, ": sample ", i, " input_ids[", p, "] = ",
-               s.input_ids[p], " is not a token id in [0, ", m.vocab, ")");
-    const auto check_len = [&](const std::vector<float>& v, const char* field, bool required) {
-      RT_CHECK(v.size() == s.input_ids.size() || (!required && v.empty()), what, ": sample ", i, " ", field, " has ",
-               v.size(), " entries for ", s.length(), " tokens");
+      RT_CHECK(s.input_ids[p] >= 0 && s.input_ids[p] < m.vocab, what, ": sample ", i, " input_ids[", p,
+               "] = ", s.input_ids[p], " is not a token id in [0, ", m.vocab, ")");
+    const auto check_len = [&](const std::vector<float>& v, const char* field) {
+      RT_CHECK(v.empty() || v.size() == s.input_ids.size(), what, ": sample ", i, " ", field, " has ", v.size(),
+               " entries for ", s.length(), " tokens");
     };
-    check_len(s.token_mask, "token_mask", false);
-    check_len(s.advantages, "advantages", false);
-    check_len(s.generation_logprobs, "generation_logprobs", false);
-    check_len(s.prev_logprobs, "prev_logprobs", false);
-    check_len(s.reference_logprobs, "reference_logprobs", false);
+    check_len(s.token_mask, "token_mask");
+    check_len(s.advantages, "advantages");
+    check_len(s.generation_logprobs, "generation_logprobs");
+    check_len(s.prev_logprobs, "prev_logprobs");
+    check_len(s.reference_logprobs, "reference_logprobs");
   }
 }
 
@@ -165,8 +172,7 @@ struct PolicyWorker::State {
     LogprobResult out;
     const auto split = [&](const std::vector<float>& flat, std::vector<std::vector<float>>& to) {
       to.resize(samples.size());
-      for (size_t i = 0; i < samples.size(); ++i)
-        to[i].assign(flat.begin() + start[i], flat.begin() + start[i + 1]);
+      for (size_t i = 0; i < samples.size(); ++i) to[i].assign(flat.begin() + start[i], flat.begin() + start[i + 1]);
     };
     split(flat_lp, out.logprobs);
     if (with_entropy) split(flat_ent, out.entropy);
@@ -253,7 +259,8 @@ TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
   train::TrainBatch batch;
   for (const Sample& x : samples) {
     batch.sequences.push_back(x.input_ids);
-    batch.token_mask.push_back(x.token_mask.empty() ? std::vector<uint8_t>(x.input_ids.size(), 1) : to_mask(x.token_mask));
+    batch.token_mask.push_back(x.token_mask.empty() ? std::vector<uint8_t>(x.input_ids.size(), 1)
+                                                    : to_mask(x.token_mask));
     batch.sample_mask.push_back(x.sample_mask != 0.0f);
   }
   // Logprobs the loss reads, from the samples, or computed here when a sample lacks them.
@@ -262,8 +269,10 @@ TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
     std::vector<Sample> missing;
     std::vector<size_t> where;
     for (size_t i = 0; i < samples.size(); ++i) {
-      if ((samples[i].*field).empty()) missing.push_back(samples[i]), where.push_back(i);
-      else to[i] = samples[i].*field;
+      if ((samples[i].*field).empty())
+        missing.push_back(samples[i]), where.push_back(i);
+      else
+        to[i] = samples[i].*field;
     }
     if (!missing.empty()) {
       LogprobResult r = reference ? get_reference_logprobs(missing) : s.score(missing, false);
@@ -281,7 +290,8 @@ TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
     if (c.loss_fn.use_importance_sampling_correction) {
       for (size_t i = 0; i < samples.size(); ++i)
         RT_CHECK(!samples[i].generation_logprobs.empty(),
-                 "train: loss_fn.use_importance_sampling_correction needs generation_logprobs; sample ", i, " has none");
+                 "train: loss_fn.use_importance_sampling_correction needs generation_logprobs; sample ", i,
+                 " has none");
       for (const Sample& x : samples) batch.gen_logprobs.push_back(x.generation_logprobs);
     }
   }

@@ -59,13 +59,14 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
     RT_CHECK(!ckpt_dir.empty(), "--resume needs train.checkpoint_dir");
     if (const auto from = newest_checkpoint(ckpt_dir)) {
       const train::TrainingProgress p = worker.load(*from);
-      RT_CHECK(p.rng == rng_state(c), from->string(), ": the data order was drawn with '", p.rng,
-               "', this run's is '", rng_state(c), "' (train.seed differs)");
+      RT_CHECK(p.rng == rng_state(c), from->string(), ": the data order was drawn with '", p.rng, "', this run's is '",
+               rng_state(c), "' (train.seed differs)");
       step = p.epoch * schedule.steps_per_epoch() + p.index / c.policy.train_global_batch_size;
       RT_CHECK(step == worker.trainer().steps_taken(), from->string(), ": the data position (epoch ", p.epoch,
                ", index ", p.index, ") is not the step the trainer took (", worker.trainer().steps_taken(), ")");
-      if (lead) std::fprintf(stderr, "ringtrain train: resuming from %s (step %lld)\n", from->string().c_str(),
-                             static_cast<long long>(step));
+      if (lead)
+        std::fprintf(stderr, "ringtrain train: resuming from %s (step %lld)\n", from->string().c_str(),
+                     static_cast<long long>(step));
     }
   }
 

@@ -19,8 +19,8 @@
 namespace ringtrain::worker {
 
 struct TrainRunOptions {
-  bool resume = false;    // continue from the newest complete checkpoint in train.checkpoint_dir (none: start)
-  bool progress = true;   // the progress line on stderr (rank 0)
+  bool resume = false;   // continue from the newest complete checkpoint in train.checkpoint_dir (none: start)
+  bool progress = true;  // the progress line on stderr (rank 0)
 };
 
 // The steps the run takes in all (train.steps and train.epochs over `units` batches' worth of data).
