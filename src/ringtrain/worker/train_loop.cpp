@@ -114,6 +114,10 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       checkpoint(step + 1);
   }
   if (progress) progress->finish();
+  if (lead)
+    std::fprintf(stderr, "ringtrain train: %lld of %lld steps done (%lld in this run)%s%s\n",
+                 static_cast<long long>(step), static_cast<long long>(total), static_cast<long long>(step - start),
+                 ckpt_dir.empty() ? "" : "; checkpoints in ", ckpt_dir.string().c_str());
   return step - start;
 }
 
