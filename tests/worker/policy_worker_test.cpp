@@ -142,6 +142,51 @@ TEST(PolicyWorker, ReferenceLogprobsEqualBeforeTrainingDifferAfterAndSwapBackExa
   });
 }
 
+// Clipped PG without prev_logprobs or reference_logprobs: the worker computes both from the weights of the step, so
+// on the first step every ratio is 1 and the KL to the reference 0, and the token-level loss is -Σ A / counted
+// tokens (positions >= 1 with mask 1), whatever the mesh: a hand-computed value the computed logprobs must meet.
+TEST(PolicyWorker, ComputedPrevAndReferenceLogprobsMakeTheFirstPgStepAnAdvantageMean) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<Sample> samples = random_samples(rng, 4, 256);
+  double sum = 0, count = 0;
+  for (Sample& s : samples) {
+    s.advantages.resize(s.input_ids.size());
+    for (size_t p = 0; p < s.input_ids.size(); ++p) {
+      s.token_mask[p] = static_cast<float>(rng() % 4 != 0);
+      s.advantages[p] = std::uniform_real_distribution<float>(-1, 1)(rng);
+      if (p >= 1 && s.token_mask[p] != 0) sum += s.advantages[p], count += 1;
+    }
+  }
+  const std::vector<std::string> pg = {"loss_fn.type=clipped_pg", "loss_fn.reference_policy_kl_penalty=0.5"};
+  std::vector<double> loss(4, NAN), kl(4, NAN);
+  comm::run_ranks(4, kTimeout, [&](comm::Communicator& world) {
+    PolicyWorker w(tiny_config(2, 2, pg), world);
+    const TrainResult r = w.train(samples);
+    loss[static_cast<size_t>(world.rank())] = r.step.loss;
+    for (const train::Metric& m : r.step.metrics)
+      if (m.name == "ref_kl") kl[static_cast<size_t>(world.rank())] = m.value;
+  });
+  for (size_t r = 0; r < 4; ++r) {
+    // Ratios exp(cur - prev) of the same fp32 weights scored through training and scoring paths: 1 within ~1e-6.
+    EXPECT_NEAR(loss[r], -sum / count, 1e-5) << "rank " << r;
+    EXPECT_NEAR(kl[r], 0.0, 1e-6) << "rank " << r;
+  }
+}
+
+// DPO without reference_logprobs: the reference is the starting weights, so on the first step every reward is 0
+// and the loss softplus(0) = log 2 exactly as a formula, on any mesh.
+TEST(PolicyWorker, ComputedReferenceLogprobsMakeTheFirstDpoStepLog2) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<Sample> pairs = random_samples(rng, 8, 256);  // 4 pairs: chosen, rejected, ...
+  std::vector<double> loss(2, NAN);
+  comm::run_ranks(2, kTimeout, [&](comm::Communicator& world) {
+    PolicyWorker w(tiny_config(2, 1, {"loss_fn.type=dpo", "loss_fn.reference_policy_kl_penalty=0.1"}), world);
+    loss[static_cast<size_t>(world.rank())] = w.train(pairs).step.loss;
+  });
+  // The rewards are differences of the same weights' logprobs through two paths: |r| ~ 1e-5, beta r ~ 1e-6.
+  for (double l : loss) EXPECT_NEAR(l, std::log(2.0), 1e-6);
+}
+
 TEST(PolicyWorker, ChecksTheMeshAndTheBatchBeforeWork) {
   comm::run_ranks(2, kTimeout, [&](comm::Communicator& world) {
     try {
