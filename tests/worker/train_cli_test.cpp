@@ -28,6 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 using testing::run_cli;
 
+// A test that outlives its deadline ends the test program (SIGALRM) instead of hanging CI: the ranks' own
+// --timeout covers collectives, this covers everything else.
+struct Deadline {
+  explicit Deadline(unsigned seconds) { ::alarm(seconds); }
+  ~Deadline() { ::alarm(0); }
+};
+
 struct TempDir {
   fs::path path;
   explicit TempDir(const std::string& name)
@@ -98,6 +105,7 @@ std::map<int64_t, double> losses(const fs::path& metrics_dir) {
 }
 
 TEST(TrainCli, DpCpMeshGivesTheSingleRankLosses) {
+  const Deadline test_deadline(240);
   const uint64_t seed = testing::fresh_seed();
   for (const std::string loss : {"sft", "pg", "dpo"}) {
     TempDir dir("rt_train_mesh_" + loss);
@@ -134,6 +142,7 @@ pid_t spawn_cli(const std::string& args) {
 }
 
 TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
+  const Deadline test_deadline(240);
   const uint64_t seed = testing::fresh_seed();
   TempDir dir("rt_train_resume");
   const fs::path data = dir.path / "data.jsonl";
@@ -148,8 +157,9 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   const fs::path killed = dir.path / "killed";
   const pid_t pid = spawn_cli(train_args("pg", data, killed, 2, 1, extra));
   ASSERT_GT(pid, 0);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(killed / "ckpt" / "step_2" / "trainer_state.json") && std::chrono::steady_clock::now() < deadline)
+  const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(killed / "ckpt" / "step_2" / "trainer_state.json") &&
+         std::chrono::steady_clock::now() < wait_until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ::kill(pid, SIGKILL);
   int status = 0;
@@ -192,6 +202,7 @@ double max_diff(const std::vector<std::vector<double>>& a, const std::vector<std
 
 // logprobs --config: the config's mesh and packing, --reference the starting weights, --checkpoint a trained state.
 TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
+  const Deadline test_deadline(240);
   TempDir dir("rt_logprobs_config");
   const fs::path data = dir.path / "data.jsonl";
   write_data(data, "sft", 8, testing::fresh_seed());
@@ -217,6 +228,7 @@ TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
 }
 
 TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {
+  const Deadline test_deadline(240);
   TempDir dir("rt_train_bad");
   const fs::path good = dir.path / "good.jsonl";
   write_data(good, "sft", 8, 1);
