@@ -2,7 +2,8 @@
 # On the GPU machine (see README, "GPU users"): configure and build with CUDA, run the tests, then the
 # benchmarks when asked. cuDNN and NCCL come from python's nvidia packages there; the header-only
 # dependencies from .deps (scripts/fetch-deps.sh, carried along).
-#   TESTS=REGEX  ctest -R filter (default: all tests)      BENCH=1  also run the benchmarks
+#   TESTS=REGEX  ctest -R filter (default: all tests)      LABELS=REGEX  ctest -L filter (e.g. _gpu)
+#   BENCH=1      also run the benchmarks
 #   OUT=DIR      logs are copied there when set            TARGETS="a b"  build only these ninja targets
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ cmake -S . -B "$build" -G Ninja -DRINGTRAIN_CUDA=ON -DCMAKE_PREFIX_PATH="$PWD/.d
 grep "ringtrain:" "$log/configure.log" || true
 ninja -C "$build" ${TARGETS:-} 2>&1 | tee "$log/build.log" | grep -E "error|warning: .*(spill|stack)|FAILED" || true
 [ "${PIPESTATUS[0]}" -eq 0 ] || { tail -40 "$log/build.log"; exit 1; }
-ctest --test-dir "$build" --output-on-failure --timeout 600 -R "${TESTS:-.}" 2>&1 | tee "$log/ctest.log" | tail -60
+ctest --test-dir "$build" --output-on-failure --timeout 600 ${LABELS:+-L "$LABELS"} -R "${TESTS:-.}" 2>&1 | tee "$log/ctest.log" | tail -60
 tests_rc=${PIPESTATUS[0]}
 # The benchmarks run even when a test failed (device time is scarce); the exit status is still the tests'.
 if [ "${BENCH:-0}" = 1 ] && [ -x bench/run_device_bench.sh ]; then

@@ -6,10 +6,13 @@
 #include <functional>
 #include <limits>
 
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/dtype.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
+#include "ringtrain/core/sys_error.h"
 #include "ringtrain/core/tensor.h"
 #include "test_util.h"
 
@@ -218,6 +221,56 @@ TEST(DeviceOps, CudaViewsWithoutCudaSupportAreClearErrors) {
   expect_error([&] { fill_normal_hashed(gpu, 1); }, "fill_normal_hashed");
   expect_error([&] { Tensor::empty({2, 3}, DType::F32, Device::cuda(1)); }, "allocating");
   EXPECT_THROW(copy_async(cpu, gpu, nullptr), Error);  // different devices
+}
+
+}  // namespace
+}  // namespace ringtrain
+
+namespace ringtrain {
+namespace {
+
+TEST(Checked, ProductsAndSumsThatOverflowAreErrorsNamingTheQuantity) {
+  EXPECT_EQ(checked_mul(int64_t{1} << 31, int64_t{1} << 31, "x"), int64_t{1} << 62);
+  EXPECT_EQ(checked_add(INT64_MAX - 1, 1, "x"), INT64_MAX);
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] { checked_mul(int64_t{1} << 62, 4, "tensor 'w' numel"); }).find("tensor 'w' numel"),
+            std::string::npos);
+  EXPECT_NE(message([] { checked_add(INT64_MAX, 1, "count"); }).find("count"), std::string::npos);
+  EXPECT_NE(message([] { checked_mul(-1, 4, "negative"); }).find("negative"), std::string::npos);
+  const std::vector<int64_t> wraps{int64_t{1} << 62, 4};  // 2^64 wraps to 0 unchecked
+  EXPECT_NE(message([&] { checked_numel(wraps, "shape"); }).find("overflows"), std::string::npos);
+  TensorView v;
+  v.ndim = 2, v.shape[0] = int64_t{1} << 62, v.shape[1] = 4;
+  EXPECT_NE(message([&] { (void)v.numel(); }).find("overflows"), std::string::npos);
+}
+
+TEST(Json, NestingBeyondTheLimitIsAnErrorNamingTheSource) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  try {
+    parse_json(deep, "f.json:3");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f.json:3: JSON nested deeper than"), std::string::npos) << e.what();
+  }
+  const std::string ok_depth = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  EXPECT_NO_THROW(parse_json(ok_depth, "ok"));
+  const std::string too_deep = std::string(kMaxJsonDepth + 1, '[') + std::string(kMaxJsonDepth + 1, ']');
+  EXPECT_THROW(parse_json(too_deep, "x"), Error);
+  EXPECT_THROW(parse_json("{\"a\": ", "x"), Error);
+  const std::string long_value = json_excerpt(nlohmann::json(std::string(1000, 'a')), 50);
+  EXPECT_EQ(long_value.size(), 53u);
+  EXPECT_TRUE(long_value.ends_with("..."));
+}
+
+TEST(SysError, MessageNamesWhatPathAndReason) {
+  EXPECT_EQ(sys_message("cannot open", "/x/y", ENOENT), "cannot open /x/y: No such file or directory");
 }
 
 }  // namespace

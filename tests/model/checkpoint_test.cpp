@@ -3,7 +3,10 @@
 // errors. Every error must name the file and what is wrong.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cmath>
 
 #include <fstream>
 #include <random>
@@ -136,7 +139,7 @@ TEST_F(Checkpoint, MalformedFilesNameFileAndProblem) {
   // A header that is not JSON.
   std::string bad = bytes;
   bad[8] = '#';
-  expect_error([&] { model::read_safetensors(write("h.safetensors", bad)); }, {"h.safetensors", "not valid JSON"});
+  expect_error([&] { model::read_safetensors(write("h.safetensors", bad)); }, {"h.safetensors", "header: invalid JSON"});
   // Entries that lie: wrong byte count for the shape, unknown dtype, overlapping data.
   auto with_header = [&](const json& h, size_t data_bytes) {
     std::string hs = h.dump(), out(8, '\0');
@@ -274,6 +277,86 @@ TEST(HfConfig, SlidingWindowRules) {
   q["use_sliding_window"] = false;
   q["layer_types"] = {"full_attention", "sliding_attention"};
   EXPECT_EQ(model::parse_config(q, "c").sliding_window, 16);
+}
+
+TEST_F(Checkpoint, DeferredReadsMatchLoadedBytesAndNameNonFiniteWeights) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  ModelConfig c = testing::tiny_config(model::Arch::Llama);
+  c.dtype = DType::BF16;
+  std::vector<float> p = testing::tiny_params(c, rng);
+  model::save_checkpoint(dir_, c, p);
+  const model::TensorMap loaded = model::read_checkpoint_tensors(dir_);
+  const model::TensorMap deferred = model::read_checkpoint_tensors(dir_, model::TensorData::Defer);
+  ASSERT_EQ(loaded.size(), deferred.size());
+  for (const auto& [name, t] : loaded) {
+    EXPECT_TRUE(deferred.at(name).bytes.empty()) << name;
+    std::vector<float> from_file(static_cast<size_t>(t.numel()), std::nanf(""));
+    model::to_float32(name, deferred.at(name), from_file.data());
+    EXPECT_EQ(from_file, model::to_float32(name, t)) << name;
+  }
+  p[model::ParamLayout(c).layers[0].down + 3] = std::nanf("");
+  model::save_checkpoint(dir_, c, p);
+  expect_error([&] { model::load_checkpoint_params(dir_, c); },
+               {"model.safetensors", "tensor 'model.layers.0.mlp.down_proj.weight'", "element 3 is nan"});
+}
+
+TEST_F(Checkpoint, SaveRefusesOrReplacesAnExistingCheckpointWithoutStaleShards) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = testing::tiny_config(model::Arch::Qwen3);
+  const std::vector<float> p = testing::tiny_params(c, rng);
+  const auto ck = dir_ / "ck";
+  model::save_checkpoint(ck, c, p, model::ExistingCheckpoint::Refuse);
+  expect_error([&] { model::save_checkpoint(ck, c, p, model::ExistingCheckpoint::Refuse); },
+               {ck.string(), "already holds a checkpoint"});
+  // A stale sharded checkpoint in the folder: its index would win over the new model.safetensors.
+  const std::string shard = "model-00001-of-00001.safetensors";
+  std::filesystem::copy_file(ck / "model.safetensors", ck / shard);
+  json index;
+  for (const auto& [name, t] : model::read_safetensors(ck / shard, model::TensorData::Defer)) index["weight_map"][name] = shard;
+  model::write_file_atomic(ck / "model.safetensors.index.json", index.dump());
+  model::write_file_atomic(ck / "tokenizer.json", "{}");
+  std::vector<float> p2 = testing::tiny_params(c, rng);
+  model::save_checkpoint(ck, c, p2, model::ExistingCheckpoint::Replace);
+  EXPECT_FALSE(std::filesystem::exists(ck / "model.safetensors.index.json"));
+  EXPECT_FALSE(std::filesystem::exists(ck / shard));
+  EXPECT_TRUE(std::filesystem::exists(ck / "tokenizer.json"));  // not ours: kept
+  EXPECT_EQ(model::load_checkpoint_params(ck, c), p2);
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST_F(Checkpoint, WritesRefuseWhatIsNotARegularFileAndReadsNameDirectories) {
+  const auto target = dir_ / "target.txt";
+  model::write_file_atomic(target, "keep");
+  std::filesystem::create_symlink(target, dir_ / "link");
+  expect_error([&] { model::write_file_atomic(dir_ / "link", "x"); }, {"link", "symbolic link"});
+  EXPECT_TRUE(std::filesystem::is_symlink(dir_ / "link"));
+  EXPECT_EQ(model::read_file(target), "keep");
+  ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0644), 0);
+  expect_error([&] { model::write_file_atomic(dir_ / "fifo", "x"); }, {"fifo", "FIFO"});
+  expect_error([&] { model::read_file(dir_); }, {dir_.string(), "is a directory"});
+  expect_error([&] { model::write_file_atomic(dir_ / "no" / "such" / "f", "x"); },
+               {"cannot create", "No such file or directory"});
+}
+
+TEST(ModelConfigLimitsHostile, SizesAreBoundedAndFloatsFinite) {
+  json j = model::config_to_json(testing::tiny_config(model::Arch::Llama));
+  auto with = [&](const char* key, json v) {
+    json k = j;
+    k[key] = std::move(v);
+    return k;
+  };
+  expect_error([&] { model::parse_config(with("num_hidden_layers", int64_t{1} << 40), "c.json"); },
+               {"c.json", "'num_hidden_layers' = 1099511627776", "must be in [1, "});
+  expect_error([&] { model::parse_config(with("hidden_size", int64_t{1} << 62), "c.json"); }, {"'hidden_size'"});
+  expect_error([&] { model::parse_config(with("rope_theta", 0.0), "c.json"); }, {"'rope_theta'", "positive"});
+  ModelConfig c = testing::tiny_config(model::Arch::Llama);
+  c.rope.theta = std::nan("");
+  expect_error([&] { model::config_to_json(c); }, {"'rope_theta' = nan", "finite"});
+  c = testing::tiny_config(model::Arch::Llama);
+  c.max_positions = 8;
+  EXPECT_NO_THROW(model::check_sequence_supported(c, 8));
+  expect_error([&] { model::check_sequence_supported(c, 9); }, {"9 tokens", "'max_position_embeddings' = 8"});
 }
 
 }  // namespace

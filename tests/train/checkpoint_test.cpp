@@ -15,7 +15,11 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "ringtrain/model/file_io.h"
 #include "ringtrain/model/params.h"
+#include "ringtrain/model/safetensors.h"
 #include "ringtrain/train/checkpoint.h"
 #include "train_test_util.h"
 
@@ -175,6 +179,24 @@ TEST(TrainCheckpoint, OtherFlatOrderAndGaps) {
   EXPECT_FALSE(resumed.results[0][0].skipped);
 }
 
+// An fp64 trainer's master pieces load into fp32 trainers, rounded once.
+TEST(TrainCheckpoint, Fp64MasterLoadsIntoFp32) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp;
+  std::vector<double> saved;
+  testing::on_mesh(s, DType::F64, {1, 1}, [&](Trainer& t, model::Policy& p, const Mesh&) {
+    t.step(s.batch);
+    t.step(s.batch);
+    save_training_checkpoint(tmp.path / "f64", t, {});
+    saved = testing::layout_weights(p);
+  });
+  const RunOutcome resumed = run(s, {1, 2}, 3, 3, tmp.path / "f64");
+  ASSERT_EQ(resumed.loaded[0].size(), saved.size());
+  for (size_t i = 0; i < saved.size(); ++i) ASSERT_EQ(resumed.loaded[0][i], double(float(saved[i]))) << i;
+  EXPECT_EQ(resumed.loaded[1], resumed.loaded[0]);
+}
+
 TEST(TrainCheckpoint, HuggingFaceWeightsOneFileOrShards) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
@@ -236,6 +258,49 @@ TEST(TrainCheckpoint, DamagedOrForeignCheckpointsAreNamed) {
   e = load_error(other, tmp.path / "small", {1, 1});
   EXPECT_NE(e.find((tmp.path / "small" / "config.json").string()), std::string::npos) << e;
   EXPECT_NE(e.find("another model: 'hidden_size' is 32 there and 48"), std::string::npos) << e;
+}
+
+// Hostile optimizer files, each rewritten with its size recorded again (so that only the content is wrong): a piece
+// past its tensor's end, a piece of a weight the model does not have, and a missing piece.
+TEST(TrainCheckpoint, BadOptimizerPiecesAreNamed) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp;
+  const fs::path dir = tmp.path / "ckpt", file = dir / "optimizer" / "rank-00000-of-00001.safetensors";
+  run(s, {1, 1}, 1, 2, {}, dir, 2);
+  const model::TensorMap good = model::read_safetensors(file);
+  const auto rewrite = [&](const model::TensorMap& tensors) {
+    model::write_safetensors(file, tensors);
+    const fs::path state = dir / "trainer_state.json";
+    nlohmann::json j = nlohmann::json::parse(model::read_file(state));
+    j["files"]["optimizer/rank-00000-of-00001.safetensors"] = fs::file_size(file);
+    model::write_file_atomic(state, j.dump());
+  };
+  const auto one_element = [] { return model::from_float32({1.f}, {1}, DType::F32); };
+
+  model::TensorMap past_end = good;
+  past_end["master@model.norm.weight@32"] = one_element();  // the norm has 32 elements: 32 is past its end
+  rewrite(past_end);
+  std::string e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find(file.string() + ": tensor 'master@model.norm.weight@32' covers elements 32..33 of a tensor of 32"),
+            std::string::npos)
+      << e;
+
+  model::TensorMap unknown = good;
+  unknown["exp_avg@model.layers.9.mlp.up_proj.weight@0"] = one_element();
+  rewrite(unknown);
+  e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find("'exp_avg@model.layers.9.mlp.up_proj.weight@0' names no weight of this model"), std::string::npos)
+      << e;
+
+  model::TensorMap missing = good;
+  ASSERT_EQ(missing.erase("exp_avg_sq@model.norm.weight@0"), 1u);
+  rewrite(missing);
+  e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find("/optimizer: no piece holds exp_avg_sq of model.norm.weight element 0"), std::string::npos) << e;
+
+  rewrite(good);
+  EXPECT_EQ(load_error(s, dir, {1, 1}), "");
 }
 
 TEST(TrainCheckpoint, InterruptedSaveLeavesThePreviousCheckpoint) {

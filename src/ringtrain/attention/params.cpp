@@ -1,7 +1,9 @@
 #include "ringtrain/attention/params.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 
 namespace ringtrain::attention {
@@ -35,6 +37,18 @@ std::string AttnParams::describe() const {
   return cat(device_name(device), ' ', dtype_name(dtype), " B=", batch, " Hq=", heads_q, " Hkv=", heads_kv,
              " D=", head_dim, " Sq=", seqlen_q, " Skv=", seqlen_kv, " mask=", mask_name(mask),
              packed ? " packed" : "", deterministic ? " deterministic" : "", has_bias ? " bias" : "");
+}
+
+void validate_params(const AttnParams& p) {
+  RT_CHECK(p.batch > 0 && p.heads_q > 0 && p.heads_kv > 0 && p.head_dim > 0 && p.seqlen_q >= 0 && p.seqlen_kv >= 0,
+           "attention: bad params ", p.describe(), " (batch, heads and head_dim must be positive, lengths >= 0)");
+  RT_CHECK(p.heads_q % p.heads_kv == 0, "attention: query heads (", p.heads_q, ") must be a multiple of kv heads (",
+           p.heads_kv, ")");
+  // The element counts of q/o and k/v, and of the score matrix a row block spans, must fit in 64 bits.
+  const std::string what = cat("attention: params ", p.describe(), ": element count");
+  const int64_t rows = checked_mul(p.batch, std::max(p.seqlen_q, p.seqlen_kv), what);
+  checked_mul(checked_mul(rows, std::max(p.heads_q, p.heads_kv), what), p.head_dim, what);
+  checked_mul(checked_mul(checked_mul(p.batch, p.heads_q, what), p.seqlen_q, what), p.seqlen_kv, what);
 }
 
 namespace {
@@ -71,12 +85,6 @@ void check_lse(const AttnParams& p, const TensorView& lse, const TensorView& q) 
   }
 }
 
-void check_params(const AttnParams& p) {
-  RT_CHECK(p.batch > 0 && p.heads_q > 0 && p.heads_kv > 0 && p.head_dim > 0 && p.seqlen_q >= 0 && p.seqlen_kv >= 0,
-           "attention: bad params ", p.describe());
-  RT_CHECK(p.heads_q % p.heads_kv == 0, "attention: query heads (", p.heads_q, ") must be a multiple of kv heads (",
-           p.heads_kv, ")");
-}
 
 void check_cu_seqlens(const AttnParams& p, const char* name, const TensorView& cu) {
   if (!p.packed) return;
@@ -114,7 +122,7 @@ TensorView bias_broadcast_view(const TensorView& bias) {
 }
 
 void validate(const AttnParams& p, const AttnForwardArgs& a) {
-  check_params(p);
+  validate_params(p);
   check_tensor(p, "q", a.q, p.seqlen_q, p.heads_q, p.dtype);
   check_tensor(p, "k", a.k, p.seqlen_kv, p.heads_kv, p.dtype);
   check_tensor(p, "v", a.v, p.seqlen_kv, p.heads_kv, p.dtype);
@@ -129,7 +137,7 @@ void validate(const AttnParams& p, const AttnForwardArgs& a) {
 }
 
 void validate(const AttnParams& p, const AttnBackwardArgs& a) {
-  check_params(p);
+  validate_params(p);
   check_tensor(p, "q", a.q, p.seqlen_q, p.heads_q, p.dtype);
   check_tensor(p, "k", a.k, p.seqlen_kv, p.heads_kv, p.dtype);
   check_tensor(p, "v", a.v, p.seqlen_kv, p.heads_kv, p.dtype);

@@ -74,7 +74,11 @@ struct AttnBackwardArgs {
   TensorView bias;  // the forward's bias (only when params.has_bias); treated as a constant (no gradient)
 };
 
-// Shape/dtype/device checks of the tensors against the params; the error names the tensor and its shape.
+// The sizes themselves: positive batch/heads/head_dim, non-negative lengths, heads_q a multiple of heads_kv, element
+// counts within 64 bits. The error names the params.
+void validate_params(const AttnParams& p);
+// Shape/dtype/device checks of the tensors against the params (and validate_params); the error names the tensor and
+// its shape.
 void validate(const AttnParams& p, const AttnForwardArgs& a);
 void validate(const AttnParams& p, const AttnBackwardArgs& a);
 

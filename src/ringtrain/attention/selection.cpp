@@ -181,6 +181,7 @@ void set_root_backends(std::vector<BackendId> ids, std::string source) {
 std::vector<BackendId> root_backends() { return root_with_source().first; }
 
 Selection explain(const AttnParams& p) {
+  validate_params(p);
   auto [ids, source] = root_with_source();
   std::string key = p.key() + "#" + format_backend_list(ids) + "#" + source;
   for (const ScopeEntry& sc : t_scopes)

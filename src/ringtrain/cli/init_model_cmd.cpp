@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ringtrain/cli/commands.h"
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/params.h"
 
@@ -15,7 +16,7 @@ void add_init_model_command(CLI::App& app) {
     int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 256;
     uint64_t seed = 0;
     double rope_theta = 10000.0;
-    bool tie = false;
+    bool tie = false, force = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("init-model", "Write a randomly initialised checkpoint");
@@ -32,6 +33,7 @@ void add_init_model_command(CLI::App& app) {
   cmd->add_option("--rope-theta", o->rope_theta)->capture_default_str();
   cmd->add_flag("--tie", o->tie, "tie the LM head to the embeddings");
   cmd->add_option("--out", o->out, "checkpoint folder")->required();
+  cmd->add_flag("--force", o->force, "replace a checkpoint already in --out");
   cmd->callback([o] {
     using namespace model;
     ModelConfig c;
@@ -39,7 +41,7 @@ void add_init_model_command(CLI::App& app) {
     c.layers = o->layers, c.hidden = o->hidden, c.heads = o->heads, c.vocab = o->vocab;
     c.kv_heads = o->kv_heads ? o->kv_heads : o->heads;
     c.head_dim = o->head_dim ? o->head_dim : (o->heads > 0 ? o->hidden / o->heads : 0);
-    c.ffn = o->ffn ? o->ffn : 4 * o->hidden;
+    c.ffn = o->ffn ? o->ffn : checked_mul(4, o->hidden, "--hidden x 4 (the default --ffn)");
     c.tie_embeddings = o->tie;
     c.qkv_bias = c.arch == Arch::Qwen2;
     c.qk_norm = c.arch == Arch::Qwen3;
@@ -49,7 +51,8 @@ void add_init_model_command(CLI::App& app) {
              " is not a checkpoint dtype (fp32, bf16, fp16)");
     // The same validation as a loaded config.json.
     c = parse_config(config_to_json(c), "init-model options");
-    save_checkpoint(o->out, c, random_params(ParamLayout(c), o->seed));
+    save_checkpoint(o->out, c, random_params(ParamLayout(c), o->seed),
+                    o->force ? ExistingCheckpoint::Replace : ExistingCheckpoint::Refuse);
     std::printf("wrote %s (%s, %lld parameters)\n", o->out.c_str(), arch_class_name(c.arch).c_str(),
                 static_cast<long long>(ParamLayout(c).total()));
   });

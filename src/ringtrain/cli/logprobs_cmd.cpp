@@ -1,8 +1,9 @@
 // `ringtrain logprobs`: next-token log-probabilities of token sequences under a checkpoint, one JSON line per
 // input line ({"logprobs": [S numbers]}, position 0 = 0), in input order. On the CPU in fp32 (--cp N: ranks are
 // threads); with --device cuda in bf16 on one GPU, or with --cp N on N GPUs (one process per GPU, NCCL).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,43 +16,54 @@
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
+#include "ringtrain/core/sys_error.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/policy.h"
 
 namespace ringtrain::cli {
 namespace {
 
+// Output line N belongs to input line N, so a blank line is an error rather than skipped.
 std::vector<std::vector<int32_t>> read_samples(const std::string& path, int64_t vocab) {
-  std::ifstream in(path);
-  RT_CHECK(in, "cannot open ", path);
+  const std::string text = model::read_file(path);
   std::vector<std::vector<int32_t>> out;
-  std::string line;
-  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(cat(path, ":", lineno, ": invalid JSON: ", e.what()));
-    }
-    RT_CHECK(j.is_object() && j.contains("input_ids"), path, ":", lineno, ": expected an object with key 'input_ids'");
+  size_t pos = 0;
+  for (int64_t lineno = 1; pos < text.size(); ++lineno) {
+    const size_t eol = std::min(text.find('\n', pos), text.size());
+    const std::string_view line(text.data() + pos, eol - pos);
+    pos = eol + 1;
+    const std::string where = cat(path, ":", lineno);
+    RT_CHECK(line.find_first_not_of(" \t\r") != std::string_view::npos, where,
+             ": blank line (every line must be one {\"input_ids\": [...]} object)");
+    const nlohmann::json j = parse_json(line, where);
+    RT_CHECK(j.is_object() && j.contains("input_ids"), where, ": expected an object with key 'input_ids'");
     const nlohmann::json& ids = j["input_ids"];
-    RT_CHECK(ids.is_array() && !ids.empty(), path, ":", lineno, ": 'input_ids' must be a non-empty list");
+    RT_CHECK(ids.is_array() && !ids.empty(), where, ": 'input_ids' must be a non-empty list");
     std::vector<int32_t> seq;
     for (const nlohmann::json& t : ids) {
-      RT_CHECK(t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab, path, ":", lineno,
-               ": 'input_ids' entry ", t.dump(), " is not a token id in [0, ", vocab, ")");
+      RT_CHECK(t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab, where,
+               ": 'input_ids' entry ", json_excerpt(t), " is not a token id in [0, ", vocab, ")");
       seq.push_back(t.get<int32_t>());
     }
     out.push_back(std::move(seq));
   }
+  RT_CHECK(!out.empty(), path, ": no samples (the file is empty)");
   return out;
+}
+
+// A non-finite log-probability would be written as null; it means the model or the input is broken.
+void check_results_finite(const std::vector<std::vector<float>>& results, const std::string& data) {
+  for (size_t i = 0; i < results.size(); ++i)
+    for (size_t t = 0; t < results[i].size(); ++t)
+      RT_CHECK(std::isfinite(results[i][t]), data, ":", i + 1, ": the log-probability at position ", t, " is ",
+               results[i][t]);
 }
 
 void write_results(const std::vector<std::vector<float>>& results, const std::string& out) {
   std::string text;
   for (const auto& lp : results) text += nlohmann::json{{"logprobs", lp}}.dump() + "\n";
-  if (out.empty()) std::fputs(text.c_str(), stdout);
+  if (out.empty()) write_stdout(text);
   else model::write_file_atomic(out, text);
 }
 
@@ -141,6 +153,7 @@ void add_logprobs_command(CLI::App& app) {
         if (comm.rank() == 0) results = std::move(mine);
       });
     }
+    check_results_finite(results, o->data);
     write_results(results, o->out);
   });
 }

@@ -3,6 +3,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/sys_error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"ringtrain: context-parallel training and scoring of transformer policies"};
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   ringtrain::cli::add_export_command(app);
   try {
     app.parse(argc, argv);
+    ringtrain::check_stdout();  // output lost to a full disk or closed pipe is a failure, not a success
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const ringtrain::cli::Exit& e) {

@@ -486,19 +486,36 @@ std::vector<std::unique_ptr<Communicator>> make_in_process_group(int world, std:
   return comms;
 }
 
+namespace {
+
+// A rank thread could not be created (a process limit on threads, or memory): the started ranks are aborted, which
+// ends their waits, and joined (a joinable std::thread destroyed would terminate the program).
+[[noreturn]] void stop_started_ranks(const std::vector<std::unique_ptr<Communicator>>& comms,
+                                     std::vector<std::thread>& started, const std::string& why) {
+  for (const auto& c : comms) c->abort(why);
+  for (auto& t : started) t.join();
+  throw Error(why);
+}
+
+}  // namespace
+
 void run_ranks(int world, std::chrono::milliseconds timeout, const std::function<void(Communicator&)>& fn) {
   auto comms = make_in_process_group(world, timeout);
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(*comms[r]);
-      } catch (...) {
-        errors[r] = std::current_exception();
-        comms[r]->abort(message_of(errors[r]));
-      }
-    });
+    try {
+      threads.emplace_back([&, r] {
+        try {
+          fn(*comms[r]);
+        } catch (...) {
+          errors[r] = std::current_exception();
+          comms[r]->abort(message_of(errors[r]));
+        }
+      });
+    } catch (const std::exception& e) {
+      stop_started_ranks(comms, threads, cat("cannot start the thread of rank ", r, " of ", world, ": ", e.what()));
+    }
   }
   for (auto& t : threads) t.join();
   std::vector<bool> threw(world);

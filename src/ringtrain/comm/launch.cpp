@@ -1,9 +1,11 @@
 #include "ringtrain/comm/launch.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,14 +16,22 @@
 namespace ringtrain::comm {
 namespace {
 
+// More ranks than any node has GPUs; beyond it a typo would fork thousands of processes.
+constexpr int kMaxLocalRanks = 1024;
+
+// Returns the child's pid, or -1 with errno set when fork fails.
 pid_t spawn(const LaunchOptions& o, int rank, const std::vector<std::string>& argv) {
+  const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
-  RT_CHECK(pid >= 0, "launch: fork failed: ", std::strerror(errno));
-  if (pid > 0) {
-    ::setpgid(pid, pid);  // (also in the child: whichever runs first) so that a rank's own children are stopped too
+  if (pid != 0) {
+    // (also in the child: whichever runs first) so that a rank's own children are stopped too
+    if (pid > 0) ::setpgid(pid, pid);
     return pid;
   }
   ::setpgid(0, 0);
+  // A launcher killed with SIGKILL cannot stop its ranks; the kernel does it for the rank itself. The launcher may
+  // have died before the request took effect, hence the check of the parent.
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) ::_exit(128 + SIGKILL);
   // Child: its own variables, then exec.
   const std::string r = std::to_string(rank), w = std::to_string(o.nproc), port = std::to_string(o.master_port);
   ::setenv("RANK", r.c_str(), 1);
@@ -50,10 +60,25 @@ int exit_code(int status) {
   return 1;
 }
 
+// Stops the ranks started so far (their whole process groups) and waits for them.
+void kill_and_reap(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids) ::kill(-p, SIGKILL);
+  for (pid_t p : pids)
+    while (::waitpid(p, nullptr, 0) < 0 && errno == EINTR) {
+    }
+}
+
+void restore_handlers(const struct sigaction& term, const struct sigaction& intr, const struct sigaction& hup) {
+  ::sigaction(SIGTERM, &term, nullptr);
+  ::sigaction(SIGINT, &intr, nullptr);
+  ::sigaction(SIGHUP, &hup, nullptr);
+}
+
 }  // namespace
 
 int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
-  RT_CHECK(o.nproc >= 1, "launch: --nproc must be at least 1, got ", o.nproc);
+  RT_CHECK(o.nproc >= 1 && o.nproc <= kMaxLocalRanks, "launch: --nproc must be in [1, ", kMaxLocalRanks, "], got ",
+           o.nproc);
   RT_CHECK(!argv.empty(), "launch: no command given (usage: ringtrain launch --nproc N -- COMMAND ...)");
   struct sigaction sa {}, old_term {}, old_int {}, old_hup {};
   sa.sa_handler = on_stop_signal;
@@ -62,7 +87,17 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
   ::sigaction(SIGHUP, &sa, &old_hup);
   g_stop_signal = 0;
   std::vector<pid_t> pids;
-  for (int r = 0; r < o.nproc; ++r) pids.push_back(spawn(o, r, argv));
+  for (int r = 0; r < o.nproc; ++r) {
+    const pid_t pid = spawn(o, r, argv);
+    if (pid < 0) {
+      const int err = errno;
+      kill_and_reap(pids);
+      restore_handlers(old_term, old_int, old_hup);
+      throw Error(cat("launch: cannot start rank ", r, " of ", o.nproc, " (fork: ", std::strerror(err),
+                      "); the started ranks were stopped"));
+    }
+    pids.push_back(pid);
+  }
   int result = 0, running = o.nproc;
   bool terminating = false;
   auto kill_after = std::chrono::steady_clock::time_point::max();
@@ -102,9 +137,7 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
       kill_after = std::chrono::steady_clock::now() + o.grace;
     }
   }
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGHUP, &old_hup, nullptr);
+  restore_handlers(old_term, old_int, old_hup);
   return result;
 }
 

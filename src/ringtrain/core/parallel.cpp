@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -42,7 +43,13 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
     }
   };
   std::vector<std::thread> threads;
-  for (int64_t t = 1; t < workers; ++t) threads.emplace_back(body);
+  for (int64_t t = 1; t < workers; ++t) {
+    try {
+      threads.emplace_back(body);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had (a process limit): the started ones and this one share the work
+    }
+  }
   body();
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);

@@ -26,7 +26,9 @@ Device parse_device(const std::string& name) {
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim; ++d)
+    RT_CHECK(shape[d] >= 0 && !__builtin_mul_overflow(n, shape[d], &n), "tensor ", shape_str(),
+             ": the element count is negative or overflows 64 bits");
   return n;
 }
 
@@ -88,6 +90,9 @@ TensorView contiguous_view(void* data, DType dtype, Device device, std::initiali
 Tensor Tensor::empty(std::initializer_list<int64_t> shape, DType dtype, Device device) {
   Tensor t;
   t.view_ = contiguous_view(nullptr, dtype, device, shape);
+  int64_t nbytes = 0;
+  RT_CHECK(!__builtin_mul_overflow(t.view_.numel(), static_cast<int64_t>(dtype_size(dtype)), &nbytes), "tensor ",
+           t.view_.shape_str(), ": the byte size overflows 64 bits");
   t.storage_ = device_ops(t.view_, "allocating").allocate(t.view_);
   t.view_.data = t.storage_.get();
   return t;

@@ -58,13 +58,17 @@ AttnInputs random_inputs(const AttnProblem& p, uint64_t seed) {
   return in;
 }
 
-AttnResults reference_attention(const AttnProblem& p, const AttnInputs& in) {
-  attention::cpu::set_math_fp64(true);  // the reference accumulates in fp64 (process-wide switch)
+namespace {
+
+// The CPU math backend on the unsharded sequence, outputs in `out` (F64 with fp64 accumulation, else fp32
+// accumulation and outputs rounded to `out`).
+AttnResults math_attention(const AttnProblem& p, const AttnInputs& in, DType out) {
+  attention::cpu::set_math_fp64(out == DType::F64);  // process-wide switch
   const attention::Backend* math = attention::find_backend(attention::BackendId::Math, DeviceKind::CPU);
   RT_CHECK(math, "the CPU math backend is missing from the registry");
   const AttnParams params = attention::params_for(in.q, in.k, p.causal ? MaskType::CausalTopLeft : MaskType::None);
-  AttnResults r{bshd(p, p.seq, p.heads_q, DType::F64), lse_tensor(p, p.seq), bshd(p, p.seq, p.heads_q, DType::F64),
-                bshd(p, p.seq, p.heads_kv, DType::F64), bshd(p, p.seq, p.heads_kv, DType::F64)};
+  AttnResults r{bshd(p, p.seq, p.heads_q, out), lse_tensor(p, p.seq), bshd(p, p.seq, p.heads_q, out),
+                bshd(p, p.seq, p.heads_kv, out), bshd(p, p.seq, p.heads_kv, out)};
   for (const Tensor* t : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv}) poison(*t);
   AttnForwardArgs fa;
   fa.q = in.q;
@@ -91,6 +95,25 @@ AttnResults reference_attention(const AttnProblem& p, const AttnInputs& in) {
   math->backward(params, ba);
   r.backward_seconds = seconds_since(t0);
   return r;
+}
+
+}  // namespace
+
+AttnResults reference_attention(const AttnProblem& p, const AttnInputs& in) { return math_attention(p, in, DType::F64); }
+
+AttnResults dtype_reference_attention(const AttnProblem& p, const AttnInputs& in) {
+  AttnResults r = math_attention(p, in, p.dtype);
+  attention::cpu::set_math_fp64(true);  // the state reference_attention leaves, which the CP tests expect
+  return r;
+}
+
+double error_bound(DType dtype, double dtype_reference_error) {
+  // fp32: accumulation-order differences only. 16-bit: the outputs carry the dtype's rounding, and a gradient that
+  // is a cancellation (two keys of nearly equal weight) carries much more; the same computation in the dtype shows
+  // how much, and a correct kernel stays within a few times that (PyTorch's attention tests use the same form).
+  // The floor keeps a near-exact dtype reference from demanding more than the output rounding (2^-9 for bf16).
+  if (dtype == DType::F32) return 1e-5;
+  return 4.0 * dtype_reference_error + 2e-3;
 }
 
 AttnResults cp_attention_on_ranks(const AttnProblem& p, const AttnInputs& in, const CpRunOptions& opt) {

@@ -33,6 +33,12 @@ struct AttnResults {
 AttnInputs random_inputs(const AttnProblem& prob, uint64_t seed);
 // The CPU math backend with fp64 accumulation on the unsharded sequence (called directly, not through selection).
 AttnResults reference_attention(const AttnProblem& prob, const AttnInputs& in);
+// The same computation in the problem's dtype (fp32 accumulation, outputs rounded to the dtype): its error against
+// reference_attention is the rounding error the problem itself has, the scale for error_bound.
+AttnResults dtype_reference_attention(const AttnProblem& prob, const AttnInputs& in);
+// The largest relative error (against reference_attention) a correct run in `dtype` may have, given the relative
+// error of dtype_reference_attention on the same inputs.
+double error_bound(DType dtype, double dtype_reference_error);
 
 struct CpRunOptions {
   int cp = 1;

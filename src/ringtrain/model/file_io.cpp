@@ -1,41 +1,147 @@
 #include "ringtrain/model/file_io.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
-#include <fstream>
+#include <cstdio>
+#include <new>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/sys_error.h"
 
 namespace ringtrain::model {
+namespace {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+void write_all(int fd, std::string_view bytes, const std::string& path) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      throw Error(sys_message("cannot write", path, err));
+    }
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+}  // namespace
+
+InputFile::InputFile(const std::filesystem::path& path) : path_(path.string()) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0) throw_sys_error("cannot open", path_);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw Error(sys_message("cannot stat", path_, err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw Error(cat("cannot read ", path_, ": it is ", file_kind(st.st_mode), ", expected a regular file"));
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+InputFile::~InputFile() { ::close(fd_); }
+
+void InputFile::read_at(uint64_t offset, void* dst, size_t n) const {
+  char* out = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd_, out, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw_sys_error("cannot read", path_);
+    RT_CHECK(got > 0, "cannot read ", path_, ": the file ends at byte ", offset, ", ", n,
+             " more bytes expected (it was truncated while being read)");
+    out += got, offset += static_cast<uint64_t>(got), n -= static_cast<size_t>(got);
+  }
+}
 
 std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  RT_CHECK(in, "cannot open ", path.string(), ": ", std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  RT_CHECK(!in.bad(), "error reading ", path.string());
+  const std::string name = path.string();
+  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_sys_error("cannot open", name);
+  std::string bytes;
+  try {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw_sys_error("cannot stat", name);
+    RT_CHECK(!S_ISDIR(st.st_mode), "cannot read ", name, ": it is a directory, expected a file");
+    // Sequential reads, so that pipes (--data /dev/stdin) work too.
+    if (S_ISREG(st.st_mode)) bytes.reserve(static_cast<size_t>(st.st_size));
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_sys_error("cannot read", name);
+      if (n == 0) break;
+      bytes.append(buf, static_cast<size_t>(n));
+    }
+  } catch (const std::bad_alloc&) {
+    ::close(fd);
+    throw Error(cat("cannot read ", name, ": out of memory after ", bytes.size(), " bytes"));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
   return bytes;
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
-  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    RT_CHECK(out, "cannot create ", tmp.string(), ": ", std::strerror(errno));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw Error(cat("error writing ", tmp.string(), " (", bytes.size(), " bytes)"));
-    }
+void check_replaceable(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw_sys_error("cannot inspect", path.string());
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error(cat("cannot rename ", tmp.string(), " to ", path.string(), ": ", ec.message()));
+  RT_CHECK(S_ISREG(st.st_mode), "refusing to replace ", path.string(), ": it is ", file_kind(st.st_mode),
+           ", not a regular file");
+}
+
+void sync_path(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_sys_error("cannot open", path.string());
+  const int rc = ::fsync(fd), err = errno;
+  ::close(fd);
+  // Some file systems cannot sync a folder (EINVAL); the data itself was synced before the rename.
+  if (rc != 0 && err != EINVAL) throw Error(sys_message("cannot sync", path.string(), err));
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
+  write_file_atomic(path, [&](const ByteSink& sink) { sink(bytes); });
+}
+
+void write_file_atomic(const std::filesystem::path& path, const std::function<void(const ByteSink& sink)>& produce) {
+  check_replaceable(path);
+  const std::string target = path.string();
+  const std::string tmp = target + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw_sys_error("cannot create", tmp);
+  bool open = true;
+  try {
+    produce([&](std::string_view bytes) { write_all(fd, bytes, tmp); });
+    if (::fsync(fd) != 0) throw_sys_error("cannot sync", tmp);
+    open = false;
+    if (::close(fd) != 0) throw_sys_error("cannot close", tmp);
+  } catch (...) {
+    if (open) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(sys_message(cat("cannot rename ", tmp, " to"), target, err));
   }
 }
 

@@ -1,6 +1,10 @@
 #include "ringtrain/model/hf_config.h"
 
+#include <cmath>
+
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
 #include "ringtrain/model/file_io.h"
 
 namespace ringtrain::model {
@@ -8,13 +12,23 @@ namespace {
 
 using nlohmann::json;
 
+// Upper bounds on the sizes of a config: several times the largest released models, small enough that every
+// product of two of them (a weight matrix) and the whole layout stay far inside 64 bits and that a hostile file
+// fails here rather than in an allocation.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden_size, intermediate_size, heads x head_dim
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxHeadDim = 4096;
+constexpr int64_t kMaxPositions = int64_t{1} << 30;
+
 struct Reader {
   const json& j;
   const std::string& source;
 
   bool has(const char* key) const { return j.contains(key) && !j.at(key).is_null(); }
   [[noreturn]] void bad(const char* key, const std::string& why) const {
-    throw Error(cat(source, ": key '", key, "' = ", j.contains(key) ? j.at(key).dump() : "(missing)", ": ", why));
+    throw Error(cat(source, ": key '", key, "' = ", j.contains(key) ? json_excerpt(j.at(key)) : "(missing)", ": ", why));
   }
   int64_t integer(const char* key) const {
     if (!has(key)) bad(key, "required integer is missing");
@@ -22,15 +36,17 @@ struct Reader {
     return j.at(key).get<int64_t>();
   }
   int64_t integer_or(const char* key, int64_t dflt) const { return has(key) ? integer(key) : dflt; }
-  int64_t positive(const char* key) const {
+  int64_t positive(const char* key, int64_t max) const {
     const int64_t v = integer(key);
-    if (v <= 0) bad(key, "must be positive");
+    if (v <= 0 || v > max) bad(key, cat("must be in [1, ", max, "]"));
     return v;
   }
   double number_or(const char* key, double dflt) const {
     if (!has(key)) return dflt;
     if (!j.at(key).is_number()) bad(key, "expected a number");
-    return j.at(key).get<double>();
+    const double v = j.at(key).get<double>();
+    if (!std::isfinite(v)) bad(key, "must be finite");
+    return v;
   }
   bool boolean_or(const char* key, bool dflt) const {
     if (!has(key)) return dflt;
@@ -66,12 +82,14 @@ RopeConfig rope_from_json(const Reader& r) {
   RopeConfig rope;
   const char* obj_key = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
   rope.theta = r.number_or("rope_theta", rope.theta);
+  if (!(rope.theta > 0)) r.bad("rope_theta", "must be positive");
   if (!r.has(obj_key)) return rope;
   const json& s = r.j.at(obj_key);
   if (!s.is_object()) r.bad(obj_key, "expected an object");
   const std::string src = cat(r.source, ": ", obj_key);
   const Reader sr{s, src};
   rope.theta = sr.number_or("rope_theta", rope.theta);
+  if (!(rope.theta > 0)) sr.bad("rope_theta", "must be positive");
   const std::string type = sr.has("rope_type") ? sr.string_or("rope_type", "") : sr.string_or("type", "default");
   if (sr.number_or("partial_rotary_factor", 1.0) != 1.0) sr.bad("partial_rotary_factor", "only 1.0 is supported");
   if (type == "default") return rope;
@@ -81,6 +99,7 @@ RopeConfig rope_from_json(const Reader& r) {
   rope.low_freq_factor = sr.number_or("low_freq_factor", 0);
   rope.high_freq_factor = sr.number_or("high_freq_factor", 0);
   rope.original_max_position = sr.integer_or("original_max_position_embeddings", 0);
+  if (rope.original_max_position > kMaxPositions) sr.bad("original_max_position_embeddings", cat("must be at most ", kMaxPositions));
   if (rope.factor <= 0) sr.bad("factor", "llama3 scaling needs a positive factor");
   if (rope.low_freq_factor <= 0) sr.bad("low_freq_factor", "llama3 scaling needs a positive value");
   if (rope.high_freq_factor <= rope.low_freq_factor) sr.bad("high_freq_factor", "must exceed low_freq_factor");
@@ -93,7 +112,7 @@ RopeConfig rope_from_json(const Reader& r) {
 int64_t sliding_window_from_json(const Reader& r, Arch arch) {
   if (!r.has("sliding_window")) return 0;
   const int64_t w = r.integer("sliding_window");
-  if (w <= 0) r.bad("sliding_window", "must be positive or null");
+  if (w <= 0 || w > kMaxPositions) r.bad("sliding_window", cat("must be in [1, ", kMaxPositions, "] or null"));
   if (arch == Arch::Mistral) return w;
   bool used = r.boolean_or("use_sliding_window", false);
   if (r.has("layer_types")) {
@@ -102,7 +121,7 @@ int64_t sliding_window_from_json(const Reader& r, Arch arch) {
     for (const json& t : lt) {
       if (!t.is_string()) r.bad("layer_types", "expected strings");
       if (t == "sliding_attention") used = true;
-      else if (t != "full_attention") r.bad("layer_types", cat("unsupported layer type ", t.dump()));
+      else if (t != "full_attention") r.bad("layer_types", cat("unsupported layer type ", json_excerpt(t)));
     }
   }
   return (arch == Arch::Llama || !used) ? 0 : w;
@@ -141,21 +160,24 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   const Reader r{j, source};
   ModelConfig c;
   c.arch = arch_from_json(r);
-  c.vocab = r.positive("vocab_size");
-  c.hidden = r.positive("hidden_size");
-  c.ffn = r.positive("intermediate_size");
-  c.layers = r.positive("num_hidden_layers");
-  c.heads = r.positive("num_attention_heads");
-  c.kv_heads = r.has("num_key_value_heads") ? r.positive("num_key_value_heads") : c.heads;
+  c.vocab = r.positive("vocab_size", kMaxVocab);
+  c.hidden = r.positive("hidden_size", kMaxWidth);
+  c.ffn = r.positive("intermediate_size", kMaxWidth);
+  c.layers = r.positive("num_hidden_layers", kMaxLayers);
+  c.heads = r.positive("num_attention_heads", kMaxHeads);
+  c.kv_heads = r.has("num_key_value_heads") ? r.positive("num_key_value_heads", kMaxHeads) : c.heads;
   if (c.heads % c.kv_heads != 0) r.bad("num_key_value_heads", cat("must divide num_attention_heads = ", c.heads));
   if (r.has("head_dim")) {
-    c.head_dim = r.positive("head_dim");
+    c.head_dim = r.positive("head_dim", kMaxHeadDim);
   } else {
     if (c.hidden % c.heads != 0) r.bad("hidden_size", cat("not divisible by num_attention_heads = ", c.heads));
     c.head_dim = c.hidden / c.heads;
   }
   if (c.head_dim % 2 != 0) r.bad("head_dim", "RoPE needs an even head dimension");
-  c.max_positions = r.integer_or("max_position_embeddings", c.max_positions);
+  if (c.head_dim > kMaxHeadDim) r.bad("hidden_size", cat("gives head_dim ", c.head_dim, " above ", kMaxHeadDim));
+  if (c.heads * c.head_dim > kMaxWidth)
+    r.bad("num_attention_heads", cat("x head_dim = ", c.heads * c.head_dim, " exceeds ", kMaxWidth));
+  if (r.has("max_position_embeddings")) c.max_positions = r.positive("max_position_embeddings", kMaxPositions);
   c.rms_eps = r.number_or("rms_norm_eps", c.rms_eps);
   if (!(c.rms_eps > 0)) r.bad("rms_norm_eps", "must be positive");
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
@@ -186,16 +208,15 @@ ModelConfig parse_config(const json& j, const std::string& source) {
 
 ModelConfig load_config(const std::filesystem::path& dir) {
   const std::filesystem::path file = dir / "config.json";
-  json j;
-  try {
-    j = json::parse(read_file(file));
-  } catch (const json::exception& e) {
-    throw Error(cat(file.string(), ": invalid JSON: ", e.what()));
-  }
-  return parse_config(j, file.string());
+  return parse_config(parse_json(read_file(file), file.string()), file.string());
 }
 
 json config_to_json(const ModelConfig& c) {
+  // nlohmann writes a non-finite double as null, which a reader takes for "absent" (the default).
+  for (const auto& [key, v] : {std::pair<const char*, double>{"rms_norm_eps", c.rms_eps}, {"rope_theta", c.rope.theta},
+                               {"factor", c.rope.factor}, {"low_freq_factor", c.rope.low_freq_factor},
+                               {"high_freq_factor", c.rope.high_freq_factor}})
+    RT_CHECK(std::isfinite(v), "config key '", key, "' = ", v, ": must be finite");
   json j;
   j["architectures"] = {arch_class_name(c.arch)};
   j["model_type"] = arch_model_type(c.arch);
@@ -238,6 +259,8 @@ void write_config(const std::filesystem::path& dir, const ModelConfig& c) {
 }
 
 void check_sequence_supported(const ModelConfig& c, int64_t total_tokens) {
+  RT_CHECK(total_tokens <= c.max_positions, "a sequence of ", total_tokens,
+           " tokens is longer than config key 'max_position_embeddings' = ", c.max_positions);
   RT_CHECK(c.sliding_window == 0 || total_tokens <= c.sliding_window, "config key 'sliding_window' = ",
            c.sliding_window, " is shorter than the sequence (", total_tokens,
            " tokens): sliding-window masks are not an attention mask the backends offer, so this sequence cannot be "

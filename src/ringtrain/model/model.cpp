@@ -1,5 +1,7 @@
 #include "ringtrain/model/model.h"
 
+#include <type_traits>
+
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/layers.h"
@@ -12,19 +14,20 @@ std::vector<attention::BackendId> ModelOptions::allowed_backends() const {
 }
 
 template <typename T>
-Model<T>::Model(ModelConfig config, const std::vector<float>& params, ModelOptions options)
+Model<T>::Model(ModelConfig config, std::vector<float> params, ModelOptions options)
     : config_(std::move(config)), layout_(config_), options_(std::move(options)) {
   RT_CHECK(static_cast<int64_t>(params.size()) == layout_.total(), "model: ", params.size(),
            " parameter values for a layout of ", layout_.total());
   inv_freq_ = rope_inv_freq(config_.rope, config_.head_dim);
-  params_.assign(params.begin(), params.end());
+  if constexpr (std::is_same_v<T, float>) params_ = std::move(params);  // no second copy of the weights
+  else params_.assign(params.begin(), params.end());
 }
 
 template <typename T>
 Model<T> Model<T>::load(const std::filesystem::path& dir, ModelOptions options) {
   ModelConfig c = load_config(dir);
-  const std::vector<float> values = load_checkpoint_params(dir, c);
-  return Model(std::move(c), values, std::move(options));
+  std::vector<float> values = load_checkpoint_params(dir, c);
+  return Model(std::move(c), std::move(values), std::move(options));
 }
 
 template <typename T>

@@ -32,7 +32,7 @@ struct ModelOptions {
 template <typename T>
 class Model {
  public:
-  Model(ModelConfig config, const std::vector<float>& params, ModelOptions options = {});
+  Model(ModelConfig config, std::vector<float> params, ModelOptions options = {});
   // config.json + safetensors from a checkpoint folder.
   static Model load(const std::filesystem::path& dir, ModelOptions options = {});
 

@@ -1,8 +1,19 @@
 #include "ringtrain/model/params.h"
 
-#include <random>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <new>
+#include <random>
+#include <set>
+
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
+#include "ringtrain/core/sys_error.h"
+#include "ringtrain/model/file_io.h"
 
 namespace ringtrain::model {
 
@@ -10,10 +21,9 @@ int64_t ParamLayout::add(std::string name, std::vector<int64_t> shape) {
   ParamSpec s;
   s.name = std::move(name);
   s.shape = std::move(shape);
-  s.numel = 1;
-  for (int64_t d : s.shape) s.numel *= d;
+  s.numel = checked_numel(s.shape, cat("parameter '", s.name, "' size"));
   s.offset = total_;
-  total_ += s.numel;
+  total_ = checked_add(total_, s.numel, "parameter count");
   specs_.push_back(std::move(s));
   return specs_.back().offset;
 }
@@ -53,17 +63,38 @@ const ParamSpec* ParamLayout::find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+
+// A NaN or infinite weight makes every output NaN (written as null): refuse it at load, naming the tensor.
+void check_finite(const float* v, int64_t n, const std::string& what) {
+  for (int64_t i = 0; i < n; ++i)
+    RT_CHECK(std::isfinite(v[i]), what, ": element ", i, " is ", v[i], " (weights must be finite)");
+}
+
+std::vector<float> allocate_params(const ParamLayout& layout, const std::string& what) {
+  try {
+    return std::vector<float>(static_cast<size_t>(layout.total()));
+  } catch (const std::bad_alloc&) {
+    throw Error(cat(what, ": cannot allocate ", layout.total(), " fp32 parameters (",
+                    static_cast<double>(layout.total()) * 4 / (1 << 30), " GiB)"));
+  } catch (const std::length_error&) {
+    throw Error(cat(what, ": ", layout.total(), " fp32 parameters exceed the address space"));
+  }
+}
+
+}  // namespace
+
 std::vector<float> params_from_tensors(const ParamLayout& layout, const ModelConfig& c, const TensorMap& tensors,
                                        const std::string& source) {
-  std::vector<float> out(static_cast<size_t>(layout.total()));
+  std::vector<float> out = allocate_params(layout, source);
   for (const ParamSpec& s : layout.specs()) {
     auto it = tensors.find(s.name);
     RT_CHECK(it != tensors.end(), source, ": missing tensor '", s.name, "' (expected shape ", shape_string(s.shape),
              ")");
     RT_CHECK(it->second.shape == s.shape, it->second.file, ": tensor '", s.name, "' has shape ",
              shape_string(it->second.shape), ", expected ", shape_string(s.shape), " from config.json");
-    const std::vector<float> v = to_float32(s.name, it->second);
-    std::copy(v.begin(), v.end(), out.begin() + s.offset);
+    to_float32(s.name, it->second, out.data() + s.offset);
+    check_finite(out.data() + s.offset, s.numel, cat(it->second.file, ": tensor '", s.name, "'"));
   }
   for (const auto& [name, t] : tensors) {
     if (layout.find(name)) continue;
@@ -85,7 +116,7 @@ TensorMap params_to_tensors(const ParamLayout& layout, const float* values, DTyp
 std::vector<float> random_params(const ParamLayout& layout, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 0.02f);
-  std::vector<float> out(static_cast<size_t>(layout.total()));
+  std::vector<float> out = allocate_params(layout, "random_params");
   for (const ParamSpec& s : layout.specs()) {
     const bool is_norm = s.name.find("norm.weight") != std::string::npos;
     const bool is_bias = s.name.ends_with(".bias");
@@ -94,17 +125,106 @@ std::vector<float> random_params(const ParamLayout& layout, uint64_t seed) {
   return out;
 }
 
-void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& c, const std::vector<float>& values) {
+namespace {
+
+const char* const kIndexName = "model.safetensors.index.json";
+
+bool holds_checkpoint(const std::filesystem::path& dir) {
+  for (const char* name : {"config.json", "model.safetensors", kIndexName})
+    if (std::filesystem::exists(std::filesystem::symlink_status(dir / name))) return true;
+  return false;
+}
+
+// The shard files an index names (plain names only; anything else is not ours to delete).
+std::set<std::string> indexed_shards(const std::filesystem::path& index) {
+  std::set<std::string> shards;
+  try {
+    const nlohmann::json j = parse_json(read_file(index), index.string());
+    if (j.is_object() && j.contains("weight_map") && j["weight_map"].is_object())
+      for (const auto& [name, file] : j["weight_map"].items())
+        if (file.is_string() && file.get<std::string>().find('/') == std::string::npos &&
+            file.get<std::string>().ends_with(".safetensors"))
+          shards.insert(file.get<std::string>());
+  } catch (const Error&) {
+    // A broken stale index still goes; its shards stay, since we cannot tell which they are.
+  }
+  return shards;
+}
+
+void rename_or_throw(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int err = errno;
+    throw Error(sys_message(cat("cannot rename ", from.string(), " to"), to.string(), err));
+  }
+}
+
+void remove_or_throw(const std::filesystem::path& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) throw_sys_error("cannot remove", path.string());
+}
+
+// Moves the files of the finished checkpoint in `staged` over those of `dir`: the stale index first (it would win
+// over the new model.safetensors), then each file by rename, then the shards the index named.
+void replace_checkpoint_files(const std::filesystem::path& staged, const std::filesystem::path& dir) {
+  const std::filesystem::path index = dir / kIndexName;
+  std::set<std::string> stale_shards;
+  if (std::filesystem::exists(std::filesystem::symlink_status(index))) {
+    check_replaceable(index);
+    stale_shards = indexed_shards(index);
+    remove_or_throw(index);
+  }
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    check_replaceable(dir / name);
+    rename_or_throw(staged / name, dir / name);
+  }
+  for (const std::string& shard : stale_shards)
+    if (shard != "model.safetensors") {
+      check_replaceable(dir / shard);
+      remove_or_throw(dir / shard);
+    }
+  sync_path(dir);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& c, const std::vector<float>& values,
+                     ExistingCheckpoint existing) {
   const ParamLayout layout(c);
   RT_CHECK(static_cast<int64_t>(values.size()) == layout.total(), "save_checkpoint: ", values.size(),
            " values for a model of ", layout.total(), " parameters");
-  std::filesystem::create_directories(dir);
-  write_safetensors(dir / "model.safetensors", params_to_tensors(layout, values.data(), c.dtype));
-  write_config(dir, c);
+  const std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(std::filesystem::symlink_status(target, ec));
+  RT_CHECK(!exists || std::filesystem::is_directory(std::filesystem::status(target, ec)), "cannot write a checkpoint to ", dir.string(),
+           ": it exists and is not a directory");
+  RT_CHECK(!exists || existing == ExistingCheckpoint::Replace || !holds_checkpoint(target), dir.string(),
+           " already holds a checkpoint (config.json, model.safetensors or an index); refusing to overwrite it");
+  // The whole checkpoint is written into a staging folder next to the target first, so that a full disk or a
+  // crash leaves either the old checkpoint or none, never a partial one.
+  const std::filesystem::path parent = target.parent_path();
+  std::filesystem::create_directories(parent);
+  const std::filesystem::path staged = parent / cat(".", target.filename().string(), ".tmp.", ::getpid());
+  std::filesystem::remove_all(staged, ec);
+  if (!std::filesystem::create_directory(staged, ec))
+    throw Error(sys_message("cannot create", staged.string(), ec.value()));
+  try {
+    write_safetensors(staged / "model.safetensors", params_to_tensors(layout, values.data(), c.dtype));
+    write_config(staged, c);
+    if (!exists) {
+      rename_or_throw(staged, target);
+      sync_path(parent);
+      return;
+    }
+    replace_checkpoint_files(staged, target);
+  } catch (...) {
+    std::filesystem::remove_all(staged, ec);
+    throw;
+  }
+  std::filesystem::remove_all(staged, ec);
 }
 
 std::vector<float> load_checkpoint_params(const std::filesystem::path& dir, const ModelConfig& c) {
-  return params_from_tensors(ParamLayout(c), c, read_checkpoint_tensors(dir), dir.string());
+  return params_from_tensors(ParamLayout(c), c, read_checkpoint_tensors(dir, TensorData::Defer),
+                             dir.string());
 }
 
 }  // namespace ringtrain::model

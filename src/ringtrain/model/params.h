@@ -55,8 +55,15 @@ TensorMap params_to_tensors(const ParamLayout& layout, const float* values, DTyp
 // The initialisation of transformers' causal LMs: N(0, 0.02) matrices, unit norms, zero biases.
 std::vector<float> random_params(const ParamLayout& layout, uint64_t seed);
 
-// config.json + model.safetensors (each through a temporary name).
-void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& c, const std::vector<float>& values);
+// What save_checkpoint does when `dir` already holds a checkpoint.
+enum class ExistingCheckpoint : uint8_t {
+  Refuse,   // an error naming the folder
+  Replace,  // its files are replaced; a stale shard index and the shards it names are removed
+};
+// config.json + model.safetensors, written into a staging folder next to `dir` and then renamed into place, so a
+// failure (a full disk) leaves the old checkpoint or none. Other files in `dir` (tokenizer, ...) are kept.
+void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& c, const std::vector<float>& values,
+                     ExistingCheckpoint existing = ExistingCheckpoint::Replace);
 std::vector<float> load_checkpoint_params(const std::filesystem::path& dir, const ModelConfig& c);
 
 }  // namespace ringtrain::model

@@ -1,6 +1,7 @@
 #include "ringtrain/model/safetensors.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <set>
 #include <string_view>
@@ -8,7 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
 #include "ringtrain/model/file_io.h"
 
 namespace ringtrain::model {
@@ -41,42 +44,50 @@ std::string st_dtype_name(DType t) {
   return "?";
 }
 
-StoredTensor parse_entry(const std::string& name, const json& e, const std::string& file, std::string_view data,
-                         std::vector<std::pair<uint64_t, uint64_t>>& spans) {
+StoredTensor parse_entry(const std::string& name, const json& e, const std::string& file, uint64_t data_start,
+                         uint64_t data_size, std::vector<std::pair<uint64_t, uint64_t>>& spans) {
   const std::string where = cat(file, ": tensor '", name, "'");
   RT_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), where,
-           ": header entry needs dtype, shape and data_offsets, got ", e.dump());
-  RT_CHECK(e["dtype"].is_string(), where, ": dtype must be a string, got ", e["dtype"].dump());
+           ": header entry needs dtype, shape and data_offsets, got ", json_excerpt(e));
+  RT_CHECK(e["dtype"].is_string(), where, ": dtype must be a string, got ", json_excerpt(e["dtype"]));
   StoredTensor t;
   t.file = file;
   t.dtype = parse_st_dtype(e["dtype"].get<std::string>(), where);
-  RT_CHECK(e["shape"].is_array(), where, ": shape must be a list, got ", e["shape"].dump());
+  RT_CHECK(e["shape"].is_array() && e["shape"].size() <= 8, where, ": shape must be a list of at most 8 sizes, got ",
+           json_excerpt(e["shape"]));
   for (const json& d : e["shape"]) {
-    RT_CHECK(d.is_number_unsigned(), where, ": shape entries must be non-negative integers, got ", e["shape"].dump());
+    RT_CHECK(d.is_number_unsigned() && d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), where,
+             ": shape entries must be non-negative integers, got ", json_excerpt(e["shape"]));
     t.shape.push_back(d.get<int64_t>());
   }
   const json& off = e["data_offsets"];
   RT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(), where,
-           ": data_offsets must be [begin, end], got ", off.dump());
+           ": data_offsets must be [begin, end], got ", json_excerpt(off));
   const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
   RT_CHECK(begin <= end, where, ": data_offsets ", off.dump(), " end before begin");
-  RT_CHECK(end <= data.size(), where, ": data_offsets ", off.dump(), " reach past the data section (", data.size(),
+  RT_CHECK(end <= data_size, where, ": data_offsets ", off.dump(), " reach past the data section (", data_size,
            " bytes): the file is truncated or the header is wrong");
-  const uint64_t expect = static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype);
-  RT_CHECK(end - begin == expect, where, ": ", end - begin, " bytes for shape ", shape_string(t.shape), " ",
-           e["dtype"].get<std::string>(), " (expected ", expect, ")");
-  t.bytes.assign(data.substr(begin, end - begin));
+  const int64_t expect = checked_mul(checked_numel(t.shape, cat(where, ": shape ", shape_string(t.shape))),
+                                     static_cast<int64_t>(dtype_size(t.dtype)), cat(where, ": byte size"));
+  RT_CHECK(end - begin == static_cast<uint64_t>(expect), where, ": ", end - begin, " bytes for shape ",
+           shape_string(t.shape), " ", e["dtype"].get<std::string>(), " (expected ", expect, ")");
+  t.file_offset = data_start + begin;
   spans.emplace_back(begin, end);
   return t;
 }
 
+// Converts `n` elements of `dtype` at `src` into fp32.
+void convert_to_float32(const char* src, DType dtype, int64_t n, float* dst) {
+  if (dtype == DType::F32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_as_double(src, dtype, i));
+}
+
 }  // namespace
 
-int64_t StoredTensor::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t StoredTensor::numel() const { return checked_numel(shape, cat(file, ": shape ", shape_string(shape))); }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -84,28 +95,28 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-TensorMap read_safetensors(const std::filesystem::path& path) {
-  const std::string file = path.string();
-  const std::string bytes = read_file(path);
-  RT_CHECK(bytes.size() >= 8, file, ": ", bytes.size(), " bytes is too short for a safetensors file (truncated?)");
+TensorMap read_safetensors(const std::filesystem::path& path, TensorData data) {
+  const InputFile in(path);
+  const std::string& file = in.path();
+  const uint64_t size = in.size();
+  RT_CHECK(size >= 8, file, ": ", size, " bytes is too short for a safetensors file (truncated?)");
+  unsigned char len_bytes[8];
+  in.read_at(0, len_bytes, 8);
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   RT_CHECK(header_len <= kMaxHeaderBytes, file, ": header length ", header_len, " is implausible (not safetensors?)");
-  RT_CHECK(8 + header_len <= bytes.size(), file, ": header length ", header_len, " exceeds the file size ",
-           bytes.size(), " (truncated?)");
-  json header;
-  try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len));
-  } catch (const json::exception& e) {
-    throw Error(cat(file, ": the header is not valid JSON: ", e.what()));
-  }
+  RT_CHECK(8 + header_len <= size, file, ": header length ", header_len, " exceeds the file size ", size,
+           " (truncated?)");
+  std::string header_text(header_len, '\0');
+  in.read_at(8, header_text.data(), header_len);
+  const json header = parse_json(header_text, cat(file, ": header"));
   RT_CHECK(header.is_object(), file, ": the header must be a JSON object");
-  const std::string_view data = std::string_view(bytes).substr(8 + header_len);  // no copy of the weights
+  const uint64_t data_start = 8 + header_len, data_size = size - data_start;
   TensorMap out;
   std::vector<std::pair<uint64_t, uint64_t>> spans;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
-    out.emplace(it.key(), parse_entry(it.key(), it.value(), file, data, spans));
+    out.emplace(it.key(), parse_entry(it.key(), it.value(), file, data_start, data_size, spans));
   }
   // The tensors must tile the data section without overlaps or gaps (what the format requires).
   std::sort(spans.begin(), spans.end());
@@ -115,24 +126,25 @@ TensorMap read_safetensors(const std::filesystem::path& path) {
              " of the data section");
     pos = e;
   }
-  RT_CHECK(pos == data.size(), file, ": data section has ", data.size(), " bytes but the tensors cover ", pos,
+  RT_CHECK(pos == data_size, file, ": data section has ", data_size, " bytes but the tensors cover ", pos,
            " (trailing bytes)");
+  if (data == TensorData::Load) {
+    for (auto& [name, t] : out) {
+      t.bytes.resize(static_cast<size_t>(t.numel()) * dtype_size(t.dtype));
+      in.read_at(t.file_offset, t.bytes.data(), t.bytes.size());
+    }
+  }
   return out;
 }
 
-TensorMap read_checkpoint_tensors(const std::filesystem::path& dir) {
+TensorMap read_checkpoint_tensors(const std::filesystem::path& dir, TensorData data) {
   const std::filesystem::path index = dir / "model.safetensors.index.json";
   if (!std::filesystem::exists(index)) {
     const std::filesystem::path single = dir / "model.safetensors";
     RT_CHECK(std::filesystem::exists(single), dir.string(), ": no model.safetensors or model.safetensors.index.json");
-    return read_safetensors(single);
+    return read_safetensors(single, data);
   }
-  json j;
-  try {
-    j = json::parse(read_file(index));
-  } catch (const json::exception& e) {
-    throw Error(cat(index.string(), ": invalid JSON: ", e.what()));
-  }
+  const json j = parse_json(read_file(index), index.string());
   RT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
            ": expected an object with a 'weight_map' object");
   std::set<std::string> shards;
@@ -143,17 +155,17 @@ TensorMap read_checkpoint_tensors(const std::filesystem::path& dir) {
   TensorMap all;
   for (const std::string& shard : shards) {
     RT_CHECK(shard.find('/') == std::string::npos, index.string(), ": shard name '", shard, "' must be a plain file name");
-    for (auto& [name, t] : read_safetensors(dir / shard)) {
+    for (auto& [name, t] : read_safetensors(dir / shard, data)) {
       RT_CHECK(!all.count(name), index.string(), ": tensor '", name, "' appears in two shards");
       all.emplace(name, std::move(t));
     }
   }
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
     auto found = all.find(it.key());
-    RT_CHECK(found != all.end(), index.string(), ": tensor '", it.key(), "' is listed for ", it.value().dump(),
+    RT_CHECK(found != all.end(), index.string(), ": tensor '", it.key(), "' is listed for ", json_excerpt(it.value()),
              " but that file does not hold it");
     RT_CHECK(found->second.file == (dir / it.value().get<std::string>()).string(), index.string(), ": tensor '",
-             it.key(), "' is listed for ", it.value().dump(), " but found in ", found->second.file);
+             it.key(), "' is listed for ", json_excerpt(it.value()), " but found in ", found->second.file);
   }
   return all;
 }
@@ -170,20 +182,41 @@ void write_safetensors(const std::filesystem::path& path, const TensorMap& tenso
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
-  std::string out;
-  out.reserve(8 + h.size() + pos);
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff));
-  out += h;
-  for (const auto& [name, t] : tensors) out += t.bytes;
-  write_file_atomic(path, out);
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff);
+  write_file_atomic(path, [&](const ByteSink& sink) {
+    sink(len);
+    sink(h);
+    for (const auto& [name, t] : tensors) sink(t.bytes);
+  });
 }
 
-std::vector<float> to_float32(const std::string& name, const StoredTensor& t) {
+void to_float32(const std::string& name, const StoredTensor& t, float* dst) {
   RT_CHECK(is_float(t.dtype), t.file, ": tensor '", name, "' has dtype ", dtype_name(t.dtype),
            ", expected a float type");
   const int64_t n = t.numel();
-  std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load_as_double(t.bytes.data(), t.dtype, i));
+  const size_t elem = dtype_size(t.dtype);
+  if (t.bytes.size() == static_cast<size_t>(n) * elem) {
+    convert_to_float32(t.bytes.data(), t.dtype, n, dst);
+    return;
+  }
+  RT_CHECK(t.bytes.empty() && t.file_offset >= 0, t.file, ": tensor '", name, "' holds ", t.bytes.size(),
+           " bytes for shape ", shape_string(t.shape));
+  // Straight from the file into the destination, a bounded chunk at a time.
+  const InputFile in(t.file);
+  constexpr int64_t kChunkElems = int64_t{1} << 20;
+  std::string chunk(static_cast<size_t>(std::min(n, kChunkElems)) * elem, '\0');
+  for (int64_t i = 0; i < n; i += kChunkElems) {
+    const int64_t m = std::min(kChunkElems, n - i);
+    in.read_at(static_cast<uint64_t>(t.file_offset) + static_cast<uint64_t>(i) * elem, chunk.data(),
+               static_cast<size_t>(m) * elem);
+    convert_to_float32(chunk.data(), t.dtype, m, dst + i);
+  }
+}
+
+std::vector<float> to_float32(const std::string& name, const StoredTensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  to_float32(name, t, out.data());
   return out;
 }
 

@@ -17,20 +17,27 @@ namespace ringtrain::model {
 struct StoredTensor {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
-  std::string bytes;  // little-endian elements
-  std::string file;   // where it was read from (for errors)
-  int64_t numel() const;
+  std::string bytes;        // little-endian elements; empty when read with TensorData::Defer
+  std::string file;         // where it was read from (for errors, and the deferred data)
+  int64_t file_offset = -1;  // where its data starts in `file`
+  int64_t numel() const;     // an error when the product overflows
 };
 using TensorMap = std::map<std::string, StoredTensor>;
 
+// Load: each tensor's bytes are read into `bytes`. Defer: only the validated header; the data stays in the
+// file until to_float32 reads it into its destination (no copy of the whole checkpoint in memory).
+enum class TensorData : uint8_t { Load, Defer };
+
 // Reads one file; errors name the file and what is wrong (truncation, bad header, bad offsets, dtype).
-TensorMap read_safetensors(const std::filesystem::path& file);
+TensorMap read_safetensors(const std::filesystem::path& file, TensorData data = TensorData::Load);
 // Reads a checkpoint folder: the index and its shards when present, else model.safetensors.
-TensorMap read_checkpoint_tensors(const std::filesystem::path& dir);
+TensorMap read_checkpoint_tensors(const std::filesystem::path& dir, TensorData data = TensorData::Load);
 // Writes one file (temporary name, then rename), tensors laid out in name order.
 void write_safetensors(const std::filesystem::path& file, const TensorMap& tensors);
 
-// Converts a stored float tensor to fp32 / fp64; an error names the tensor when its dtype is not a float.
+// Converts a stored float tensor to fp32 (from its bytes, or from its file when deferred) into numel() floats at
+// `dst`; an error names the tensor when its dtype is not a float.
+void to_float32(const std::string& name, const StoredTensor& t, float* dst);
 std::vector<float> to_float32(const std::string& name, const StoredTensor& t);
 // Builds a stored tensor of `dtype` from fp32 values (rounded to nearest even for bf16/fp16).
 StoredTensor from_float32(const std::vector<float>& values, std::vector<int64_t> shape, DType dtype);

@@ -108,7 +108,6 @@ class Trainer {
   void refresh_weights();
 
  private:
-  struct Part;
   void all_gather_weights();
 
   TrainerConfig cfg_;

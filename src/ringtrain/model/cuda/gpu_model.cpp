@@ -181,7 +181,7 @@ TensorView GpuModel::grad_buffer() {
   float* G = grads_.ptr<float>();
   const auto clear = [&](int64_t begin, int64_t end) {
     if (end > begin)
-      cuda_ok(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
+      RT_CUDA_CHECK(cudaMemsetAsync(G + begin, 0, static_cast<size_t>(end - begin) * sizeof(float), stream()),
               "clearing the unwritten gradients");
   };
   const int64_t head_end = dev_.lm_head + config_.vocab * config_.hidden;

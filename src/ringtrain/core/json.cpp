@@ -1,0 +1,29 @@
+#include "ringtrain/core/json.h"
+
+#include "ringtrain/core/error.h"
+
+namespace ringtrain {
+
+nlohmann::json parse_json(std::string_view text, const std::string& source) {
+  using nlohmann::json;
+  // The callback sees every container start with its depth before the parser descends into it.
+  const json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      throw Error(cat(source, ": JSON nested deeper than ", kMaxJsonDepth, " levels"));
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), limit_depth);
+  } catch (const json::exception& e) {
+    throw Error(cat(source, ": invalid JSON: ", e.what()));
+  }
+}
+
+std::string json_excerpt(const nlohmann::json& value, size_t max_chars) {
+  std::string s = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > max_chars) s = s.substr(0, max_chars) + "...";
+  return s;
+}
+
+}  // namespace ringtrain

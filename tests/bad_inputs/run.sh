@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# The bad-input corpus: hostile files and values given to the real ringtrain binary (in CI the sanitized build).
+# Every case must end with exit code != 0 and < 128 (no signal; 124 is timeout's), no sanitizer report, and a message matching its
+# pattern (the file, line, key or value at fault). The malformed files are generated here.
+# Usage: run.sh RINGTRAIN_BINARY
+set -uo pipefail
+bin=$(realpath "${1:?usage: run.sh RINGTRAIN_BINARY}")
+work=$(mktemp -d "${TMPDIR:-/tmp}/rt_bad_inputs.XXXXXX")
+trap 'umount "$work/small" 2>/dev/null; rm -rf "$work"' EXIT
+cd "$work"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+failures=0 cases=0
+
+# expect_error NAME PATTERN COMMAND...: the command fails cleanly with PATTERN (extended regex) in its output.
+expect_error() {
+  local name=$1 pattern=$2
+  shift 2
+  cases=$((cases + 1))
+  local out rc
+  out=$(timeout 120 "$@" 2>&1 </dev/null)
+  rc=$?
+  local why=""
+  if grep -qE "Sanitizer|runtime error:" <<<"$out"; then why="sanitizer report"
+  elif [ "$rc" -eq 0 ]; then why="exit code 0"
+  elif [ "$rc" -eq 124 ] || [ "$rc" -ge 128 ]; then why="signal or timeout (exit code $rc)"
+  elif ! grep -qE -- "$pattern" <<<"$out"; then why="message does not match /$pattern/"
+  fi
+  if [ -n "$why" ]; then
+    failures=$((failures + 1))
+    printf 'FAIL %s: %s\n  command: %s\n  output: %s\n' "$name" "$why" "$*" "$(head -c 2000 <<<"$out")"
+  else
+    printf 'ok   %s (exit %d)\n' "$name" "$rc"
+  fi
+}
+
+# nested N: a JSON array nested N deep.
+nested() { head -c "$1" /dev/zero | tr '\0' '['; head -c "$1" /dev/zero | tr '\0' ']'; }
+
+# le64 N: N as 8 little-endian bytes.
+le64() { local n=$1 i; for i in 0 1 2 3 4 5 6 7; do printf "\\x$(printf %02x $(((n >> (8 * i)) & 255)))"; done; }
+
+# safetensors FILE HEADER_JSON DATA_BYTES [HEADER_LENGTH]: a file with that header and DATA_BYTES zero bytes.
+safetensors() {
+  local len=${4:-${#2}}
+  { le64 "$len"; printf '%s' "$2"; head -c "$3" /dev/zero; } >"$1"
+}
+
+# A valid tiny checkpoint to derive broken ones from.
+"$bin" init-model --out ck --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32 >/dev/null || { echo "init-model failed"; exit 1; }
+printf '{"input_ids": [1, 2, 3]}\n' >good.jsonl
+"$bin" logprobs --model ck --data good.jsonl >/dev/null || { echo "logprobs on a valid checkpoint failed"; exit 1; }
+# copy_ck NAME: a copy of the valid checkpoint to break.
+copy_ck() { rm -rf "$1"; cp -r ck "$1"; }
+# set_key DIR KEY VALUE: replaces one top-level key of DIR/config.json.
+set_key() { sed -i -E "s/(\"$2\": )[^,]*/\1$3/" "$1/config.json"; }
+
+# --- data lines (logprobs --data) ---
+{ printf '{"input_ids": '; nested 100000; printf '}\n'; } >deep.jsonl
+expect_error data-deep-json 'deep.jsonl:1: JSON nested deeper' "$bin" logprobs --model ck --data deep.jsonl
+printf '{"input_ids": [1]}\n\n{"input_ids": [2]}\n' >blank_middle.jsonl
+expect_error data-blank-line 'blank_middle.jsonl:2: blank line' "$bin" logprobs --model ck --data blank_middle.jsonl
+: >empty.jsonl
+expect_error data-empty-file 'empty.jsonl: no samples' "$bin" logprobs --model ck --data empty.jsonl
+printf '\n  \n\n' >blanks.jsonl
+expect_error data-only-blank-lines 'blanks.jsonl:1: blank line' "$bin" logprobs --model ck --data blanks.jsonl
+mkdir -p data_dir
+expect_error data-directory 'data_dir: it is a directory' "$bin" logprobs --model ck --data data_dir
+expect_error data-missing 'missing.jsonl: No such file' "$bin" logprobs --model ck --data missing.jsonl
+printf '{"input_ids": [1, 2\n' >bad_json.jsonl
+expect_error data-invalid-json 'bad_json.jsonl:1: invalid JSON' "$bin" logprobs --model ck --data bad_json.jsonl
+printf '{"input_ids": [1, 99]}\n' >oov.jsonl
+expect_error data-token-out-of-vocab 'oov.jsonl:1: .*99 is not a token id' "$bin" logprobs --model ck --data oov.jsonl
+printf '{"input_ids": [1, 1e30]}\n' >float_id.jsonl
+expect_error data-float-token 'float_id.jsonl:1: .*is not a token id' "$bin" logprobs --model ck --data float_id.jsonl
+printf '{"input_ids": [%s]}\n' "$(printf '"%0200d",' 0)1" >long_value.jsonl
+expect_error data-long-value-truncated 'long_value.jsonl:1: .*\.\.\. is not a token id' "$bin" logprobs --model ck --data long_value.jsonl
+printf '{"ids": [1]}\n' >no_key.jsonl
+expect_error data-missing-key "no_key.jsonl:1: expected an object with key 'input_ids'" "$bin" logprobs --model ck --data no_key.jsonl
+copy_ck short_ck && set_key short_ck max_position_embeddings 4
+printf '{"input_ids": [1, 2, 3, 4, 5]}\n' >five.jsonl
+expect_error data-beyond-max-positions "5 tokens is longer than config key 'max_position_embeddings' = 4" \
+  "$bin" logprobs --model short_ck --data five.jsonl
+expect_error data-beyond-max-positions-cp2 "longer than config key 'max_position_embeddings' = 4" \
+  "$bin" logprobs --model short_ck --data five.jsonl --cp 2
+
+# --- config.json ---
+copy_ck cfg_deep && { printf '{"a": '; nested 100000; printf '}'; } >cfg_deep/config.json
+expect_error config-deep-json 'cfg_deep/config.json: JSON nested deeper' "$bin" logprobs --model cfg_deep --data good.jsonl
+copy_ck cfg_layers && set_key cfg_layers num_hidden_layers 1099511627776
+expect_error config-huge-layers "config.json: key 'num_hidden_layers' = 1099511627776: must be in" \
+  "$bin" logprobs --model cfg_layers --data good.jsonl
+copy_ck cfg_hidden && set_key cfg_hidden hidden_size 4611686018427387904
+expect_error config-huge-hidden "key 'hidden_size' = 4611686018427387904" "$bin" logprobs --model cfg_hidden --data good.jsonl
+copy_ck cfg_vocab && set_key cfg_vocab vocab_size -5
+expect_error config-negative-vocab "key 'vocab_size' = -5" "$bin" logprobs --model cfg_vocab --data good.jsonl
+copy_ck cfg_theta && set_key cfg_theta rope_theta 1e999
+expect_error config-infinite-theta 'config.json: invalid JSON|rope_theta' "$bin" logprobs --model cfg_theta --data good.jsonl
+copy_ck cfg_theta0 && set_key cfg_theta0 rope_theta -1.0
+expect_error config-negative-theta "key 'rope_theta' = -1.0: must be positive" "$bin" logprobs --model cfg_theta0 --data good.jsonl
+copy_ck cfg_maxpos && set_key cfg_maxpos max_position_embeddings 0
+expect_error config-zero-max-positions "key 'max_position_embeddings' = 0" "$bin" logprobs --model cfg_maxpos --data good.jsonl
+copy_ck cfg_array && printf '[1, 2]' >cfg_array/config.json
+expect_error config-not-object 'config.json: expected a JSON object' "$bin" logprobs --model cfg_array --data good.jsonl
+copy_ck cfg_dir && rm cfg_dir/config.json && mkdir cfg_dir/config.json
+expect_error config-is-directory 'cfg_dir/config.json: it is a directory' "$bin" logprobs --model cfg_dir --data good.jsonl
+copy_ck cfg_long && set_key cfg_long hidden_act "\"$(printf '%0500d' 0)\""
+expect_error config-long-value-truncated "key 'hidden_act' = \"0+\.\.\.: unsupported" "$bin" logprobs --model cfg_long --data good.jsonl
+
+# --- safetensors ---
+st_size=$(stat -c %s ck/model.safetensors)
+copy_ck st_trunc && head -c $((st_size - 3)) ck/model.safetensors >st_trunc/model.safetensors
+expect_error st-truncated 'st_trunc/model.safetensors: .*(truncated|past the data section)' \
+  "$bin" logprobs --model st_trunc --data good.jsonl
+copy_ck st_short && head -c 5 ck/model.safetensors >st_short/model.safetensors
+expect_error st-too-short 'st_short/model.safetensors: 5 bytes is too short' "$bin" logprobs --model st_short --data good.jsonl
+copy_ck st_len && safetensors st_len/model.safetensors '{}' 0 1000
+expect_error st-header-beyond-file 'header length 1000 exceeds the file size' "$bin" logprobs --model st_len --data good.jsonl
+copy_ck st_huge_len && safetensors st_huge_len/model.safetensors '{}' 0 18446744073709551615
+expect_error st-header-length-huge 'header length .* is implausible' "$bin" logprobs --model st_huge_len --data good.jsonl
+copy_ck st_deep && safetensors st_deep/model.safetensors "{\"a\": $(nested 100000)}" 0
+expect_error st-deep-header 'st_deep/model.safetensors: header: JSON nested deeper' "$bin" logprobs --model st_deep --data good.jsonl
+copy_ck st_overlap && safetensors st_overlap/model.safetensors \
+  '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}' 12
+expect_error st-overlapping 'tensor data overlaps at byte 4' "$bin" logprobs --model st_overlap --data good.jsonl
+copy_ck st_mismatch && safetensors st_mismatch/model.safetensors '{"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}}' 20
+expect_error st-size-mismatch "tensor 'a': 20 bytes for shape \[2, 3\]" "$bin" logprobs --model st_mismatch --data good.jsonl
+copy_ck st_overflow && safetensors st_overflow/model.safetensors \
+  '{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,16]}}' 16
+expect_error st-shape-overflow "tensor 'a'.*overflows" "$bin" logprobs --model st_overflow --data good.jsonl
+copy_ck st_dtype && safetensors st_dtype/model.safetensors '{"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}}' 4
+expect_error st-bad-dtype "tensor 'a': unsupported dtype \"F8_E4M3\"" "$bin" logprobs --model st_dtype --data good.jsonl
+copy_ck st_entry && safetensors st_entry/model.safetensors "{\"a\":{\"dtype\":\"F32\",\"shape\":[$(printf '1,%.0s' {1..300})1],\"data_offsets\":[0,4]}}" 4
+expect_error st-long-shape-truncated "tensor 'a': shape must be a list of at most 8 sizes, got \[1(,1)+\.\.\.$" \
+  "$bin" logprobs --model st_entry --data good.jsonl
+copy_ck st_shape && safetensors st_shape/model.safetensors '{"model.norm.weight":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}' 12
+expect_error st-missing-tensor "missing tensor 'model.embed_tokens.weight'" "$bin" logprobs --model st_shape --data good.jsonl
+copy_ck st_nan
+header_len=$(od -An -t u8 -N 8 st_nan/model.safetensors | tr -d ' ')
+printf '\x00\x00\xc0\x7f' | dd of=st_nan/model.safetensors bs=1 seek=$((8 + header_len + 4)) conv=notrunc status=none
+expect_error st-nan-weight "st_nan/model.safetensors: tensor '.*': element 1 is nan" "$bin" logprobs --model st_nan --data good.jsonl
+copy_ck st_index && printf '{"weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"}}' \
+  >st_index/model.safetensors.index.json
+expect_error st-index-missing-shard 'model-00001-of-00002.safetensors: No such file' "$bin" logprobs --model st_index --data good.jsonl
+copy_ck st_index_deep && { printf '{"weight_map": '; nested 100000; printf '}'; } >st_index_deep/model.safetensors.index.json
+expect_error st-index-deep 'model.safetensors.index.json: JSON nested deeper' "$bin" logprobs --model st_index_deep --data good.jsonl
+
+# --- outputs and CLI values ---
+ln -sf good.jsonl out_link
+expect_error out-symlink 'refusing to replace out_link: it is a symbolic link' "$bin" logprobs --model ck --data good.jsonl --out out_link
+[ -L out_link ] || { echo "FAIL out-symlink: the link was replaced"; failures=$((failures + 1)); }
+mkfifo out_fifo
+expect_error out-fifo 'refusing to replace out_fifo: it is a FIFO' "$bin" logprobs --model ck --data good.jsonl --out out_fifo
+if [ -e /dev/full ]; then
+  expect_error stdout-full 'cannot write to standard output: No space left' sh -c "'$bin' logprobs --model ck --data good.jsonl >/dev/full"
+  expect_error out-device 'refusing to replace /dev/full: it is a device' "$bin" logprobs --model ck --data good.jsonl --out /dev/full
+fi
+expect_error init-over-checkpoint 'ck already holds a checkpoint' "$bin" init-model --out ck --layers 1 --hidden 16 --heads 2
+expect_error init-nan-theta "'rope_theta' = nan: must be finite" "$bin" init-model --out ck_nan --rope-theta nan
+expect_error init-huge-layers "'num_hidden_layers' = 1000000000: must be in" "$bin" init-model --out ck_big --layers 1000000000
+expect_error init-huge-hidden '4611686018427387904 is negative or overflows' "$bin" init-model --out ck_big --hidden 4611686018427387904
+[ ! -e ck_nan ] && [ ! -e ck_big ] || { echo "FAIL init-model left a folder behind"; failures=$((failures + 1)); }
+expect_error logprobs-cp-zero '--cp 0: must be at least 1' "$bin" logprobs --model ck --data good.jsonl --cp 0
+expect_error backends-negative-seq 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --seq -5
+expect_error backends-zero-heads 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --heads 0
+expect_error backends-zero-batch 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --batch 0
+
+# --- running out of threads: an address-space limit leaves no room for 500 thread stacks (not under ASan, whose
+# shadow memory needs the address space; root ignores RLIMIT_NPROC, so `ulimit -u` cannot show it) ---
+if ldd "$bin" 2>/dev/null | grep -q libasan; then
+  echo "skip threads-exhausted: a sanitized binary cannot run under ulimit -v"
+else
+  expect_error threads-exhausted 'cannot start the thread of rank [0-9]+ of 500' \
+    sh -c "ulimit -v 1000000; exec '$bin' logprobs --model ck --data good.jsonl --cp 500"
+fi
+
+# --- a full disk: a 512 KiB tmpfs where mounting one is allowed (root) ---
+mkdir -p small
+if mount -t tmpfs -o size=512k tmpfs small 2>/dev/null; then
+  "$bin" init-model --out small/ck --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32 >/dev/null
+  old=$(cat small/ck/model.safetensors small/ck/config.json | md5sum)
+  expect_error disk-full-new 'No space left on device' "$bin" init-model --out small/big --layers 2 --hidden 128 --vocab 512
+  expect_error disk-full-force 'No space left on device' \
+    "$bin" init-model --out small/ck --force --layers 2 --hidden 128 --vocab 512
+  cases=$((cases + 1))
+  if [ -e small/big ] || ls -a small | grep -q tmp || [ "$(cat small/ck/model.safetensors small/ck/config.json | md5sum)" != "$old" ]; then
+    failures=$((failures + 1)); echo "FAIL disk-full-leftovers: $(ls -a small small/ck | tr '\n' ' ')"
+  else
+    echo "ok   disk-full-leftovers (no partial checkpoint, the old one intact)"
+  fi
+  umount small
+else
+  echo "skip disk-full cases: cannot mount a tmpfs here"
+fi
+
+# --- launcher ---
+expect_error launch-nproc-zero '--nproc must be in \[1, 1024\], got 0' "$bin" launch --nproc 0 -- true
+expect_error launch-nproc-huge '--nproc must be in \[1, 1024\], got 100000' "$bin" launch --nproc 100000 -- true
+expect_error launch-rank-exit-code 'rank 1 failed \(exit code 2\)' \
+  sh -c "'$bin' launch --nproc 2 --grace-ms 200 -- sh -c 'if [ \$RANK = 1 ]; then exit 2; fi; sleep 30'; rc=\$?; [ \$rc = 2 ] && exit 3; exit 0"
+expect_error launch-missing-command "cannot run 'no-such-command-rt'" "$bin" launch --nproc 2 -- no-such-command-rt
+
+# A launcher killed with SIGKILL leaves no rank running (each rank's parent-death signal).
+cases=$((cases + 1))
+"$bin" launch --nproc 2 -- sh -c 'echo $$ > rank$RANK.pid; exec sleep 60' &
+launcher=$!
+for _ in $(seq 100); do [ -s rank0.pid ] && [ -s rank1.pid ] && break; sleep 0.1; done
+kill -9 "$launcher"
+wait "$launcher" 2>/dev/null
+survivors=""
+for f in rank0.pid rank1.pid; do
+  [ -s "$f" ] || { survivors="$survivors (no $f)"; continue; }
+  pid=$(cat "$f")
+  for _ in $(seq 50); do
+    state=$(ps -o stat= -p "$pid" 2>/dev/null | tr -d ' ')
+    [ -z "$state" ] || [ "${state#Z}" != "$state" ] && break
+    sleep 0.1
+  done
+  [ -z "$state" ] || [ "${state#Z}" != "$state" ] || { survivors="$survivors $pid"; kill -9 "$pid"; }
+done
+if [ -n "$survivors" ]; then
+  failures=$((failures + 1)); echo "FAIL launch-sigkill: ranks survived the launcher:$survivors"
+else
+  echo "ok   launch-sigkill (no rank survived)"
+fi
+
+echo "bad inputs: $((cases - failures))/$cases cases passed"
+[ "$failures" -eq 0 ]
