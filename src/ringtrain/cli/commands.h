@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,8 @@ struct ConfigLogprobsOptions {
   bool reference = false;  // score under the config's starting weights
   int timeout_s = 600;
 };
-void run_config_logprobs(const ConfigLogprobsOptions& o);  // logprobs_config.cpp
+// The logprobs in input order on the rank that prints them (rank 0), nullopt on the others. logprobs_config.cpp
+std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigLogprobsOptions& o);
 
 // attention-check on GPUs with cp > 1 (one process per GPU): parity against one GPU; returns the exit code.
 int gpu_cp_attention_check(const cp::AttnProblem& prob, const cp::CpConfig& cfg, int cp, uint64_t seed,

@@ -106,7 +106,8 @@ void add_logprobs_command(CLI::App& app) {
     if (!o->with_config.config.empty()) {
       RT_CHECK(o->model.empty(), "logprobs: --config names the model; drop --model (or --config)");
       o->with_config.data = o->data, o->with_config.out = o->out, o->with_config.timeout_s = o->timeout_s;
-      return run_config_logprobs(o->with_config);
+      if (const auto results = run_config_logprobs(o->with_config)) write_results(*results, o->out);
+      return;
     }
     RT_CHECK(!o->model.empty(), "logprobs: --model or --config is required");
     const Device device = parse_device(o->device);

@@ -2,21 +2,21 @@
 // (dp x cp), attention allow-list, packing and batch sizes of a run config; --checkpoint scores a training
 // checkpoint's weights, --reference the config's starting weights (the reference policy of the run).
 #include <cstdio>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/file_io.h"
 #include "ringtrain/worker/data.h"
 #include "ringtrain/worker/policy_worker.h"
 
 namespace ringtrain::cli {
 
-void run_config_logprobs(const ConfigLogprobsOptions& o) {
+std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigLogprobsOptions& o) {
   const worker::Config c = worker::load_config(o.config, o.overrides);
   const int world = static_cast<int>(c.parallel.world());
   if (c.device.is_cuda()) {
@@ -43,16 +43,11 @@ void run_config_logprobs(const ConfigLogprobsOptions& o) {
   if (c.device.is_cuda()) {
     const auto comm = nccl_from_environment(timeout);
     score(*comm);
-    if (comm->rank() != 0) return;
+    if (comm->rank() != 0) return std::nullopt;
   } else {
     comm::run_ranks(world, timeout, score);
   }
-  std::string text;
-  for (const auto& lp : results) text += nlohmann::json{{"logprobs", lp}}.dump() + "\n";
-  if (o.out.empty())
-    std::fputs(text.c_str(), stdout);
-  else
-    model::write_file_atomic(o.out, text);
+  return results;
 }
 
 }  // namespace ringtrain::cli
