@@ -30,7 +30,7 @@ BatchRows::BatchRows(const TokenBatch& batch, int64_t vocab, int cp, int rank)
   RT_CHECK(!packed_ || total < limit, "policy: a packed batch of ", total, " tokens is too long");
   const std::vector<Slot> mine = slots(rank);
   const int64_t n = static_cast<int64_t>(mine.size());
-  row_len_ = n / this->batch();
+  row_len_ = packed_ ? n : n / sequences();
   tokens_.assign(static_cast<size_t>(n), 0);
   positions_.assign(tokens_.size(), 0);
   targets_.assign(tokens_.size(), -1);
@@ -71,10 +71,12 @@ std::vector<BatchRows::Slot> BatchRows::slots(int rank) const {
 
 std::unique_ptr<SequenceAttention> BatchRows::attention(comm::Communicator* cp_group,
                                                         const cp::CpConfig& config) const {
-  RT_CHECK(cp_group ? cp_group->size() == cp_ && cp_group->rank() == rank_ : cp_ == 1, "policy: rows laid out for rank ",
-           rank_, " of ", cp_, " run on a cp group of ", cp_group ? cp_group->size() : 1);
-  if (packed_) return cp_group ? make_cp_packed_attention(*cp_group, config, lengths_) : make_packed_attention(lengths_);
-  return cp_group ? make_cp_attention(*cp_group, config, max_len_) : make_local_attention();
+  RT_CHECK(cp_group ? cp_group->size() == cp_ && cp_group->rank() == rank_ : cp_ == 1,
+           "policy: rows laid out for rank ", rank_, " of ", cp_, " run on a cp group of ",
+           cp_group ? cp_group->size() : 1);
+  if (!cp_group) return packed_ ? make_packed_attention(lengths_) : make_local_attention();
+  if (packed_) return make_cp_packed_attention(*cp_group, config, lengths_);
+  return make_cp_attention(*cp_group, config, max_len_);
 }
 
 template <typename T>

@@ -62,8 +62,9 @@ class Policy {
   virtual DType dtype() const = 0;
 
   // Scores every sequence of the batch (not empty, no empty sequence, token ids inside the vocabulary), all in one
-  // forward (padded to the longest, or packed: TokenBatch::packed). With for_backward the activations backward() needs are kept, for one backward()
-  // before the next score(). with_entropy adds the per-token entropy, computed inside the chunked LM head.
+  // forward (padded to the longest, or packed: TokenBatch::packed). With for_backward the activations backward()
+  // needs are kept, for one backward() before the next score(). with_entropy adds the per-token entropy, computed
+  // inside the chunked LM head.
   virtual TokenScores score(const TokenBatch& batch, bool for_backward, bool with_entropy = false) = 0;
   // After score(batch, true): adds into the gradients the gradient of sum_b sum_p d_logprobs[b][p] * logprobs[b][p]
   // (under CP, this rank's share: the sum over the cp group is the gradient). d_logprobs has the shape of the
