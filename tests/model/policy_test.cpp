@@ -1,6 +1,7 @@
 // The CPU Policy (model/policy.h) against independent references: the per-sequence scoring path of
 // model/logprobs.h, central finite differences of the fp64 model, each sequence scored alone (for the padded batch),
-// one rank (for CP over in-process ranks), and entropies computed here from the full fp64 logits.
+// the padded batch (for the packed one), one rank (for CP over in-process ranks), and entropies computed here from
+// the full fp64 logits.
 //
 // Precision: TokenScores are fp32 whatever the policy's dtype, so an F64 policy's logprobs and entropies can only
 // match an fp64 reference to fp32 rounding (2^-24 relative, checked at 3e-7 relative); its gradients are compared
@@ -15,6 +16,7 @@
 
 #include "model_test_util.h"
 #include "ringtrain/attention/cpu/cpu_backends.h"
+#include "ringtrain/attention/selection.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/logprobs.h"
@@ -58,6 +60,13 @@ std::vector<double> grads_f64(Policy& p) {
   EXPECT_EQ(g.dtype, DType::F64);
   const double* d = static_cast<const double*>(g.data);
   return {d, d + g.numel()};
+}
+
+std::vector<double> grads_as_f64(Policy& p) {
+  const TensorView g = p.grads();
+  std::vector<double> out(static_cast<size_t>(g.numel()));
+  copy(contiguous_view(out.data(), DType::F64, Device::cpu(), {g.numel()}), g);
+  return out;
 }
 
 double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
@@ -171,6 +180,53 @@ TEST_P(PolicyArch, PaddedBatchEqualsEachSequenceAlone) {
   EXPECT_LE(rel_l2(grads_f64(*together), grads_f64(*alone)), 1e-12);
 }
 
+// Lengths of the packed tests: a one-token sequence (no logprob at all), odd lengths, and the longest last.
+TokenBatch mixed_lengths(const ModelConfig& c, std::mt19937_64& rng, bool packed) {
+  TokenBatch batch{{testing::random_ids(7, c.vocab, rng), testing::random_ids(1, c.vocab, rng),
+                    testing::random_ids(33, c.vocab, rng), testing::random_ids(64, c.vocab, rng)}};
+  batch.packed = packed;
+  return batch;
+}
+
+// Packed (one row, positions restarting, attention per sequence) against padded ([B, S_max]) at the same weights:
+// any attention across sequences or wrong position would change the scores of every later sequence.
+TEST_P(PolicyArch, PackedEqualsPadded) {
+  for (DType dtype : {DType::F64, DType::F32}) {
+    std::mt19937_64 rng(testing::fresh_seed());
+    const ModelConfig c = testing::tiny_config(GetParam(), GetParam() == Arch::Llama);
+    const std::vector<float> params = testing::tiny_params(c, rng);
+    const TokenBatch packed = mixed_lengths(c, rng, true);
+    TokenBatch padded = packed;
+    padded.packed = false;
+    const std::vector<std::vector<float>> w = random_weights(packed, rng);
+
+    const auto a = model::make_policy(c, params, cpu_options(dtype));
+    a->zero_grads();
+    const model::TokenScores got = a->score(packed, true, /*with_entropy=*/true);
+    a->backward(w);
+    const auto b = model::make_policy(c, params, cpu_options(dtype));
+    b->zero_grads();
+    const model::TokenScores want = b->score(padded, true, true);
+    b->backward(w);
+
+    // F64: the same fp64 values rounded to fp32 (one fp32 ulp apart at most: 3e-7); F32: reordered fp32 sums.
+    const double score_tol = dtype == DType::F64 ? 3e-7 : 1e-5;
+    ASSERT_EQ(got.logprobs.size(), packed.sequences.size());
+    ASSERT_EQ(got.entropy.size(), packed.sequences.size());
+    for (size_t s = 0; s < packed.sequences.size(); ++s) {
+      const std::string what = std::string(dtype_name(dtype)) + " sequence " + std::to_string(s);
+      ASSERT_EQ(got.logprobs[s].size(), packed.sequences[s].size()) << what;
+      EXPECT_EQ(got.logprobs[s][0], 0.f) << what;
+      expect_close(got.logprobs[s], std::vector<double>(want.logprobs[s].begin(), want.logprobs[s].end()), score_tol,
+                   "logprob of " + what);
+      expect_close(got.entropy[s], std::vector<double>(want.entropy[s].begin(), want.entropy[s].end()), score_tol,
+                   "entropy of " + what);
+    }
+    // Only the order of the gradient sums over rows differs: 1e-12 in fp64, 1e-5 in fp32.
+    EXPECT_LE(rel_l2(grads_as_f64(*a), grads_as_f64(*b)), dtype == DType::F64 ? 1e-12 : 1e-5) << dtype_name(dtype);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Arch, PolicyArch, ::testing::Values(Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Mistral),
                          [](const auto& info) { return std::string(model::arch_model_type(info.param)); });
 
@@ -261,13 +317,6 @@ class PolicyCp : public ::testing::TestWithParam<CpCase> {
   void TearDown() override { attention::cpu::set_math_fp64(false); }
 };
 
-std::vector<double> grads_as_f64(Policy& p) {
-  const TensorView g = p.grads();
-  std::vector<double> out(static_cast<size_t>(g.numel()));
-  copy(contiguous_view(out.data(), DType::F64, Device::cpu(), {g.numel()}), g);
-  return out;
-}
-
 TEST_P(PolicyCp, EqualsOneRank) {
   const CpCase k = GetParam();
   std::mt19937_64 rng(testing::fresh_seed());
@@ -311,11 +360,79 @@ TEST_P(PolicyCp, EqualsOneRank) {
   EXPECT_LE(rel_l2(sum, want_grads), k.dtype == DType::F64 ? 2e-6 : 1e-5);
 }
 
+// Packed under CP (every sequence zigzag-sharded on its own) against packed on one rank.
+TEST_P(PolicyCp, PackedEqualsOneRank) {
+  const CpCase k = GetParam();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = testing::tiny_config(Arch::Qwen2);
+  const std::vector<float> params = testing::tiny_params(c, rng);
+  const TokenBatch batch = mixed_lengths(c, rng, true);
+  const std::vector<std::vector<float>> w = random_weights(batch, rng);
+
+  const auto one = model::make_policy(c, params, cpu_options(k.dtype));
+  const model::TokenScores want = one->score(batch, true, true);
+  one->backward(w);
+  const std::vector<double> want_grads = grads_as_f64(*one);
+
+  std::vector<model::TokenScores> got(k.cp);
+  std::vector<std::vector<double>> grads(k.cp);
+  comm::run_ranks(k.cp, std::chrono::seconds(60), [&](comm::Communicator& comm) {
+    PolicyOptions o = cpu_options(k.dtype);
+    o.cp_group = &comm;
+    o.cp.comm = k.comm;
+    const auto p = model::make_policy(c, params, o);
+    got[comm.rank()] = p->score(batch, true, true);
+    p->backward(w);
+    grads[comm.rank()] = grads_as_f64(*p);
+  });
+  // F64: each CP merge rounds the partial LSEs to fp32 (the attention layer's convention), one fp32 ulp of an LSE of
+  // a few units is ~5e-7 relative on the merged output, which reaches the logprobs (of ~1 to 8) as up to 1.5e-6
+  // absolute (observed over hundreds of random runs), so 5e-6. F32: reordered fp32 sums, 4e-5 as in EqualsOneRank.
+  const double tol = k.dtype == DType::F64 ? 5e-6 : 4e-5;
+  for (int r = 0; r < k.cp; ++r) {
+    ASSERT_EQ(got[r].logprobs.size(), batch.sequences.size());
+    for (size_t b = 0; b < batch.sequences.size(); ++b) {
+      ASSERT_EQ(got[r].logprobs[b].size(), batch.sequences[b].size());
+      for (size_t p = 0; p < batch.sequences[b].size(); ++p) {
+        ASSERT_NEAR(got[r].logprobs[b][p], want.logprobs[b][p], tol) << "rank " << r << " seq " << b << " pos " << p;
+        ASSERT_NEAR(got[r].entropy[b][p], want.entropy[b][p], tol) << "rank " << r << " seq " << b << " pos " << p;
+      }
+    }
+  }
+  std::vector<double> sum(want_grads.size(), 0.0);
+  for (const auto& g : grads)
+    for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+  EXPECT_LE(rel_l2(sum, want_grads), k.dtype == DType::F64 ? 2e-6 : 1e-5);
+}
+
 INSTANTIATE_TEST_SUITE_P(Parity, PolicyCp,
                          ::testing::Values(CpCase{2, cp::CpComm::Ring, DType::F64},
                                            CpCase{3, cp::CpComm::Ring, DType::F64},
                                            CpCase{3, cp::CpComm::AllGather, DType::F32},
-                                           CpCase{2, cp::CpComm::Ring, DType::F32}));
+                                           CpCase{2, cp::CpComm::Ring, DType::F32},
+                                           CpCase{2, cp::CpComm::AllToAll, DType::F64}));
+
+// One rank, packed: each layer's attention is one packed call for the whole batch (not one call per sequence), in
+// the forward and in the backward.
+TEST(PolicyPacked, OneAttentionCallPerLayer) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = testing::tiny_config(Arch::Qwen3, false, /*layers=*/3);
+  const auto policy = model::make_policy(c, testing::tiny_params(c, rng), cpu_options(DType::F32));
+  const TokenBatch batch = mixed_lengths(c, rng, true);
+  attention::reset_dispatch_counts();
+  policy->score(batch, true);
+  policy->backward(random_weights(batch, rng));
+  const attention::DispatchCounts n = attention::dispatch_counts();
+  const int math = static_cast<int>(BackendId::Math);
+  EXPECT_EQ(n.forward[math], c.layers) << attention::format_dispatch_counts(n);
+  EXPECT_EQ(n.backward[math], c.layers) << attention::format_dispatch_counts(n);
+  EXPECT_EQ(n.total(), 2 * c.layers) << attention::format_dispatch_counts(n);
+  // Gradients of the wrong shape are refused as for a padded batch.
+  policy->score(batch, true);
+  std::vector<std::vector<float>> short_grads = random_weights(batch, rng);
+  short_grads[2].pop_back();
+  EXPECT_THROW(policy->backward(short_grads), Error);
+}
 
 TEST(PolicyParams, RoundTripAndNames) {
   std::mt19937_64 rng(testing::fresh_seed());

@@ -1,7 +1,8 @@
 // The GPU model (bf16 weights and activations, fp32 statistics, logits and gradients) against independent references:
 // the fp32 golden outputs of Hugging Face transformers (tests/fixtures/model) and the CPU fp32 model on the same
 // bf16-rounded weights; chunked GPU logprobs (and those the backward writes) against a CPU fp64 LM head; activation checkpointing and the scoring
-// path against the plain training forward; the 1 GiB memory bar of the LM head; CP on two GPUs against one GPU.
+// path against the plain training forward; the 1 GiB memory bar of the LM head; CP on two GPUs against one GPU (one
+// sequence, and documents packed).
 //
 // Tolerances, from bf16 (8 mantissa bits, unit roundoff 2^-9 ≈ 2e-3 per rounding):
 //  - logprobs vs transformers, 2e-2 absolute: the weights are rounded to bf16 and ~15 activations per layer are
@@ -536,46 +537,62 @@ TEST(GpuModelCpRank, ShardedLogprobsAndSummedGradientsMatchOneGpu) {
   std::vector<float> d_lp(ids.size());
   std::normal_distribution<float> nd;
   for (float& g : d_lp) g = nd(rng);
-  // Through the Policy, as the callers run it: one GPU, then each CP algorithm over the two ranks.
+  // Through the Policy, as the callers run it: one GPU, then each CP algorithm over the two ranks; the sequence alone
+  // (padded layout), then cut into documents of 1, 700, 37 and 1313 tokens run packed (each zigzag-sharded on its own).
   model::PolicyOptions o;
   o.device = comm->device();
   o.dtype = DType::BF16;
   o.logprob_chunk = 128;
-  const model::TokenBatch batch{{ids}};
-  const auto one = model::make_policy(c, params, o);
-  const std::vector<float> one_lp = one->score(batch, true).logprobs[0];
-  one->backward({d_lp});
-  const std::vector<float> one_grads = one->grads_by_layout();
+  model::TokenBatch whole{{ids}}, packed;
+  std::vector<std::vector<float>> whole_d{d_lp}, packed_d;
+  packed.packed = true;
+  for (int64_t start = 0; int64_t len : {1, 700, 37, 1313}) {
+    packed.sequences.emplace_back(ids.begin() + start, ids.begin() + start + len);
+    packed_d.emplace_back(d_lp.begin() + start, d_lp.begin() + start + len);
+    start += len;
+  }
+  const auto flat = [](const std::vector<std::vector<float>>& per_seq) {
+    std::vector<float> out;
+    for (const auto& v : per_seq) out.insert(out.end(), v.begin(), v.end());
+    return out;
+  };
+  for (const auto& [batch, d] : {std::pair{&whole, &whole_d}, {&packed, &packed_d}}) {
+    const auto one = model::make_policy(c, params, o);
+    const std::vector<float> one_lp = flat(one->score(*batch, true).logprobs);
+    one->backward(*d);
+    const std::vector<float> one_grads = one->grads_by_layout();
 
-  for (cp::CpComm how : {cp::CpComm::Ring, cp::CpComm::AllGather}) {
-    model::PolicyOptions co = o;
-    co.cp_group = comm.get();
-    co.cp = cp::CpConfig{how};
-    const auto sharded = model::make_policy(c, params, co);
-    const std::vector<float> cp_lp = sharded->score(batch, true).logprobs[0];
-    sharded->backward({d_lp});
-    std::vector<float> grads = sharded->grads_by_layout();  // this rank's share; the sum over ranks is the gradient
-    const Tensor sum = Tensor::empty({static_cast<int64_t>(grads.size())}, DType::F32, comm->device());
-    copy(sum, host_f32(grads));
-    comm->all_reduce(sum.data(), grads.size(), DType::F32, comm::ReduceOp::Sum);
-    copy(host_f32(grads), sum);
+    for (cp::CpComm how : {cp::CpComm::Ring, cp::CpComm::AllGather}) {
+      model::PolicyOptions co = o;
+      co.cp_group = comm.get();
+      co.cp = cp::CpConfig{how};
+      const auto sharded = model::make_policy(c, params, co);
+      const std::vector<float> cp_lp = flat(sharded->score(*batch, true).logprobs);
+      sharded->backward(*d);
+      std::vector<float> grads = sharded->grads_by_layout();  // this rank's share; the sum over ranks is the gradient
+      const Tensor sum = Tensor::empty({static_cast<int64_t>(grads.size())}, DType::F32, comm->device());
+      copy(sum, host_f32(grads));
+      comm->all_reduce(sum.data(), grads.size(), DType::F32, comm::ReduceOp::Sum);
+      copy(host_f32(grads), sum);
 
-    const std::string what = cat("cp=2 ", cp::cp_comm_name(how));
-    ASSERT_EQ(cp_lp.size(), one_lp.size());
-    EXPECT_EQ(cp_lp[0], 0.f);
-    const std::vector<double> one_lp64(one_lp.begin(), one_lp.end());
-    const double lp_err = max_abs_diff(cp_lp, one_lp64);
-    const int64_t S = static_cast<int64_t>(cp_lp.size());
-    const double lp_rel = testing::rel_error(contiguous_view(const_cast<float*>(cp_lp.data()), DType::F32, Device::cpu(), {S}),
-                                             contiguous_view(const_cast<float*>(one_lp.data()), DType::F32, Device::cpu(), {S}));
-    if (comm->rank() == 0)
-      std::printf("[%s] logprobs vs one GPU: max abs %.3g, relative %.3g\n", what.c_str(), lp_err, lp_rel);
-    // Two bf16 runs that split attention differently: over 2051 tokens of |logprob| ~ 7 the worst one differs by a
-    // few bf16 roundings (2^-8 relative) carried through two layers (0.04-0.06 measured on H200); the vector as a
-    // whole is within the project's bf16 bar. A misplaced key block or row moves logprobs by O(1).
-    EXPECT_LE(lp_rel, 1e-2) << what;
-    EXPECT_LE(lp_err, 0.15) << what;
-    expect_grads_close(one->layout(), grads, one_grads, kGradRelTol, what);
+      const std::string what = cat("cp=2 ", cp::cp_comm_name(how), batch->packed ? " packed" : " padded");
+      ASSERT_EQ(cp_lp.size(), one_lp.size());
+      EXPECT_EQ(cp_lp[0], 0.f);
+      const std::vector<double> one_lp64(one_lp.begin(), one_lp.end());
+      const double lp_err = max_abs_diff(cp_lp, one_lp64);
+      const int64_t S = static_cast<int64_t>(cp_lp.size());
+      const double lp_rel =
+          testing::rel_error(contiguous_view(const_cast<float*>(cp_lp.data()), DType::F32, Device::cpu(), {S}),
+                             contiguous_view(const_cast<float*>(one_lp.data()), DType::F32, Device::cpu(), {S}));
+      if (comm->rank() == 0)
+        std::printf("[%s] logprobs vs one GPU: max abs %.3g, relative %.3g\n", what.c_str(), lp_err, lp_rel);
+      // Two bf16 runs that split attention differently: over 2051 tokens of |logprob| ~ 7 the worst one differs by a
+      // few bf16 roundings (2^-8 relative) carried through two layers (0.04-0.06 measured on H200); the vector as a
+      // whole is within the project's bf16 bar. A misplaced key block or row moves logprobs by O(1).
+      EXPECT_LE(lp_rel, 1e-2) << what;
+      EXPECT_LE(lp_err, 0.15) << what;
+      expect_grads_close(one->layout(), grads, one_grads, kGradRelTol, what);
+    }
   }
 }
 #endif

@@ -1,6 +1,7 @@
 // The GPU Policy (BF16) against the CPU F64 Policy on the same bf16-rounded weights: logprobs, entropies and
-// gradients of a padded batch of several lengths; the device buffers (grads() after zero_grads(), flat_offsets())
-// and the bf16 round trip of set_params / params(). Skips without a GPU.
+// gradients of a padded and of a packed batch of several lengths (the packed one through each GPU attention backend
+// too); the device buffers (grads() after zero_grads(), flat_offsets()) and the bf16 round trip of set_params /
+// params(). Skips without a GPU.
 //
 // Tolerances, as in gpu_model_test.cpp (bf16: unit roundoff 2^-9 ≈ 2e-3 per rounding): logprobs and entropies
 // 2e-2 absolute (~15 bf16 roundings of activations per layer on the way to fp32 logits of magnitude ~1-10);
@@ -16,6 +17,7 @@
 
 #include "model/model_test_util.h"
 #include "ringtrain/attention/cpu/cpu_backends.h"
+#include "ringtrain/attention/selection.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/policy.h"
 #include "test_util.h"
@@ -78,14 +80,10 @@ struct Variant {
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 class GpuPolicy : public ::testing::TestWithParam<Variant> {};
 
-TEST_P(GpuPolicy, MatchesCpuF64OnABatchOfSeveralLengths) {
-  RT_REQUIRE_GPU();
-  attention::cpu::set_math_fp64(true);
-  std::mt19937_64 rng(testing::fresh_seed());
-  const ModelConfig c = gpu_config(GetParam().arch, GetParam().tied);
-  const std::vector<float> params = gpu_params(c, rng);
-  const TokenBatch batch{{testing::random_ids(37, c.vocab, rng), testing::random_ids(70, c.vocab, rng),
-                          testing::random_ids(5, c.vocab, rng)}};
+// Scores and gradients of `batch` on the GPU policy against the CPU F64 policy (which runs it padded, whatever
+// batch.packed says: the reference layout).
+void expect_matches_cpu_f64(const ModelConfig& c, const std::vector<float>& params, const TokenBatch& batch,
+                            const PolicyOptions& gpu_opts, std::mt19937_64& rng) {
   std::vector<std::vector<float>> w;
   std::normal_distribution<float> nd;
   for (const auto& s : batch.sequences) {
@@ -93,20 +91,25 @@ TEST_P(GpuPolicy, MatchesCpuF64OnABatchOfSeveralLengths) {
     for (float& x : w.back()) x = nd(rng);
   }
 
-  const auto gpu = model::make_policy(c, params, gpu_options());
+  const auto gpu = model::make_policy(c, params, gpu_opts);
   ASSERT_EQ(gpu->dtype(), DType::BF16);
   PolicyOptions cpu_opts;
   cpu_opts.dtype = DType::F64;
   cpu_opts.model.attention_backends = {attention::BackendId::Math};
   const auto cpu = model::make_policy(c, params, cpu_opts);
+  TokenBatch padded = batch;
+  padded.packed = false;
 
   gpu->zero_grads(), cpu->zero_grads();
   const model::TokenScores got = gpu->score(batch, true, /*with_entropy=*/true);
   gpu->backward(w);
-  const model::TokenScores want = cpu->score(batch, true, true);
+  attention::cpu::set_math_fp64(true);
+  const model::TokenScores want = cpu->score(padded, true, true);
   cpu->backward(w);
   attention::cpu::set_math_fp64(false);
 
+  ASSERT_EQ(got.logprobs.size(), batch.sequences.size());
+  ASSERT_EQ(got.entropy.size(), batch.sequences.size());
   for (size_t b = 0; b < batch.sequences.size(); ++b) {
     ASSERT_EQ(got.logprobs[b].size(), batch.sequences[b].size());
     ASSERT_EQ(got.entropy[b].size(), batch.sequences[b].size());
@@ -140,10 +143,80 @@ TEST_P(GpuPolicy, MatchesCpuF64OnABatchOfSeveralLengths) {
   }
 }
 
+TEST_P(GpuPolicy, MatchesCpuF64OnABatchOfSeveralLengths) {
+  RT_REQUIRE_GPU();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = gpu_config(GetParam().arch, GetParam().tied);
+  const std::vector<float> params = gpu_params(c, rng);
+  const TokenBatch batch{{testing::random_ids(37, c.vocab, rng), testing::random_ids(70, c.vocab, rng),
+                          testing::random_ids(5, c.vocab, rng)}};
+  expect_matches_cpu_f64(c, params, batch, gpu_options(), rng);
+}
+
+// Packed: one token (no logprob), odd lengths and the longest in the middle, in one row.
+TokenBatch packed_mixed_lengths(const ModelConfig& c, std::mt19937_64& rng) {
+  TokenBatch batch{{testing::random_ids(7, c.vocab, rng), testing::random_ids(1, c.vocab, rng),
+                    testing::random_ids(130, c.vocab, rng), testing::random_ids(33, c.vocab, rng),
+                    testing::random_ids(64, c.vocab, rng)}};
+  batch.packed = true;
+  return batch;
+}
+
+TEST_P(GpuPolicy, PackedMatchesCpuF64) {
+  RT_REQUIRE_GPU();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = gpu_config(GetParam().arch, GetParam().tied);
+  const std::vector<float> params = gpu_params(c, rng);
+  expect_matches_cpu_f64(c, params, packed_mixed_lengths(c, rng), gpu_options(), rng);
+}
+
 INSTANTIATE_TEST_SUITE_P(Arch, GpuPolicy,
                          ::testing::Values(Variant{"qwen3_tied", Arch::Qwen3, true},
                                            Variant{"qwen2_bias", Arch::Qwen2, false},
                                            Variant{"llama", Arch::Llama, false}));
+
+// The packed batch through each GPU attention backend alone (the model's allow-list): one packed call per layer
+// and direction, on that backend. A backend that cannot serve these params on this GPU skips with its reason.
+class GpuPolicyPackedBackend : public ::testing::TestWithParam<attention::BackendId> {};
+
+TEST_P(GpuPolicyPackedBackend, MatchesCpuF64) {
+  RT_REQUIRE_GPU();
+  const attention::BackendId id = GetParam();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = gpu_config(Arch::Qwen2, false);
+  const std::vector<float> params = gpu_params(c, rng);
+  const TokenBatch batch = packed_mixed_lengths(c, rng);
+
+  attention::AttnParams p;  // what the model's packed attention asks for
+  p.device = Device::cuda(0);
+  p.dtype = DType::BF16;
+  p.batch = static_cast<int64_t>(batch.sequences.size());
+  p.heads_q = c.heads, p.heads_kv = c.kv_heads, p.head_dim = c.head_dim;
+  p.seqlen_q = p.seqlen_kv = 130;
+  p.mask = attention::MaskType::CausalTopLeft;
+  p.packed = true;
+  {
+    attention::BackendScope only("test", {id});
+    const attention::Selection sel = attention::explain(p);
+    if (sel.backend == nullptr) GTEST_SKIP() << sel.report();
+  }
+
+  PolicyOptions o = gpu_options();
+  o.model.attention_backends = {id};
+  attention::reset_dispatch_counts();
+  expect_matches_cpu_f64(c, params, batch, o, rng);
+  const attention::DispatchCounts n = attention::dispatch_counts();
+  const int gpu = static_cast<int>(id), math = static_cast<int>(attention::BackendId::Math);
+  EXPECT_EQ(n.forward[gpu], c.layers) << attention::format_dispatch_counts(n);
+  EXPECT_EQ(n.backward[gpu], c.layers) << attention::format_dispatch_counts(n);
+  // Besides, only the CPU reference's math calls: one per layer and direction.
+  EXPECT_EQ(n.total(), 2 * c.layers + n.forward[math] + n.backward[math]) << attention::format_dispatch_counts(n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GpuPolicyPackedBackend,
+                         ::testing::Values(attention::BackendId::Flash, attention::BackendId::Cudnn,
+                                           attention::BackendId::Efficient),
+                         [](const auto& info) { return std::string(attention::backend_name(info.param)); });
 
 TEST(GpuPolicyBuffers, ZeroGradsAndParamsRoundTrip) {
   RT_REQUIRE_GPU();

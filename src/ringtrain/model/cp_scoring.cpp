@@ -1,5 +1,7 @@
 #include "ringtrain/model/cp_scoring.h"
 
+#include <algorithm>
+
 #include "ringtrain/core/error.h"
 #include "ringtrain/cp/zigzag.h"
 
@@ -33,7 +35,48 @@ class CpAttention final : public SequenceAttention {
   int64_t global_len_;
 };
 
+class CpPackedAttention final : public SequenceAttention {
+ public:
+  CpPackedAttention(comm::Communicator& comm, cp::CpConfig config, std::vector<int64_t> doc_lens)
+      : comm_(comm), config_(config), doc_lens_(std::move(doc_lens)) {
+    RT_CHECK(!doc_lens_.empty(), "packed CP attention: no documents");
+    for (int64_t n : doc_lens_) max_len_ = std::max(max_len_, n);
+  }
+  int64_t total_seqlen(int64_t) const override { return max_len_; }
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse) override {
+    attention::AttnForwardArgs a;
+    a.q = drop_row_dim(q), a.k = drop_row_dim(k), a.v = drop_row_dim(v), a.o = drop_row_dim(o),
+    a.lse = drop_row_dim(lse);
+    cp::packed_attention_forward(comm_, config_, params(a.q, a.k), a, doc_lens_);
+  }
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv) override {
+    attention::AttnBackwardArgs a;
+    a.q = drop_row_dim(q), a.k = drop_row_dim(k), a.v = drop_row_dim(v), a.o = drop_row_dim(o),
+    a.dout = drop_row_dim(dout), a.lse = drop_row_dim(lse), a.dq = drop_row_dim(dq), a.dk = drop_row_dim(dk),
+    a.dv = drop_row_dim(dv);
+    cp::packed_attention_backward(comm_, config_, params(a.q, a.k), a, doc_lens_);
+  }
+
+ private:
+  attention::AttnParams params(const TensorView& q, const TensorView& k) const {
+    return packed_params(q, k, static_cast<int64_t>(doc_lens_.size()), max_len_);
+  }
+
+  comm::Communicator& comm_;
+  cp::CpConfig config_;
+  std::vector<int64_t> doc_lens_;
+  int64_t max_len_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<SequenceAttention> make_cp_packed_attention(comm::Communicator& comm, cp::CpConfig config,
+                                                            std::vector<int64_t> doc_lens) {
+  return std::make_unique<CpPackedAttention>(comm, config, std::move(doc_lens));
+}
 
 std::unique_ptr<SequenceAttention> make_cp_attention(comm::Communicator& comm, cp::CpConfig config,
                                                      int64_t global_len) {

@@ -3,10 +3,9 @@
 #include <type_traits>
 
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/cp_scoring.h"
 #include "ringtrain/model/gpu_policy.h"
 #include "ringtrain/model/logprobs.h"
-#include "ringtrain/model/padded_batch.h"
+#include "ringtrain/model/batch_rows.h"
 
 namespace ringtrain::model {
 namespace {
@@ -21,7 +20,7 @@ std::vector<float> slice(const std::vector<float>& values, const ParamSpec& spec
   return {values.begin() + spec.offset, values.begin() + spec.offset + spec.numel};
 }
 
-// The CPU model in fp32 or fp64. A microbatch runs as one padded [B, S_max] forward (PaddedBatch): one pass over
+// The CPU model in fp32 or fp64. A microbatch runs as one padded or packed forward (BatchRows): one pass over
 // the weights for the whole batch instead of one per sequence, with the activations of every sequence kept for the
 // backward (a DPO loss needs the chosen and the rejected scored before either backward).
 template <typename T>
@@ -47,12 +46,11 @@ class CpuPolicy final : public Policy {
   TokenScores score(const TokenBatch& batch, bool for_backward, bool with_entropy) override {
     scored_.reset(), attention_.reset();
     const ModelConfig& c = model_.config();
-    auto rows = std::make_unique<PaddedBatch>(batch, c.vocab, group_ ? group_->size() : 1, group_ ? group_->rank() : 0);
-    std::unique_ptr<SequenceAttention> attention =
-        group_ ? make_cp_attention(*group_, cp_, rows->max_len()) : make_local_attention();
-    const int64_t n = rows->sequences() * rows->rows();
-    const std::vector<T>& hidden = model_.forward(rows->tokens().data(), rows->positions().data(), rows->sequences(),
-                                                  rows->rows(), *attention, for_backward);
+    auto rows = std::make_unique<BatchRows>(batch, c.vocab, group_ ? group_->size() : 1, group_ ? group_->rank() : 0);
+    std::unique_ptr<SequenceAttention> attention = rows->attention(group_, cp_);
+    const int64_t n = rows->local_tokens();
+    const std::vector<T>& hidden = model_.forward(rows->tokens().data(), rows->positions().data(), rows->batch(),
+                                                  rows->row_len(), *attention, for_backward);
     // logprobs then entropy: one gather under CP
     std::vector<T> local(static_cast<size_t>(with_entropy ? 2 * n : n));
     token_logprobs(local.data(), hidden.data(), model_.lm_head(), rows->targets().data(), n, c.hidden, c.vocab, chunk_,
@@ -107,7 +105,7 @@ class CpuPolicy final : public Policy {
   cp::CpConfig cp_;
   std::vector<int64_t> offsets_;
   // What the last score(..., for_backward = true) ran, for backward().
-  std::unique_ptr<PaddedBatch> scored_;
+  std::unique_ptr<BatchRows> scored_;
   std::unique_ptr<SequenceAttention> attention_;
 };
 

@@ -37,6 +37,10 @@ struct PolicyOptions {
 // Token sequences of one microbatch, each whole (under CP every rank of the group passes the same ones).
 struct TokenBatch {
   std::vector<std::vector<int32_t>> sequences;
+  // The forward's layout; the scores and gradients are the same either way (up to rounding). Padded: [B, S_max],
+  // every sequence padded to the longest. Packed: the sequences back to back in one row, positions restarting in
+  // each and attention kept within each (THD with cu_seqlens), so nothing is computed on padding.
+  bool packed = false;
   int64_t tokens() const;
 };
 
@@ -58,8 +62,9 @@ class Policy {
   virtual DType dtype() const = 0;
 
   // Scores every sequence of the batch (not empty, no empty sequence, token ids inside the vocabulary), all in one
-  // forward padded to the longest. With for_backward the activations backward() needs are kept, for one backward()
-  // before the next score(). with_entropy adds the per-token entropy, computed inside the chunked LM head.
+  // forward (padded to the longest, or packed: TokenBatch::packed). With for_backward the activations backward()
+  // needs are kept, for one backward() before the next score(). with_entropy adds the per-token entropy, computed
+  // inside the chunked LM head.
   virtual TokenScores score(const TokenBatch& batch, bool for_backward, bool with_entropy = false) = 0;
   // After score(batch, true): adds into the gradients the gradient of sum_b sum_p d_logprobs[b][p] * logprobs[b][p]
   // (under CP, this rank's share: the sum over the cp group is the gradient). d_logprobs has the shape of the

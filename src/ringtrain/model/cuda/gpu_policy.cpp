@@ -1,10 +1,9 @@
-// The GPU model as a Policy: bf16 weights, fp32 gradients and LM head, one microbatch as one padded forward
-// (PaddedBatch, as the CPU policy), context parallelism over the NCCL communicator of PolicyOptions.
+// The GPU model as a Policy: bf16 weights, fp32 gradients and LM head, one microbatch as one padded or packed
+// forward (BatchRows, as the CPU policy), context parallelism over the NCCL communicator of PolicyOptions.
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/cp_scoring.h"
+#include "ringtrain/model/batch_rows.h"
 #include "ringtrain/model/cuda/gpu_logprobs.h"
 #include "ringtrain/model/gpu_policy.h"
-#include "ringtrain/model/padded_batch.h"
 
 namespace ringtrain::model {
 namespace {
@@ -36,15 +35,14 @@ class GpuPolicy final : public Policy {
   TokenScores score(const TokenBatch& batch, bool for_backward, bool with_entropy) override {
     scored_.reset(), attention_.reset();
     const ModelConfig& c = model_.config();
-    auto rows = std::make_unique<PaddedBatch>(batch, c.vocab, group_ ? group_->size() : 1, group_ ? group_->rank() : 0);
-    std::unique_ptr<SequenceAttention> attention =
-        group_ ? make_cp_attention(*group_, cp_, rows->max_len()) : make_local_attention();
-    const int64_t n = rows->sequences() * rows->rows(), per_rank = with_entropy ? 2 * n : n;
+    auto rows = std::make_unique<BatchRows>(batch, c.vocab, group_ ? group_->size() : 1, group_ ? group_->rank() : 0);
+    std::unique_ptr<SequenceAttention> attention = rows->attention(group_, cp_);
+    const int64_t n = rows->local_tokens(), per_rank = with_entropy ? 2 * n : n;
     const Device dev = model_.device();
     const Tensor targets = Tensor::empty({n}, DType::I32, dev);
     copy(targets, contiguous_view(const_cast<int32_t*>(rows->targets().data()), DType::I32, Device::cpu(), {n}));
-    const cuda::bf16* hidden = model_.forward(rows->tokens().data(), rows->positions().data(), rows->sequences(),
-                                              rows->rows(), *attention, for_backward);
+    const cuda::bf16* hidden = model_.forward(rows->tokens().data(), rows->positions().data(), rows->batch(),
+                                              rows->row_len(), *attention, for_backward);
     // logprobs then entropy, next to each other: one gather under CP, straight from device memory
     const Tensor local = Tensor::empty({per_rank}, DType::F32, dev);
     cuda::token_logprobs(model_.gemm(), local.ptr<float>(), hidden, model_.lm_head(), targets.ptr<int32_t>(), n,
@@ -87,7 +85,7 @@ class GpuPolicy final : public Policy {
   cp::CpConfig cp_;
   std::vector<int64_t> offsets_;
   // What the last score(..., for_backward = true) ran, for backward().
-  std::unique_ptr<PaddedBatch> scored_;
+  std::unique_ptr<BatchRows> scored_;
   std::unique_ptr<SequenceAttention> attention_;
 };
 
