@@ -25,6 +25,7 @@ void add_init_model_command(CLI::App& app);
 void add_logprobs_command(CLI::App& app);
 void add_config_command(CLI::App& app);  // config_cmd.cpp
 void add_plot_command(CLI::App& app);    // plot_cmd.cpp
+void add_grpo_command(CLI::App& app);    // grpo_cmd.cpp
 
 // attention-check on GPUs with cp > 1 (one process per GPU): parity against one GPU; returns the exit code.
 int gpu_cp_attention_check(const cp::AttnProblem& prob, const cp::CpConfig& cfg, int cp, uint64_t seed,
