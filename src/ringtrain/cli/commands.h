@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "ringtrain/cp/cp_check.h"
 
@@ -25,7 +27,18 @@ void add_init_model_command(CLI::App& app);
 void add_logprobs_command(CLI::App& app);
 void add_config_command(CLI::App& app);  // config_cmd.cpp
 void add_plot_command(CLI::App& app);    // plot_cmd.cpp
+void add_train_command(CLI::App& app);   // train_cmd.cpp
+void add_export_command(CLI::App& app);  // train_cmd.cpp
 void add_grpo_command(CLI::App& app);    // grpo_cmd.cpp
+
+// `logprobs --config FILE`: scoring through the policy worker with the run config's model, mesh and batching.
+struct ConfigLogprobsOptions {
+  std::string config, data, out, checkpoint;
+  std::vector<std::string> overrides;
+  bool reference = false;  // score under the config's starting weights
+  int timeout_s = 600;
+};
+void run_config_logprobs(const ConfigLogprobsOptions& o);  // logprobs_config.cpp
 
 // attention-check on GPUs with cp > 1 (one process per GPU): parity against one GPU; returns the exit code.
 int gpu_cp_attention_check(const cp::AttnProblem& prob, const cp::CpConfig& cfg, int cp, uint64_t seed,

@@ -71,10 +71,15 @@ void add_logprobs_command(CLI::App& app) {
     int cp = 1;
     int timeout_s = 600;
     int64_t chunk = 0;  // 0: the device's default
+    ConfigLogprobsOptions with_config;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("logprobs", "Next-token log-probabilities of token sequences");
-  cmd->add_option("--model", o->model, "checkpoint folder (config.json + safetensors)")->required();
+  cmd->add_option("--model", o->model, "checkpoint folder (config.json + safetensors); or --config");
+  cmd->add_option("--config", o->with_config.config, "run config: model, device, mesh and batching from it");
+  cmd->add_option("--set", o->with_config.overrides, "with --config: KEY=VALUE overrides");
+  cmd->add_option("--checkpoint", o->with_config.checkpoint, "with --config: a training checkpoint's weights");
+  cmd->add_flag("--reference", o->with_config.reference, "with --config: the config's starting (reference) weights");
   cmd->add_option("--data", o->data, "JSONL file, one {\"input_ids\": [...]} per line")->required();
   cmd->add_option("--cp", o->cp, "context-parallel size (CPU: ranks are threads of this process)")
       ->capture_default_str();
@@ -86,6 +91,12 @@ void add_logprobs_command(CLI::App& app) {
   cmd->add_option("--chunk", o->chunk, "tokens per LM-head chunk (default: 1024 on the CPU, within 896 MiB on a GPU)");
   cmd->callback([o] {
     using namespace model;
+    if (!o->with_config.config.empty()) {
+      RT_CHECK(o->model.empty(), "logprobs: --config names the model; drop --model (or --config)");
+      o->with_config.data = o->data, o->with_config.out = o->out, o->with_config.timeout_s = o->timeout_s;
+      return run_config_logprobs(o->with_config);
+    }
+    RT_CHECK(!o->model.empty(), "logprobs: --model or --config is required");
     const Device device = parse_device(o->device);
     RT_CHECK(o->cp >= 1, "--cp ", o->cp, ": must be at least 1");
     ModelOptions opts;

@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   ringtrain::cli::add_logprobs_command(app);
   ringtrain::cli::add_config_command(app);
   ringtrain::cli::add_plot_command(app);
+  ringtrain::cli::add_train_command(app);
+  ringtrain::cli::add_export_command(app);
   ringtrain::cli::add_grpo_command(app);
   try {
     app.parse(argc, argv);

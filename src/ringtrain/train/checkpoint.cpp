@@ -55,8 +55,8 @@ bool exists_no_follow(const fs::path& p) {
   return fs::symlink_status(p, ec).type() != fs::file_type::not_found && !ec;
 }
 
-// Runs f on every rank; when it throws anywhere, every rank throws the error of the highest failing rank (sent to
-// all, so that each process's log names the cause).
+}  // namespace
+
 void all_or_none(comm::Communicator& world, const std::string& what, const std::function<void()>& f) {
   std::string error;
   try {
@@ -85,6 +85,8 @@ void all_or_none(comm::Communicator& world, const std::string& what, const std::
   throw Error(cat(what, " failed on rank ", root, ": ", std::string(reinterpret_cast<const char*>(text.data()),
                                                                    static_cast<size_t>(length))));
 }
+
+namespace {
 
 std::vector<int64_t> all_gather_i64(comm::Communicator& world, int64_t value) {
   std::vector<int64_t> all(static_cast<size_t>(world.size()));

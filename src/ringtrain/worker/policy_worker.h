@@ -51,25 +51,41 @@ class PolicyWorker {
   const Config& config() const;
   const model::ModelConfig& model_config() const;
   model::Policy& policy();
+  train::Trainer& trainer();  // step counters, the optimizer shard
+  const train::Mesh& mesh() const;
 
-  // Scores the samples (microbatched by logprob_batch_size or packed by logprob_mb_tokens).
+  // Scores the samples: each dp rank its contiguous share, in the microbatches of plan_microbatches(Pass::Score)
+  // (logprob_batch_size sequences, length buckets, or packed bins); every rank returns the whole batch in input
+  // order. Checks every sample first (lengths within max_total_sequence_length, token ids, field lengths).
   LogprobResult get_logprobs(const std::vector<Sample>& samples, bool with_entropy = false);
   // The same under the frozen reference weights (the weights the worker started from), kept in host memory and
   // swapped into the policy's buffers for the call: never a second copy on the GPU.
   LogprobResult get_reference_logprobs(const std::vector<Sample>& samples);
-  // One optimizer step on the global batch with the configured loss.
+  // One optimizer step on the global batch (exactly train_global_batch_size sequences, DPO: pairs as consecutive
+  // chosen, rejected) with the configured loss. prev_logprobs (clipped_pg) and reference_logprobs (dpo, or clipped_pg
+  // with a KL penalty) are computed here for samples that lack them. The trainer cuts each dp rank's part into
+  // microbatches of train_micro_batch_size units.
   TrainResult train(const std::vector<Sample>& samples);
 
-  // Training state (checkpoint.h): weights, optimizer shards, counters, data position.
+  // Training state (checkpoint.h): weights, optimizer shards, counters, data position. load() leaves the reference
+  // weights as they were (the config's model).
   void save(const std::filesystem::path& dir, const train::TrainingProgress& position = {});
   train::TrainingProgress load(const std::filesystem::path& dir);
-  // The current weights as a Hugging Face checkpoint (config.json + safetensors), written atomically by rank 0.
+  // The current weights as a Hugging Face checkpoint (config.json + safetensors), written atomically by rank 0
+  // (write_hf_folder); collective: every rank returns or throws rank 0's error.
   void export_hf(const std::filesystem::path& dir);
+  // The tensors an inference engine receives, in layout order (a tied lm_head is served by the embedding), with the
+  // dtype of the compute weights (fp32 for an fp64 policy).
   std::vector<RefitEntry> refit_info() const;
 
  private:
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// config.json + model.safetensors (in config.dtype) written into DIR.exporting, then renamed to DIR; an existing
+// DIR is replaced only when it is a directory.
+void write_hf_folder(const std::filesystem::path& dir, const model::ModelConfig& config,
+                     const std::vector<float>& values);
 
 }  // namespace ringtrain::worker

@@ -1,0 +1,58 @@
+// `ringtrain logprobs --config FILE`: scoring through the policy worker, with the model, device, precision, mesh
+// (dp x cp), attention allow-list, packing and batch sizes of a run config; --checkpoint scores a training
+// checkpoint's weights, --reference the config's starting weights (the reference policy of the run).
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ringtrain/cli/commands.h"
+#include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/core/device_info.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/file_io.h"
+#include "ringtrain/worker/data.h"
+#include "ringtrain/worker/policy_worker.h"
+
+namespace ringtrain::cli {
+
+void run_config_logprobs(const ConfigLogprobsOptions& o) {
+  const worker::Config c = worker::load_config(o.config, o.overrides);
+  const int world = static_cast<int>(c.parallel.world());
+  if (c.device.is_cuda()) {
+    if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+      std::fprintf(stderr, "ringtrain logprobs: device cuda cannot run here: %s\n", why.c_str());
+      throw Exit{2};
+    }
+    if (!inside_ranks(world)) throw Exit{relaunch_self(world)};
+  }
+  const model::ModelConfig m = worker::resolve_model_config(c.policy);
+  c.validate_against(m);
+  worker::DataSpec spec;  // scoring reads input_ids (and ignores nothing else: a misspelt key is an error)
+  spec.vocab = m.vocab;
+  spec.max_length = c.policy.max_total_sequence_length;
+  const std::vector<worker::Sample> samples = worker::load_dataset(o.data, spec).samples;
+  std::vector<std::vector<float>> results;
+  const auto score = [&](comm::Communicator& comm) {
+    worker::PolicyWorker w(c, comm);
+    if (!o.checkpoint.empty()) w.load(o.checkpoint);
+    worker::LogprobResult r = o.reference ? w.get_reference_logprobs(samples) : w.get_logprobs(samples);
+    if (comm.rank() == 0) results = std::move(r.logprobs);
+  };
+  const auto timeout = std::chrono::seconds(o.timeout_s);
+  if (c.device.is_cuda()) {
+    const auto comm = nccl_from_environment(timeout);
+    score(*comm);
+    if (comm->rank() != 0) return;
+  } else {
+    comm::run_ranks(world, timeout, score);
+  }
+  std::string text;
+  for (const auto& lp : results) text += nlohmann::json{{"logprobs", lp}}.dump() + "\n";
+  if (o.out.empty())
+    std::fputs(text.c_str(), stdout);
+  else
+    model::write_file_atomic(o.out, text);
+}
+
+}  // namespace ringtrain::cli

@@ -1,0 +1,78 @@
+// `ringtrain train --config FILE [KEY=VALUE ...] [--resume]`: the policy worker's training run (worker/train_loop.h)
+// on the CPU (ranks are threads of this process) or on GPUs (one process per GPU, relaunched through
+// `ringtrain launch`). `ringtrain export CHECKPOINT --out DIR`: a checkpoint's weights as a Hugging Face folder.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/cli/commands.h"
+#include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/core/device_info.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/params.h"
+#include "ringtrain/worker/data.h"
+#include "ringtrain/worker/policy_worker.h"
+#include "ringtrain/worker/train_loop.h"
+
+namespace ringtrain::cli {
+
+void add_train_command(CLI::App& app) {
+  struct Opts {
+    std::string config;
+    std::vector<std::string> overrides;
+    bool resume = false, no_progress = false;
+    int timeout_s = 600;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand("train", "Train a policy on a data file as a run config says");
+  cmd->add_option("--config", o->config, "YAML run config (configs/*.yaml)")->required();
+  cmd->add_option("overrides", o->overrides, "KEY=VALUE overrides, e.g. train.steps=100");
+  cmd->add_flag("--resume", o->resume, "continue from the newest complete checkpoint in train.checkpoint_dir");
+  cmd->add_flag("--no-progress", o->no_progress, "no progress line on stderr");
+  cmd->add_option("--timeout", o->timeout_s, "seconds a rank waits for the others")->capture_default_str();
+  cmd->callback([o] {
+    const worker::Config c = worker::load_config(o->config, o->overrides);
+    const int world = static_cast<int>(c.parallel.world());
+    if (c.device.is_cuda()) {
+      if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+        std::fprintf(stderr, "ringtrain train: device cuda cannot run here: %s\n", why.c_str());
+        throw Exit{2};
+      }
+      if (!inside_ranks(world)) throw Exit{relaunch_self(world)};
+    }
+    // Everything that needs no weights is checked before any rank starts: the config against the model, the data.
+    const model::ModelConfig m = worker::resolve_model_config(c.policy);
+    c.validate_against(m);
+    RT_CHECK(!c.train.data.empty(), "train.data: no data file given");
+    const worker::Dataset data = worker::load_dataset(c.train.data, worker::data_spec(c, m));
+    worker::TrainRunOptions ro;
+    ro.resume = o->resume;
+    ro.progress = !o->no_progress;
+    const auto timeout = std::chrono::seconds(o->timeout_s);
+    if (c.device.is_cuda()) {
+      const auto comm = nccl_from_environment(timeout);
+      worker::run_training(c, *comm, data, ro);
+    } else {
+      comm::run_ranks(world, timeout, [&](comm::Communicator& comm) { worker::run_training(c, comm, data, ro); });
+    }
+  });
+}
+
+void add_export_command(CLI::App& app) {
+  struct Opts {
+    std::string checkpoint, out;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand("export", "A checkpoint's weights as a Hugging Face folder");
+  cmd->add_option("checkpoint", o->checkpoint, "checkpoint folder (ringtrain train's step_N, or any HF folder)")
+      ->required();
+  cmd->add_option("--out", o->out, "the Hugging Face folder to write (replaced when it is a folder)")->required();
+  cmd->callback([o] {
+    const model::ModelConfig m = model::load_config(o->checkpoint);
+    worker::write_hf_folder(o->out, m, model::load_checkpoint_params(o->checkpoint, m));
+  });
+}
+
+}  // namespace ringtrain::cli

@@ -1,0 +1,363 @@
+#include "ringtrain/worker/policy_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <system_error>
+
+#include "ringtrain/core/device_info.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/file_io.h"
+#include "ringtrain/model/params.h"
+#include "ringtrain/worker/packing.h"
+
+namespace ringtrain::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+train::TrainerConfig trainer_config(const Config& c) {
+  RT_CHECK(c.loss_fn.type != LossType::Dpo || c.loss_fn.preference_loss_weight == 1.0,
+           "loss_fn.preference_loss_weight = ", c.loss_fn.preference_loss_weight,
+           ": the worker's DPO loss weighs the preference term 1 (scale loss_fn.sft_loss_weight instead)");
+  train::TrainerConfig t;
+  t.micro_batch_size = c.policy.train_micro_batch_size * (c.loss_fn.type == LossType::Dpo ? 2 : 1);
+  const LossConfig& l = c.loss_fn;
+  switch (l.type) {
+    case LossType::Nll:
+      t.loss.kind = train::LossKind::NLL;
+      break;
+    case LossType::ClippedPg:
+      t.loss.kind = train::LossKind::ClippedPG;
+      break;
+    case LossType::Dpo:
+      t.loss.kind = train::LossKind::DPO;
+      break;
+  }
+  t.loss.pg.eps_low = l.ratio_clip_min;
+  t.loss.pg.eps_high = l.ratio_clip_max;
+  t.loss.pg.dual_clip = l.ratio_clip_c.value_or(0.0);
+  t.loss.pg.kl_beta = l.reference_policy_kl_penalty;
+  t.loss.pg.kl_estimator = l.reference_policy_kl_type == KlType::K1   ? train::KLEstimator::K1
+                           : l.reference_policy_kl_type == KlType::K2 ? train::KLEstimator::K2
+                                                                      : train::KLEstimator::K3;
+  t.loss.pg.aggregation = l.token_level_loss ? train::Aggregation::TokenMean : train::Aggregation::SequenceMean;
+  t.loss.dpo.beta = l.reference_policy_kl_penalty;
+  t.loss.dpo.nll_coef = l.sft_loss_weight;
+  const OptimizerConfig& o = c.policy.optimizer;
+  t.adamw.beta1 = o.beta1, t.adamw.beta2 = o.beta2, t.adamw.eps = o.eps, t.adamw.weight_decay = o.weight_decay;
+  t.adamw.max_grad_norm = c.policy.max_grad_norm;
+  const SchedulerConfig& s = c.policy.scheduler;
+  t.schedule.base_lr = o.lr;
+  t.schedule.warmup_steps = s.warmup_steps;
+  t.schedule.warmup_start_factor = s.warmup_steps > 0 ? 1.0 / static_cast<double>(s.warmup_steps) : 1.0;
+  if (s.kind == ScheduleKind::Cosine) {
+    t.schedule.decay = train::ScheduleConfig::Decay::Cosine;
+    t.schedule.decay_steps = c.total_scheduler_steps() - s.warmup_steps;
+    t.schedule.min_lr = s.min_lr;
+  }
+  return t;
+}
+
+model::PolicyOptions policy_options(const Config& c, const model::ModelConfig& m, comm::Communicator& world,
+                                    comm::Communicator& cp_group) {
+  model::PolicyOptions po;
+  po.device = c.device.is_cuda() ? world.device() : Device::cpu();
+  po.dtype = c.compute_dtype();
+  po.model.attention_backends = c.attention_backends;
+  if (c.policy.dtensor_cfg.activation_checkpointing)
+    po.model.checkpoint_layers = model::ModelOptions::checkpoint_all(m.layers);
+  po.logprob_chunk = c.policy.logprob_chunk_size;
+  po.cp_group = &cp_group;
+  po.cp.comm = c.parallel.cp_comm;
+  return po;
+}
+
+// Sums a host buffer over a communicator (whose buffers live on its device).
+void all_reduce_sum(comm::Communicator& comm, std::vector<float>& values) {
+  if (comm.size() == 1 || values.empty()) return;
+  const int64_t n = static_cast<int64_t>(values.size());
+  const TensorView host = contiguous_view(values.data(), DType::F32, Device::cpu(), {n});
+  Tensor buf = Tensor::empty({n}, DType::F32, comm.device());
+  copy(buf, host);
+  comm.all_reduce(buf.data(), values.size(), DType::F32, comm::ReduceOp::Sum);
+  copy(host, buf);
+}
+
+std::vector<uint8_t> to_mask(const std::vector<float>& m) {
+  std::vector<uint8_t> out(m.size());
+  for (size_t i = 0; i < m.size(); ++i) out[i] = m[i] != 0.0f;
+  return out;
+}
+
+void check_samples(const std::vector<Sample>& samples, const model::ModelConfig& m, int64_t max_length,
+                   const char* what) {
+  RT_CHECK(!samples.empty(), what, ": the batch is empty");
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const Sample& s = samples[i];
+    RT_CHECK(s.length() >= 1 && s.length() <= max_length, what, ": sample ", i, " has ", s.length(),
+             " tokens; policy.max_total_sequence_length allows 1 to ", max_length);
+    for (size_t p = 0; p < s.input_ids.size(); ++p)
+      RT_CHECK(s.input_ids[p] >= 0 && s.input_ids[p] < m.vocab, what, ": sample ", i, " input_ids[", p,
+               "] = ", s.input_ids[p], " is not a token id in [0, ", m.vocab, ")");
+    const auto check_len = [&](const std::vector<float>& v, const char* field) {
+      RT_CHECK(v.empty() || v.size() == s.input_ids.size(), what, ": sample ", i, " ", field, " has ", v.size(),
+               " entries for ", s.length(), " tokens");
+    };
+    check_len(s.token_mask, "token_mask");
+    check_len(s.advantages, "advantages");
+    check_len(s.generation_logprobs, "generation_logprobs");
+    check_len(s.prev_logprobs, "prev_logprobs");
+    check_len(s.reference_logprobs, "reference_logprobs");
+  }
+}
+
+// DIR's temporary sibling for a write that renames it into place.
+fs::path sibling(const fs::path& dir, const char* suffix) {
+  fs::path d = dir.lexically_normal();
+  if (!d.has_filename()) d = d.parent_path();
+  return d.parent_path() / (d.filename().string() + suffix);
+}
+
+bool exists_no_follow(const fs::path& p) {
+  std::error_code ec;
+  return fs::symlink_status(p, ec).type() != fs::file_type::not_found && !ec;
+}
+
+}  // namespace
+
+struct PolicyWorker::State {
+  Config config;
+  model::ModelConfig model;
+  comm::Communicator* world = nullptr;
+  std::unique_ptr<train::Mesh> mesh;
+  std::unique_ptr<model::Policy> policy;
+  std::unique_ptr<train::Trainer> trainer;
+  std::vector<float> reference;  // the starting weights, fp32 in layout order, in host memory
+
+  // This dp rank's contiguous share [first, last) of n sequences.
+  std::pair<size_t, size_t> share(size_t n) const {
+    const size_t dp = static_cast<size_t>(mesh->dp()), d = static_cast<size_t>(mesh->dp_index());
+    return {n * d / dp, n * (d + 1) / dp};
+  }
+
+  LogprobResult score(const std::vector<Sample>& samples, bool with_entropy) {
+    check_samples(samples, model, config.policy.max_total_sequence_length, "get_logprobs");
+    const auto [first, last] = share(samples.size());
+    std::vector<int64_t> lengths;
+    std::vector<std::vector<int32_t>> mine;
+    for (size_t i = first; i < last; ++i) lengths.push_back(samples[i].length()), mine.push_back(samples[i].input_ids);
+    // Every sequence's values at its place in one flat buffer of the whole batch, zero elsewhere: the sum over dp
+    // gives every rank all of them exactly.
+    std::vector<int64_t> start(samples.size() + 1, 0);
+    for (size_t i = 0; i < samples.size(); ++i) start[i + 1] = start[i] + samples[i].length();
+    std::vector<float> flat_lp(static_cast<size_t>(start.back()), 0.0f), flat_ent;
+    if (with_entropy) flat_ent.assign(flat_lp.size(), 0.0f);
+    if (!mine.empty()) {
+      for (const Microbatch& mb : plan_microbatches(config, lengths, Pass::Score)) {
+        model::TokenBatch batch;
+        for (int64_t k : mb.sequences) batch.sequences.push_back(mine[static_cast<size_t>(k)]);
+        model::TokenScores s = policy->score(batch, /*for_backward=*/false, with_entropy);
+        for (size_t k = 0; k < mb.sequences.size(); ++k) {
+          const size_t at = static_cast<size_t>(start[first + static_cast<size_t>(mb.sequences[k])]);
+          std::copy(s.logprobs[k].begin(), s.logprobs[k].end(), flat_lp.begin() + static_cast<ptrdiff_t>(at));
+          if (with_entropy)
+            std::copy(s.entropy[k].begin(), s.entropy[k].end(), flat_ent.begin() + static_cast<ptrdiff_t>(at));
+        }
+      }
+    }
+    all_reduce_sum(mesh->dp_group(), flat_lp);
+    if (with_entropy) all_reduce_sum(mesh->dp_group(), flat_ent);
+    LogprobResult out;
+    const auto split = [&](const std::vector<float>& flat, std::vector<std::vector<float>>& to) {
+      to.resize(samples.size());
+      for (size_t i = 0; i < samples.size(); ++i) to[i].assign(flat.begin() + start[i], flat.begin() + start[i + 1]);
+    };
+    split(flat_lp, out.logprobs);
+    if (with_entropy) split(flat_ent, out.entropy);
+    return out;
+  }
+
+  // The policy's compute weights, byte for byte, in host memory (exact for every dtype, unlike params()).
+  std::vector<char> weights_to_host() {
+    const TensorView w = policy->weights();
+    std::vector<char> host(w.nbytes());
+    copy(contiguous_view(host.data(), w.dtype, Device::cpu(), {w.numel()}), w);
+    return host;
+  }
+  void weights_from_host(std::vector<char>& host) {
+    const TensorView w = policy->weights();
+    copy(w, contiguous_view(host.data(), w.dtype, Device::cpu(), {w.numel()}));
+  }
+};
+
+PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  config.validate();
+  RT_CHECK(world.size() == config.parallel.world(), "parallel.dp x parallel.cp = ", config.parallel.dp, " x ",
+           config.parallel.cp, " = ", config.parallel.world(), " ranks, but the world has ", world.size());
+  RT_CHECK(config.device.is_cuda() == world.device().is_cuda(), "device = ", config.device.is_cuda() ? "cuda" : "cpu",
+           ", but the world's communicator is on ", world.device().is_cuda() ? "cuda" : "cpu");
+  s.config = config;
+  s.world = &world;
+  s.model = resolve_model_config(config.policy);
+  config.validate_against(s.model);
+  const train::TrainerConfig tcfg = trainer_config(config);
+  train::validate(tcfg.adamw);
+  train::validate(tcfg.schedule);
+
+  s.mesh = std::make_unique<train::Mesh>(
+      world, train::MeshShape{static_cast<int>(config.parallel.dp), static_cast<int>(config.parallel.cp)});
+  const model::PolicyOptions po = policy_options(config, s.model, world, s.mesh->cp_group());
+  s.reference = is_builtin_model(config.policy.model_name)
+                    ? model::random_params(model::ParamLayout(s.model), config.train.seed)
+                    : model::load_checkpoint_params(config.policy.model_name, s.model);
+  s.policy = model::make_policy(s.model, s.reference, po);
+  s.trainer = std::make_unique<train::Trainer>(tcfg, *s.policy, *s.mesh);
+}
+
+PolicyWorker::~PolicyWorker() = default;
+
+const Config& PolicyWorker::config() const { return state_->config; }
+const model::ModelConfig& PolicyWorker::model_config() const { return state_->model; }
+model::Policy& PolicyWorker::policy() { return *state_->policy; }
+train::Trainer& PolicyWorker::trainer() { return *state_->trainer; }
+const train::Mesh& PolicyWorker::mesh() const { return *state_->mesh; }
+
+LogprobResult PolicyWorker::get_logprobs(const std::vector<Sample>& samples, bool with_entropy) {
+  return state_->score(samples, with_entropy);
+}
+
+LogprobResult PolicyWorker::get_reference_logprobs(const std::vector<Sample>& samples) {
+  State& s = *state_;
+  std::vector<char> current = s.weights_to_host();
+  s.policy->set_params(s.reference);
+  LogprobResult out;
+  try {
+    out = s.score(samples, false);
+  } catch (...) {
+    s.weights_from_host(current);
+    throw;
+  }
+  s.weights_from_host(current);
+  return out;
+}
+
+TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
+  State& s = *state_;
+  const Config& c = s.config;
+  const auto t0 = Clock::now();
+  check_samples(samples, s.model, c.policy.max_total_sequence_length, "train");
+  const bool dpo = c.loss_fn.type == LossType::Dpo, pg = c.loss_fn.type == LossType::ClippedPg;
+  const int64_t units = static_cast<int64_t>(samples.size()) / (dpo ? 2 : 1);
+  RT_CHECK(!dpo || samples.size() % 2 == 0, "train: a DPO batch holds pairs (chosen, rejected); got ", samples.size(),
+           " sequences");
+  RT_CHECK(units == c.policy.train_global_batch_size, "train: the batch holds ", units, dpo ? " pairs" : " sequences",
+           "; policy.train_global_batch_size = ", c.policy.train_global_batch_size);
+
+  train::TrainBatch batch;
+  for (const Sample& x : samples) {
+    batch.sequences.push_back(x.input_ids);
+    batch.token_mask.push_back(x.token_mask.empty() ? std::vector<uint8_t>(x.input_ids.size(), 1)
+                                                    : to_mask(x.token_mask));
+    batch.sample_mask.push_back(x.sample_mask != 0.0f);
+  }
+  // Logprobs the loss reads, from the samples, or computed here when a sample lacks them.
+  const auto gather = [&](std::vector<float> Sample::*field, bool reference) {
+    std::vector<std::vector<float>> to(samples.size());
+    std::vector<Sample> missing;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      if ((samples[i].*field).empty())
+        missing.push_back(samples[i]), where.push_back(i);
+      else
+        to[i] = samples[i].*field;
+    }
+    if (!missing.empty()) {
+      LogprobResult r = reference ? get_reference_logprobs(missing) : s.score(missing, false);
+      for (size_t k = 0; k < where.size(); ++k) to[where[k]] = std::move(r.logprobs[k]);
+    }
+    return to;
+  };
+  if (pg) {
+    for (size_t i = 0; i < samples.size(); ++i)
+      RT_CHECK(!samples[i].advantages.empty(), "train: loss_fn.type clipped_pg needs advantages; sample ", i,
+               " has none");
+    for (const Sample& x : samples) batch.advantages.push_back(x.advantages);
+    batch.prev_logprobs = gather(&Sample::prev_logprobs, false);
+    if (c.loss_fn.reference_policy_kl_penalty != 0.0) batch.ref_logprobs = gather(&Sample::reference_logprobs, true);
+    if (c.loss_fn.use_importance_sampling_correction) {
+      for (size_t i = 0; i < samples.size(); ++i)
+        RT_CHECK(!samples[i].generation_logprobs.empty(),
+                 "train: loss_fn.use_importance_sampling_correction needs generation_logprobs; sample ", i,
+                 " has none");
+      for (const Sample& x : samples) batch.gen_logprobs.push_back(x.generation_logprobs);
+    }
+  }
+  if (dpo) batch.ref_logprobs = gather(&Sample::reference_logprobs, true);
+
+  TrainResult out;
+  out.step = s.trainer->step(batch);
+  if (c.device.is_cuda()) cuda_synchronize(s.policy->device().index);
+  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  int64_t tokens = 0;
+  for (const Sample& x : samples) tokens += x.length();
+  out.tokens_per_second = out.seconds > 0 ? static_cast<double>(tokens) / out.seconds : 0.0;
+  return out;
+}
+
+void PolicyWorker::save(const fs::path& dir, const train::TrainingProgress& position) {
+  train::save_training_checkpoint(dir, *state_->trainer, position);
+}
+
+train::TrainingProgress PolicyWorker::load(const fs::path& dir) {
+  return train::load_training_checkpoint(dir, *state_->trainer);
+}
+
+void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, const std::vector<float>& values) {
+  const fs::path dest = dir.lexically_normal(), tmp = sibling(dir, ".exporting"), old = sibling(dir, ".replaced");
+  const auto is_dir = [](const fs::path& p) { return fs::symlink_status(p).type() == fs::file_type::directory; };
+  RT_CHECK(!exists_no_follow(dest) || is_dir(dest), "export: ", dest.string(),
+           " exists and is not a directory; refusing to replace it");
+  for (const fs::path& p : {tmp, old})
+    RT_CHECK(!exists_no_follow(p) || is_dir(p), "export: ", p.string(),
+             " exists and is not a directory; refusing to remove it");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  model::write_config(tmp, config);
+  model::write_safetensors(tmp / "model.safetensors",
+                           model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
+  if (exists_no_follow(dest)) {  // the old folder steps aside, the new one takes its name, the old one goes
+    fs::remove_all(old);
+    fs::rename(dest, old);
+    fs::rename(tmp, dest);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, dest);
+  }
+}
+
+void PolicyWorker::export_hf(const fs::path& dir) {
+  State& s = *state_;
+  train::all_or_none(*s.world, "export", [&] {
+    if (s.world->rank() != 0) return;  // every rank holds all weights
+    model::ModelConfig config = s.model;
+    config.dtype = s.policy->dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+    write_hf_folder(dir, config, s.policy->params());
+  });
+}
+
+std::vector<RefitEntry> PolicyWorker::refit_info() const {
+  const model::Policy& p = *state_->policy;
+  const DType dtype = p.dtype() == DType::F64 ? DType::F32 : p.dtype();
+  std::vector<RefitEntry> out;
+  const model::ParamLayout& layout = p.layout();
+  for (const model::ParamSpec& spec : layout.specs()) {
+    if (spec.name == "lm_head.weight" && layout.lm_head == layout.embed) continue;  // tied: served by the embedding
+    out.push_back({spec.name, spec.shape, dtype});
+  }
+  return out;
+}
+
+}  // namespace ringtrain::worker

@@ -1,0 +1,120 @@
+#include "ringtrain/worker/train_loop.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/worker/metrics.h"
+#include "ringtrain/worker/policy_worker.h"
+
+namespace ringtrain::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kStepPrefix = "step_";
+
+// The data order's state: BatchSchedule draws every epoch's permutation from the seed alone.
+std::string rng_state(const Config& c) { return cat("batch_schedule seed ", c.train.seed); }
+
+}  // namespace
+
+int64_t total_train_steps(const Config& c, int64_t units) {
+  const BatchSchedule schedule(units, c.policy.train_global_batch_size, c.train.seed);
+  const int64_t by_epochs = c.train.epochs * schedule.steps_per_epoch();
+  return c.train.steps > 0 ? std::min(c.train.steps, by_epochs) : by_epochs;
+}
+
+std::optional<fs::path> newest_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) return std::nullopt;
+  std::optional<fs::path> best;
+  int64_t best_step = -1;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(kStepPrefix)) continue;
+    int64_t step = -1;
+    const char* first = name.data() + kStepPrefix.size();
+    const char* last = name.data() + name.size();
+    const auto [end, err] = std::from_chars(first, last, step);
+    if (err != std::errc() || end != last || first == last) continue;  // step_N.saving and other names
+    if (fs::symlink_status(e.path() / "trainer_state.json", ec).type() != fs::file_type::regular) continue;
+    if (step > best_step) best_step = step, best = e.path();
+  }
+  return best;
+}
+
+int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& data, const TrainRunOptions& o) {
+  const bool lead = world.rank() == 0;
+  PolicyWorker worker(c, world);
+  const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
+  const int64_t total = total_train_steps(c, data.units());
+  const fs::path ckpt_dir = c.train.checkpoint_dir;
+
+  int64_t step = 0;  // steps done
+  if (o.resume) {
+    RT_CHECK(!ckpt_dir.empty(), "--resume needs train.checkpoint_dir");
+    if (const auto from = newest_checkpoint(ckpt_dir)) {
+      const train::TrainingProgress p = worker.load(*from);
+      RT_CHECK(p.rng == rng_state(c), from->string(), ": the data order was drawn with '", p.rng, "', this run's is '",
+               rng_state(c), "' (train.seed differs)");
+      step = p.epoch * schedule.steps_per_epoch() + p.index / c.policy.train_global_batch_size;
+      RT_CHECK(step == worker.trainer().steps_taken(), from->string(), ": the data position (epoch ", p.epoch,
+               ", index ", p.index, ") is not the step the trainer took (", worker.trainer().steps_taken(), ")");
+      if (lead)
+        std::fprintf(stderr, "ringtrain train: resuming from %s (step %lld)\n", from->string().c_str(),
+                     static_cast<long long>(step));
+    }
+  }
+
+  std::unique_ptr<MetricsWriter> metrics;
+  std::unique_ptr<ProgressLine> progress;
+  if (lead && !c.train.metrics_dir.empty()) metrics = std::make_unique<MetricsWriter>(c.train.metrics_dir);
+  if (lead && o.progress) progress = std::make_unique<ProgressLine>(total);
+
+  const auto checkpoint = [&](int64_t done) {
+    train::TrainingProgress p;
+    p.epoch = done / schedule.steps_per_epoch();
+    p.index = done % schedule.steps_per_epoch() * c.policy.train_global_batch_size;
+    p.rng = rng_state(c);
+    worker.save(ckpt_dir / cat(kStepPrefix, done), p);
+  };
+
+  const int64_t start = step;
+  for (; step < total; ++step) {
+    std::vector<Sample> batch;
+    for (int64_t u : schedule.step_units(step)) {
+      if (data.pairs) {
+        batch.push_back(data.samples[static_cast<size_t>(2 * u)]);
+        batch.push_back(data.samples[static_cast<size_t>(2 * u + 1)]);
+      } else {
+        batch.push_back(data.samples[static_cast<size_t>(u)]);
+      }
+    }
+    const TrainResult r = worker.train(batch);
+    int64_t tokens = 0;
+    for (const Sample& s : batch) tokens += s.length();
+    if (metrics) {
+      Scalars values = {{"loss", r.step.loss},
+                        {"grad_norm", r.step.grad_norm},
+                        {"lr", r.step.lr},
+                        {"valid_tokens", r.step.valid_tokens},
+                        {"tokens_per_second", r.tokens_per_second},
+                        {"step_seconds", r.seconds},
+                        {"skipped", r.step.skipped ? 1.0 : 0.0}};
+      for (const train::Metric& m : r.step.metrics) values.emplace_back(m.name, m.value);
+      metrics->write(step + 1, values);
+    }
+    if (progress) progress->update(step + 1, tokens, r.step.loss);
+    const bool last = step + 1 == total;
+    if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0)))
+      checkpoint(step + 1);
+  }
+  if (progress) progress->finish();
+  return step - start;
+}
+
+}  // namespace ringtrain::worker

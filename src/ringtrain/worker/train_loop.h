@@ -1,0 +1,36 @@
+// The training run of `ringtrain train`: optimizer steps of a PolicyWorker over a data file, checkpoints, metrics,
+// and resuming from the newest complete checkpoint.
+//
+// Step s (0-based, epochs one after another) trains on BatchSchedule::step_units(s) of the data; the run ends after
+// train.steps steps (or, with 0, after `epochs` passes). A checkpoint goes to train.checkpoint_dir/step_N every
+// train.checkpoint_every steps and at the end (checkpoint.h: written under a temporary name, then renamed), its
+// data position being the next step. Rank 0 writes metrics.jsonl and TensorBoard events into train.metrics_dir and
+// the progress line on stderr.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+
+#include "ringtrain/comm/communicator.h"
+#include "ringtrain/worker/config.h"
+#include "ringtrain/worker/data.h"
+
+namespace ringtrain::worker {
+
+struct TrainRunOptions {
+  bool resume = false;   // continue from the newest complete checkpoint in train.checkpoint_dir (none: start)
+  bool progress = true;  // the progress line on stderr (rank 0)
+};
+
+// The steps the run takes in all (train.steps and train.epochs over `units` batches' worth of data).
+int64_t total_train_steps(const Config& c, int64_t units);
+
+// The newest complete checkpoint DIR/step_N (highest N holding trainer_state.json), if any.
+std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::path& dir);
+
+// Collective over `world` (dp · cp ranks; every rank passes the same config and data). Returns the steps taken by
+// this call.
+int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& data, const TrainRunOptions& o);
+
+}  // namespace ringtrain::worker

@@ -1,0 +1,207 @@
+// The policy worker: scoring gathered over dp in input order (against a plain one-rank policy scoring each sequence
+// alone), packed scoring equal to unpacked, the reference weights swapped in and out exactly, export_hf refusing to
+// replace a file, and the worker's checks before any weight is read.
+#include "ringtrain/worker/policy_worker.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/file_io.h"
+#include "ringtrain/model/params.h"
+#include "ringtrain/model/policy.h"
+#include "test_util.h"
+
+namespace ringtrain::worker {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr auto kTimeout = std::chrono::seconds(60);
+
+Config tiny_config(int dp, int cp, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> overrides = {"parallel.dp=" + std::to_string(dp), "parallel.cp=" + std::to_string(cp)};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return parse_config(
+      "policy:\n"
+      "  model_name: builtin:tiny\n"
+      "  train_global_batch_size: 4\n"
+      "  train_micro_batch_size: 1\n"
+      "  logprob_batch_size: 3\n"
+      "  max_total_sequence_length: 64\n"
+      "  precision: float32\n"
+      "  optimizer:\n"
+      "    kwargs:\n"
+      "      lr: 1.0e-2\n"
+      "device: cpu\n"
+      "train:\n"
+      "  data: not-read-by-the-worker.jsonl\n"
+      "  seed: 7\n",
+      "test.yaml", overrides);
+}
+
+std::vector<Sample> random_samples(std::mt19937_64& rng, size_t n, int64_t vocab) {
+  std::vector<Sample> out(n);
+  for (Sample& s : out) {
+    const size_t len = 2 + rng() % 40;
+    for (size_t p = 0; p < len; ++p) s.input_ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+    s.token_mask.assign(len, 1.0f);
+  }
+  return out;
+}
+
+// max |a - b| over all entries; +inf for a NaN or a shape mismatch.
+double max_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return INFINITY;
+    for (size_t p = 0; p < a[i].size(); ++p) {
+      const double d = std::abs(static_cast<double>(a[i][p]) - b[i][p]);
+      if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
+    }
+  }
+  return m;
+}
+
+// Each sequence alone through a one-rank policy with the builtin weights: the independent reference.
+LogprobResult reference_scores(const Config& c, const std::vector<Sample>& samples) {
+  const model::ModelConfig m = resolve_model_config(c.policy);
+  model::PolicyOptions po;
+  po.dtype = DType::F32;
+  const auto policy = model::make_policy(m, model::random_params(model::ParamLayout(m), c.train.seed), po);
+  LogprobResult out;
+  for (const Sample& s : samples) {
+    model::TokenScores r = policy->score({{s.input_ids}}, false, true);
+    out.logprobs.push_back(std::move(r.logprobs[0]));
+    out.entropy.push_back(std::move(r.entropy[0]));
+  }
+  return out;
+}
+
+// fp32 scores of the same weights through different batchings and CP shards differ by rounding only: a few ulps of
+// logprobs around -5.5 (log 256), far below 1e-4, while a wrong weight or a misplaced sequence moves them by O(1).
+constexpr double kScoreTol = 1e-4;
+
+TEST(PolicyWorker, LogprobsOverDpAndCpEqualEachSequenceScoredAlone) {
+  const uint64_t seed = testing::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const std::vector<Sample> samples = random_samples(rng, 7, 256);  // 7: dp shares of 3 and 4
+  for (const bool packing : {false, true}) {
+    const Config c =
+        tiny_config(2, 2, {packing ? "policy.sequence_packing.enabled=true" : "policy.logprob_batch_size=3"});
+    const LogprobResult want = reference_scores(c, samples);
+    std::vector<LogprobResult> got(4);
+    comm::run_ranks(4, kTimeout, [&](comm::Communicator& world) {
+      PolicyWorker w(c, world);
+      got[static_cast<size_t>(world.rank())] = w.get_logprobs(samples, true);
+    });
+    for (const LogprobResult& r : got) {
+      EXPECT_LE(max_diff(r.logprobs, want.logprobs), kScoreTol) << "packing " << packing;
+      EXPECT_LE(max_diff(r.entropy, want.entropy), kScoreTol) << "packing " << packing;
+      for (const auto& lp : r.logprobs) EXPECT_TRUE(!lp.empty() && lp[0] == 0.0f);
+    }
+  }
+}
+
+TEST(PolicyWorker, PackedScoringEqualsUnpacked) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<Sample> samples = random_samples(rng, 9, 256);
+  LogprobResult plain, packed;
+  comm::run_ranks(1, kTimeout, [&](comm::Communicator& world) {
+    plain = PolicyWorker(tiny_config(1, 1), world).get_logprobs(samples);
+    packed =
+        PolicyWorker(
+            tiny_config(1, 1, {"policy.sequence_packing.enabled=true", "policy.sequence_packing.logprob_mb_tokens=80"}),
+            world)
+            .get_logprobs(samples);
+  });
+  EXPECT_LE(max_diff(packed.logprobs, plain.logprobs), kScoreTol);
+}
+
+TEST(PolicyWorker, ReferenceLogprobsEqualBeforeTrainingDifferAfterAndSwapBackExactly) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<Sample> samples = random_samples(rng, 4, 256);
+  comm::run_ranks(2, kTimeout, [&](comm::Communicator& world) {
+    PolicyWorker w(tiny_config(2, 1), world);
+    const LogprobResult before = w.get_logprobs(samples), ref0 = w.get_reference_logprobs(samples);
+    EXPECT_EQ(max_diff(ref0.logprobs, before.logprobs), 0.0);  // the same weights through the same code
+    const TrainResult t = w.train(samples);
+    EXPECT_TRUE(std::isfinite(t.step.loss) && !t.step.skipped);
+    const std::vector<float> trained = w.policy().params();
+    const LogprobResult after = w.get_logprobs(samples), ref1 = w.get_reference_logprobs(samples);
+    EXPECT_EQ(max_diff(ref1.logprobs, ref0.logprobs), 0.0);
+    EXPECT_GT(max_diff(after.logprobs, before.logprobs), 1e-3);  // lr 1e-2 moves the weights visibly
+    EXPECT_EQ(w.policy().params(), trained);                     // swapped back bit for bit
+    EXPECT_EQ(max_diff(w.get_logprobs(samples).logprobs, after.logprobs), 0.0);
+  });
+}
+
+TEST(PolicyWorker, ChecksTheMeshAndTheBatchBeforeWork) {
+  comm::run_ranks(2, kTimeout, [&](comm::Communicator& world) {
+    try {
+      PolicyWorker w(tiny_config(1, 1), world);
+      ADD_FAILURE() << "a 1-rank config on 2 ranks was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the world has 2"), std::string::npos) << e.what();
+    }
+  });
+  comm::run_ranks(1, kTimeout, [&](comm::Communicator& world) {
+    PolicyWorker w(tiny_config(1, 1), world);
+    std::vector<Sample> bad(1);
+    bad[0].input_ids = {1, 2, 256};
+    try {
+      w.get_logprobs(bad);
+      ADD_FAILURE() << "token 256 of a 256-token vocabulary was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("input_ids[2] = 256"), std::string::npos) << e.what();
+    }
+    std::mt19937_64 rng(1);
+    std::vector<Sample> three = random_samples(rng, 3, 256);
+    try {
+      w.train(three);
+      ADD_FAILURE() << "3 sequences for a global batch of 4 were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("train_global_batch_size = 4"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(PolicyWorker, ExportWritesAFolderTheModelLoaderReadsAndRefusesToReplaceAFile) {
+  const fs::path dir = fs::temp_directory_path() / ("rt_pw_export_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  comm::run_ranks(2, kTimeout, [&](comm::Communicator& world) {
+    PolicyWorker w(tiny_config(1, 2), world);
+    w.export_hf(dir / "hf");
+    w.export_hf(dir / "hf");  // a folder is replaced
+    if (world.rank() == 0) {
+      std::ofstream(dir / "file") << "x";
+    }
+    world.barrier();
+    try {
+      w.export_hf(dir / "file");
+      ADD_FAILURE() << "a regular file was replaced";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a directory"), std::string::npos) << e.what();
+    }
+    if (world.rank() == 0) {
+      const model::ModelConfig m = model::load_config(dir / "hf");
+      EXPECT_EQ(model::load_checkpoint_params(dir / "hf", m), w.policy().params());
+      std::vector<std::string> names;
+      for (const RefitEntry& e : w.refit_info()) names.push_back(e.name);
+      EXPECT_EQ(names.front(), "model.embed_tokens.weight");
+      EXPECT_EQ(static_cast<int64_t>(names.size()), static_cast<int64_t>(w.policy().layout().specs().size()));
+    }
+  });
+  EXPECT_EQ(model::read_file(dir / "file"), "x");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ringtrain::worker

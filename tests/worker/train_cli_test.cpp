@@ -1,0 +1,268 @@
+// `ringtrain train` and `ringtrain export` end to end through the binary: the per-step losses of a dp x cp = 2 x 2
+// run equal a 1 x 1 run's (SFT, clipped PG, DPO), a run killed with SIGKILL and resumed writes the uninterrupted
+// run's losses bit for bit, and bad input (data rows, config values, a missing file) ends with an error naming the
+// file, line and field or the key, a non-zero exit code and no checkpoint. Every run passes --timeout so a rank that
+// waits for a dead one gives up instead of hanging.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "ringtrain/model/file_io.h"
+#include "ringtrain/model/hf_config.h"
+#include "ringtrain/model/params.h"
+#include "test_util.h"
+
+namespace ringtrain::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_cli;
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name)
+      : path(fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::vector<int> random_ids(std::mt19937_64& rng, size_t len) {
+  std::vector<int> ids(len);
+  for (int& t : ids) t = static_cast<int>(rng() % 256);  // builtin:tiny's vocabulary
+  return ids;
+}
+
+// Rows for the loss: SFT (a prompt masked out), clipped PG (a scalar advantage and the sampler's logprobs) or DPO.
+void write_data(const fs::path& file, const std::string& loss, size_t rows, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::ofstream out(file);
+  for (size_t i = 0; i < rows; ++i) {
+    nlohmann::json row;
+    const size_t len = 6 + rng() % 30, prompt = 1 + rng() % 4;
+    if (loss == "dpo") {
+      row["chosen_input_ids"] = random_ids(rng, len);
+      row["rejected_input_ids"] = random_ids(rng, 6 + rng() % 30);
+    } else {
+      row["input_ids"] = random_ids(rng, len);
+      std::vector<int> mask(len, 1);
+      std::fill_n(mask.begin(), prompt, 0);
+      row["token_mask"] = mask;
+    }
+    if (loss == "pg") {
+      row["advantages"] = std::uniform_real_distribution<double>(-1, 1)(rng);
+      std::vector<double> gen(len, 0.0);
+      for (size_t p = 1; p < len; ++p) gen[p] = -5.5 + std::uniform_real_distribution<double>(-0.3, 0.3)(rng);
+      row["generation_logprobs"] = gen;
+    }
+    out << row.dump() << "\n";
+  }
+}
+
+std::string config_file(const std::string& loss) {
+  const std::string name = loss == "sft" ? "sft" : loss == "pg" ? "grpo" : "dpo";
+  return std::string(RINGTRAIN_SOURCE_DIR) + "/configs/" + name + ".yaml";
+}
+
+// Tiny sizes over the example config; dp and cp as given (grpo.yaml sets cp through the dtensor alias).
+std::string train_args(const std::string& loss, const fs::path& data, const fs::path& dir, int dp, int cp,
+                       const std::string& extra = "") {
+  return "train --config " + config_file(loss) + " --no-progress --timeout 30 train.data=" + data.string() +
+         " train.metrics_dir=" + (dir / "metrics").string() + " train.checkpoint_dir=" + (dir / "ckpt").string() +
+         " parallel.dp=" + std::to_string(dp) + " policy.dtensor_cfg.context_parallel_size=" + std::to_string(cp) +
+         " policy.train_global_batch_size=4 policy.train_micro_batch_size=1 policy.logprob_batch_size=2"
+         " policy.max_total_sequence_length=64 train.epochs=100 train.checkpoint_every=0 " +
+         extra;
+}
+
+// step -> loss of metrics.jsonl; a step written twice (a resumed run repeating it) keeps its last value.
+std::map<int64_t, double> losses(const fs::path& metrics_dir) {
+  std::map<int64_t, double> out;
+  std::ifstream in(metrics_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    out[j.at("step").get<int64_t>()] = j.at("loss").is_null() ? NAN : j.at("loss").get<double>();
+  }
+  return out;
+}
+
+TEST(TrainCli, DpCpMeshGivesTheSingleRankLosses) {
+  const uint64_t seed = testing::fresh_seed();
+  for (const std::string loss : {"sft", "pg", "dpo"}) {
+    TempDir dir("rt_train_mesh_" + loss);
+    const fs::path data = dir.path / "data.jsonl";
+    write_data(data, loss, 12, seed);
+    const std::string steps = "train.steps=3 policy.scheduler.total_steps=3 policy.dynamic_batching.enabled=false";
+    const testing::CliResult one = run_cli(train_args(loss, data, dir.path / "one", 1, 1, steps));
+    ASSERT_EQ(one.code, 0) << loss << ": " << one.output;
+    const testing::CliResult four = run_cli(train_args(loss, data, dir.path / "four", 2, 2, steps));
+    ASSERT_EQ(four.code, 0) << loss << ": " << four.output;
+    const auto a = losses(dir.path / "one" / "metrics"), b = losses(dir.path / "four" / "metrics");
+    ASSERT_EQ(a.size(), 3u) << loss;
+    ASSERT_EQ(b.size(), 3u) << loss;
+    for (const auto& [step, value] : a) {
+      // fp32 with other reduction orders (dp, cp shards, gradient sums over 4 ranks): relative 1e-5 after 3 steps.
+      EXPECT_TRUE(std::isfinite(value)) << loss << " step " << step;
+      EXPECT_NEAR(b.at(step), value, 1e-5 * std::max(1.0, std::abs(value))) << loss << " step " << step;
+    }
+    // The run moves the weights: the loss is not the same at every step.
+    EXPECT_NE(a.at(1), a.at(3)) << loss;
+    EXPECT_TRUE(fs::is_directory(dir.path / "four" / "ckpt" / "step_3")) << loss;
+  }
+}
+
+// Starts `ringtrain ARGS` in the background; returns its pid.
+pid_t spawn_cli(const std::string& args) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string cmd = std::string("exec ") + RINGTRAIN_CLI + " " + args + " >/dev/null 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
+  const uint64_t seed = testing::fresh_seed();
+  TempDir dir("rt_train_resume");
+  const fs::path data = dir.path / "data.jsonl";
+  write_data(data, "pg", 16, seed);
+  const std::string extra = "train.steps=8 policy.scheduler.total_steps=8 train.checkpoint_every=2";
+  const testing::CliResult full = run_cli(train_args("pg", data, dir.path / "full", 2, 1, extra));
+  ASSERT_EQ(full.code, 0) << full.output;
+  const auto want = losses(dir.path / "full" / "metrics");
+  ASSERT_EQ(want.size(), 8u);
+
+  // SIGKILL as soon as the first checkpoint is complete: the run dies somewhere after step 2 (in a step or a save).
+  const fs::path killed = dir.path / "killed";
+  const pid_t pid = spawn_cli(train_args("pg", data, killed, 2, 1, extra));
+  ASSERT_GT(pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(killed / "ckpt" / "step_2" / "trainer_state.json") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(fs::exists(killed / "ckpt" / "step_2" / "trainer_state.json"));
+  ASSERT_FALSE(fs::exists(killed / "ckpt" / "step_8")) << "the run ended before the kill: nothing was resumed";
+
+  const testing::CliResult resumed = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_EQ(losses(killed / "metrics"), want);  // bit for bit, every step
+
+  // A resumed run that has nothing left to do, then export of the last checkpoint.
+  const testing::CliResult again = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --resume");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_EQ(losses(killed / "metrics"), want);
+  const fs::path hf = dir.path / "hf";
+  const testing::CliResult ex = run_cli("export " + (killed / "ckpt" / "step_8").string() + " --out " + hf.string());
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  const model::ModelConfig m = model::load_config(hf);
+  EXPECT_EQ(model::load_checkpoint_params(hf, m),
+            model::load_checkpoint_params(dir.path / "full" / "ckpt" / "step_8", m));
+}
+
+std::vector<std::vector<double>> read_logprobs(const fs::path& file) {
+  std::vector<std::vector<double>> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("logprobs"));
+  return out;
+}
+
+double max_diff(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  if (a.empty() || a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return INFINITY;
+    for (size_t p = 0; p < a[i].size(); ++p) m = std::max(m, std::abs(a[i][p] - b[i][p]));
+  }
+  return m;
+}
+
+// logprobs --config: the config's mesh and packing, --reference the starting weights, --checkpoint a trained state.
+TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
+  TempDir dir("rt_logprobs_config");
+  const fs::path data = dir.path / "data.jsonl";
+  write_data(data, "sft", 8, testing::fresh_seed());
+  const testing::CliResult run =
+      run_cli(train_args("sft", data, dir.path, 1, 1, "train.steps=3 policy.scheduler.total_steps=3"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string base = "logprobs --config " + config_file("sft") + " --data " + data.string() + " --timeout 30";
+  const auto score = [&](const std::string& name, const std::string& args) {
+    const fs::path out = dir.path / name;
+    const testing::CliResult r = run_cli(base + " --out " + out.string() + " " + args);
+    EXPECT_EQ(r.code, 0) << name << ": " << r.output;
+    return read_logprobs(out);
+  };
+  const auto start = score("start.jsonl", "");
+  const auto mesh = score("mesh.jsonl", "--set parallel.dp=2 parallel.cp=2 policy.sequence_packing.enabled=true");
+  const auto reference =
+      score("reference.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string() + " --reference");
+  const auto trained = score("trained.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string());
+  ASSERT_EQ(start.size(), 8u);
+  EXPECT_LE(max_diff(mesh, start), 1e-4);  // fp32 rounding of other shards and batchings (policy_worker_test)
+  EXPECT_EQ(max_diff(reference, start), 0.0);
+  EXPECT_GT(max_diff(trained, start), 1e-3);  // three steps at lr 1e-3 move the scores
+}
+
+TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {
+  TempDir dir("rt_train_bad");
+  const fs::path good = dir.path / "good.jsonl";
+  write_data(good, "sft", 8, 1);
+  std::vector<std::string> rows;
+  {
+    std::ifstream in(good);
+    for (std::string line; std::getline(in, line);) rows.push_back(line);
+  }
+  const auto with_row3 = [&](const std::string& name, const std::string& row) {
+    const fs::path f = dir.path / name;
+    std::ofstream out(f);
+    for (size_t i = 0; i < rows.size(); ++i) out << (i == 2 ? row : rows[i]) << "\n";
+    return f;
+  };
+  std::string long_row = "{\"input_ids\": [1";
+  for (int i = 0; i < 70; ++i) long_row += ", 2";
+  long_row += "]}";
+  struct Case {
+    std::string what, extra;
+    std::vector<std::string> expect;
+  };
+  const fs::path bad_json = with_row3("json.jsonl", "{\"input_ids\": [1, 2,");
+  const fs::path bad_token = with_row3("token.jsonl", "{\"input_ids\": [1, 2, 256]}");
+  const fs::path bad_mask = with_row3("mask.jsonl", "{\"input_ids\": [1, 2, 3], \"token_mask\": [1, 1]}");
+  const fs::path too_long = with_row3("long.jsonl", long_row);
+  const std::vector<Case> cases = {
+      {"malformed row", "train.data=" + bad_json.string(), {bad_json.string() + ":3"}},
+      {"token >= vocab", "train.data=" + bad_token.string(), {bad_token.string() + ":3", "input_ids[2] = 256"}},
+      {"mask length", "train.data=" + bad_mask.string(), {bad_mask.string() + ":3", "token_mask has 2 entries"}},
+      {"too long", "train.data=" + too_long.string(), {too_long.string() + ":3", "input_ids"}},
+      {"wrong type",
+       "train.data=" + good.string() + " policy.train_micro_batch_size=two",
+       {"policy.train_micro_batch_size", "two"}},
+      {"missing file", "train.data=" + (dir.path / "absent.jsonl").string(), {"absent.jsonl"}},
+  };
+  for (const Case& c : cases) {
+    const fs::path run = dir.path / "run";
+    // The data path comes last so that it overrides the one train_args sets.
+    const testing::CliResult r =
+        run_cli(train_args("sft", good, run, 2, 2, "train.steps=3 policy.scheduler.total_steps=3 " + c.extra));
+    EXPECT_NE(r.code, 0) << c.what;
+    for (const std::string& s : c.expect) EXPECT_NE(r.output.find(s), std::string::npos) << c.what << ": " << r.output;
+    EXPECT_FALSE(fs::exists(run / "ckpt")) << c.what;
+    fs::remove_all(run);
+  }
+}
+
+}  // namespace
+}  // namespace ringtrain::worker
