@@ -6,10 +6,9 @@
 #include <cstdio>
 
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/params.h"
 #include "ringtrain/rl/prompt_file.h"
-#include "ringtrain/train/mesh.h"
 #include "ringtrain/worker/metrics.h"
+#include "ringtrain/worker/policy_worker.h"
 
 namespace ringtrain::rl {
 namespace {
@@ -23,146 +22,13 @@ constexpr std::string_view kBuiltinTask = "builtin:reverse_digits";
 // The warm-up's examples come from indices far above any GRPO prompt's, so the two streams never share a prompt.
 constexpr uint64_t kWarmupIndexBase = uint64_t{1} << 40;
 
-train::TrainerConfig trainer_config(const worker::Config& c) {
-  train::TrainerConfig t;
-  t.micro_batch_size = c.policy.train_micro_batch_size;
-  switch (c.loss_fn.type) {
-    case worker::LossType::Nll: t.loss.kind = train::LossKind::NLL; break;
-    case worker::LossType::ClippedPg: t.loss.kind = train::LossKind::ClippedPG; break;
-    case worker::LossType::Dpo: t.loss.kind = train::LossKind::DPO; break;
-  }
-  const worker::LossConfig& l = c.loss_fn;
-  t.loss.pg.eps_low = l.ratio_clip_min;
-  t.loss.pg.eps_high = l.ratio_clip_max;
-  t.loss.pg.dual_clip = l.ratio_clip_c.value_or(0.0);
-  t.loss.pg.kl_beta = l.reference_policy_kl_penalty;
-  t.loss.pg.kl_estimator = l.reference_policy_kl_type == worker::KlType::K1   ? train::KLEstimator::K1
-                           : l.reference_policy_kl_type == worker::KlType::K2 ? train::KLEstimator::K2
-                                                                              : train::KLEstimator::K3;
-  t.loss.pg.aggregation = l.token_level_loss ? train::Aggregation::TokenMean : train::Aggregation::SequenceMean;
-  t.loss.dpo.beta = l.reference_policy_kl_penalty;
-  t.loss.dpo.nll_coef = l.sft_loss_weight;
-  const worker::OptimizerConfig& o = c.policy.optimizer;
-  t.adamw.beta1 = o.beta1, t.adamw.beta2 = o.beta2, t.adamw.eps = o.eps, t.adamw.weight_decay = o.weight_decay;
-  t.adamw.max_grad_norm = c.policy.max_grad_norm;
-  const worker::SchedulerConfig& s = c.policy.scheduler;
-  t.schedule.base_lr = o.lr;
-  t.schedule.warmup_steps = s.warmup_steps;
-  t.schedule.warmup_start_factor = s.warmup_steps > 0 ? 1.0 / static_cast<double>(s.warmup_steps) : 1.0;
-  if (s.kind == worker::ScheduleKind::Cosine) {
-    t.schedule.decay = train::ScheduleConfig::Decay::Cosine;
-    t.schedule.decay_steps = c.total_scheduler_steps() - s.warmup_steps;
-    t.schedule.min_lr = s.min_lr;
-  }
-  return t;
-}
-
-// Every rank throws the same error when rank 0's work fails, so no rank waits on the others.
-void on_rank0(comm::Communicator& world, const std::function<void()>& work) {
-  std::string what;
-  float failed = 0;
-  if (world.rank() == 0) {
-    try {
-      work();
-    } catch (const std::exception& e) {
-      what = e.what();
-      failed = 1;
-    }
-  }
-  world.all_reduce(&failed, 1, DType::F32, comm::ReduceOp::Max);
-  if (failed != 0) throw Error(world.rank() == 0 ? what : cat("rank 0 failed (rank ", world.rank(), " stops too)"));
-}
-
-// The policy worker's calls made on train::Trainer and model::Policy of this rank: every rank scores every sample
-// (the cp group together; dp groups each the whole batch), and the reference is a second policy holding the start
-// weights.
-class TrainerWorker final : public GrpoWorker {
- public:
-  TrainerWorker(const worker::Config& c, comm::Communicator& world)
-      : config_(c),
-        model_(worker::resolve_model_config(c.policy)),
-        mesh_(world, train::MeshShape{static_cast<int>(c.parallel.dp), static_cast<int>(c.parallel.cp)}) {
-    c.validate_against(model_);
-    const std::vector<float> params = worker::is_builtin_model(c.policy.model_name)
-                                          ? model::random_params(model::ParamLayout(model_), c.train.seed)
-                                          : model::load_checkpoint_params(c.policy.model_name, model_);
-    model::PolicyOptions po;
-    po.device = c.device;
-    po.dtype = c.compute_dtype();
-    po.model.attention_backends = c.attention_backends;
-    po.logprob_chunk = c.policy.logprob_chunk_size;
-    po.cp_group = &mesh_.cp_group();
-    po.cp.comm = c.parallel.cp_comm;
-    reference_ = model::make_policy(model_, params, po);
-    if (c.policy.dtensor_cfg.activation_checkpointing)
-      po.model.checkpoint_layers = model::ModelOptions::checkpoint_all(model_.layers);
-    policy_ = model::make_policy(model_, params, po);
-    trainer_ = std::make_unique<train::Trainer>(trainer_config(c), *policy_, mesh_);
-  }
-
-  model::Policy& policy() override { return *policy_; }
-
-  LogprobResult get_logprobs(const std::vector<worker::Sample>& samples) override { return score(*policy_, samples); }
-  LogprobResult get_reference_logprobs(const std::vector<worker::Sample>& samples) override {
-    return score(*reference_, samples);
-  }
-
-  TrainStepResult train(const std::vector<worker::Sample>& samples) override {
-    const auto t0 = Clock::now();
-    train::TrainBatch b;
-    const bool importance = config_.loss_fn.use_importance_sampling_correction;
-    for (const worker::Sample& s : samples) {
-      b.sequences.push_back(s.input_ids);
-      b.token_mask.emplace_back(s.token_mask.size());
-      std::transform(s.token_mask.begin(), s.token_mask.end(), b.token_mask.back().begin(),
-                     [](float m) { return static_cast<uint8_t>(m != 0.f); });
-      b.sample_mask.push_back(static_cast<uint8_t>(s.sample_mask != 0.f));
-      if (!s.advantages.empty()) b.advantages.push_back(s.advantages);
-      if (!s.prev_logprobs.empty()) b.prev_logprobs.push_back(s.prev_logprobs);
-      if (!s.reference_logprobs.empty()) b.ref_logprobs.push_back(s.reference_logprobs);
-      if (importance && !s.generation_logprobs.empty()) b.gen_logprobs.push_back(s.generation_logprobs);
-    }
-    TrainStepResult r;
-    r.step = trainer_->step(b);
-    r.seconds = seconds_since(t0);
-    return r;
-  }
-
-  void save(const fs::path& dir, const train::TrainingProgress& progress) override {
-    train::save_training_checkpoint(dir, *trainer_, progress);
-  }
-  train::TrainingProgress load(const fs::path& dir) override { return train::load_training_checkpoint(dir, *trainer_); }
-  void export_hf(const fs::path& dir) override {
-    const std::vector<float> params = policy_->params();
-    on_rank0(mesh_.world(), [&] { model::save_checkpoint(dir, model_, params); });
-  }
-
- private:
-  LogprobResult score(model::Policy& p, const std::vector<worker::Sample>& samples) {
-    LogprobResult out;
-    const size_t per_call = static_cast<size_t>(config_.policy.logprob_batch_size);
-    for (size_t first = 0; first < samples.size(); first += per_call) {
-      model::TokenBatch batch;
-      for (size_t i = first; i < std::min(samples.size(), first + per_call); ++i)
-        batch.sequences.push_back(samples[i].input_ids);
-      for (auto& l : p.score(batch, false).logprobs) out.logprobs.push_back(std::move(l));
-    }
-    return out;
-  }
-
-  worker::Config config_;
-  model::ModelConfig model_;
-  train::Mesh mesh_;
-  std::unique_ptr<model::Policy> policy_, reference_;
-  std::unique_ptr<train::Trainer> trainer_;
-};
-
-// Prompt tokens of an example, checked to leave room for the response within the sequence limit.
+// Prompt tokens of an example, checked to leave room for `response_tokens` (named by `what`) within the sequence
+// limit.
 std::vector<int32_t> checked_prompt(const CharTokenizer& tok, const Example& ex, int64_t response_tokens,
-                                    const worker::Config& c) {
+                                    const std::string& what, const worker::Config& c) {
   std::vector<int32_t> p = tok.encode_prompt(ex.prompt);
   const int64_t total = static_cast<int64_t>(p.size()) + response_tokens;
-  RT_CHECK(total <= c.policy.max_total_sequence_length, "prompt '", ex.prompt.substr(0, 40), "' (", p.size(),
+  RT_CHECK(total <= c.policy.max_total_sequence_length, what, ": prompt '", ex.prompt.substr(0, 40), "' (", p.size(),
            " tokens) + ", response_tokens, " response tokens exceeds policy.max_total_sequence_length = ",
            c.policy.max_total_sequence_length);
   return p;
@@ -175,11 +41,10 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
                 const fs::path& out) {
   worker::Config w = config;
   w.loss_fn.type = worker::LossType::Nll;
-  w.grpo.prompts.clear();
   w.train.steps = config.grpo.sft_warmup_steps;
   if (config.grpo.sft_warmup_lr > 0) w.policy.optimizer.lr = config.grpo.sft_warmup_lr;
   w.policy.scheduler = worker::SchedulerConfig{};
-  const std::unique_ptr<GrpoWorker> worker = make_grpo_worker(w, world);
+  worker::PolicyWorker policy_worker(w, world);
   const bool lead = world.rank() == 0;
   const int64_t batch = config.policy.train_global_batch_size, steps = w.train.steps;
   std::unique_ptr<worker::ProgressLine> progress;
@@ -194,10 +59,10 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
     for (int64_t i = 0; i < batch; ++i) {
       const Example ex = prompts.example(kWarmupIndexBase + static_cast<uint64_t>(step * batch + i));
       const std::vector<int32_t> answer = tok.encode_answer(ex.answer);
-      samples.push_back(sft_sample(checked_prompt(tok, ex, static_cast<int64_t>(answer.size()), config), answer));
+      samples.push_back(sft_sample(checked_prompt(tok, ex, static_cast<int64_t>(answer.size()), "SFT warm-up", config), answer));
       tokens += samples.back().length();
     }
-    const TrainStepResult r = worker->train(samples);
+    const worker::TrainResult r = policy_worker.train(samples);
     if (metrics) {
       metrics->write(step + 1, {{"warmup/loss", r.step.loss},
                                 {"warmup/grad_norm", r.step.grad_norm},
@@ -207,7 +72,7 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
     if (progress) progress->update(step + 1, tokens, r.step.loss, "SFT warm-up");
   }
   if (progress) progress->finish();
-  worker->export_hf(out);
+  policy_worker.export_hf(out);
 }
 
 double mean_of(const std::vector<double>& v) {
@@ -218,7 +83,8 @@ double mean_of(const std::vector<double>& v) {
 
 // KL(policy || reference) before the step, as the k3 estimate e^x - 1 - x with x = ref - cur, averaged over the
 // response tokens: reported whatever the loss's KL weight (the loss's own ref_kl exists only with a weight).
-double mean_k3_kl(const std::vector<worker::Sample>& samples, const LogprobResult& cur, const LogprobResult& ref) {
+double mean_k3_kl(const std::vector<worker::Sample>& samples, const worker::LogprobResult& cur,
+                  const worker::LogprobResult& ref) {
   double sum = 0, count = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
     for (size_t p = 1; p < samples[i].token_mask.size(); ++p) {
@@ -287,12 +153,6 @@ worker::Sample sft_sample(std::span<const int32_t> prompt, std::span<const int32
   return s;
 }
 
-std::unique_ptr<GrpoWorker> make_grpo_worker(const worker::Config& config, comm::Communicator& world) {
-  RT_CHECK(world.size() == config.parallel.world(), "the communicator has ", world.size(),
-           " ranks but parallel.dp x parallel.cp = ", config.parallel.world());
-  return std::make_unique<TrainerWorker>(config, world);
-}
-
 PromptSource::PromptSource(const worker::Config& config, const CharTokenizer& tokenizer) {
   const std::string& p = config.grpo.prompts;
   RT_CHECK(!p.empty(), "grpo.prompts is required for a GRPO run (", kBuiltinTask, " or a JSONL prompt file)");
@@ -315,6 +175,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   RT_CHECK(world.size() == config.parallel.world(), "the communicator has ", world.size(),
            " ranks but parallel.dp x parallel.cp = ", config.parallel.world());
   const worker::GrpoConfig& g = config.grpo;
+  RT_CHECK(config.loss_fn.type == worker::LossType::ClippedPg, "loss_fn.type = ",
+           worker::loss_type_name(config.loss_fn.type), ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
   const CharTokenizer tok;
   const PromptSource prompts(config, tok);
   const model::ModelConfig model = worker::resolve_model_config(config.policy);
@@ -351,15 +213,15 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   }
 
   const auto t_start = Clock::now();
-  const std::unique_ptr<GrpoWorker> worker = make_grpo_worker(grpo_config, world);
+  worker::PolicyWorker policy_worker(grpo_config, world);
   int64_t start = 0;
-  if (options.resume) start = worker->load(latest).index;
+  if (options.resume) start = policy_worker.load(latest).index;
   RT_CHECK(start >= 0 && start <= config.train.steps, latest.string(), ": resumes at GRPO step ", start,
            ", outside train.steps = ", config.train.steps);
 
   model::SamplerOptions so;
   so.attention_backends = config.attention_backends;
-  model::Sampler sampler(worker->policy(), so);
+  model::Sampler sampler(policy_worker.policy(), so);
   model::SamplingParams sp;
   sp.temperature = g.temperature, sp.top_p = g.top_p, sp.top_k = g.top_k, sp.max_new_tokens = g.max_new_tokens;
   sp.stop_tokens = {CharTokenizer::kEos};
@@ -382,7 +244,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     for (int64_t i = 0; i < P; ++i) {
       const uint64_t index = static_cast<uint64_t>(step * P + i);
       examples.push_back(prompts.example(index));
-      const std::vector<int32_t> p = checked_prompt(tok, examples.back(), g.max_new_tokens, config);
+      const std::vector<int32_t> p = checked_prompt(tok, examples.back(), g.max_new_tokens,
+                                                          cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
       for (int64_t k = 0; k < G; ++k) {
         rollout_prompts.push_back(p);
         sample_ids.push_back(index * static_cast<uint64_t>(G) + static_cast<uint64_t>(k));
@@ -407,15 +270,15 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     }
 
     const auto t1 = Clock::now();
-    LogprobResult prev = worker->get_logprobs(samples);
-    LogprobResult ref = worker->get_reference_logprobs(samples);
+    worker::LogprobResult prev = policy_worker.get_logprobs(samples);
+    worker::LogprobResult ref = policy_worker.get_reference_logprobs(samples);
     const double kl_to_reference = mean_k3_kl(samples, prev, ref);
     for (size_t i = 0; i < samples.size(); ++i) {
       samples[i].prev_logprobs = std::move(prev.logprobs[i]);
       samples[i].reference_logprobs = std::move(ref.logprobs[i]);
     }
     const double t_logprobs = seconds_since(t1);
-    const TrainStepResult r = worker->train(samples);
+    const worker::TrainResult r = policy_worker.train(samples);
     const double t_step = seconds_since(t0);
 
     GrpoStepLog log;
@@ -457,7 +320,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
       train::TrainingProgress position;
       position.index = step + 1;
-      worker->save(latest, position);
+      policy_worker.save(latest, position);
     }
     summary.steps.push_back(log);
     if (options.on_step) options.on_step(log);

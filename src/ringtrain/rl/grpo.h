@@ -5,7 +5,8 @@
 //   2. rewards against the reference answers (rl/task.h), group-normalised advantages (r − mean) / (std + ε), the
 //      same on every response token; a group whose rewards are all equal gets 0 (counted in a metric);
 //   3. one Sample per response: prompt + response tokens, the loss mask on the response tokens only, the sampler's
-//      logprobs at their token positions; prev logprobs and reference logprobs from the worker;
+//      logprobs at their token positions; prev logprobs and reference logprobs from the policy worker
+//      (worker/policy_worker.h);
 //   4. one train step with the configured clipped-PG loss; metrics to metrics.jsonl / TensorBoard and the progress
 //      line; a checkpoint every train.checkpoint_every steps.
 // An optional SFT warm-up (grpo.sft_warmup_steps) first trains the NLL of the reference answers through a worker of
@@ -26,7 +27,6 @@
 #include "ringtrain/rl/task.h"
 #include "ringtrain/rl/tokenizer.h"
 #include "ringtrain/train/checkpoint.h"
-#include "ringtrain/train/trainer.h"
 #include "ringtrain/worker/config.h"
 #include "ringtrain/worker/data.h"
 
@@ -49,34 +49,6 @@ GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_
 worker::Sample rollout_sample(std::span<const int32_t> prompt, const model::Generation& generation, double advantage);
 // SFT warm-up: prompt + answer, the loss on the answer tokens only.
 worker::Sample sft_sample(std::span<const int32_t> prompt, std::span<const int32_t> answer);
-
-// Results of the worker calls the loop makes.
-struct LogprobResult {
-  std::vector<std::vector<float>> logprobs;  // per sample, in token order, entry 0 = 0
-};
-struct TrainStepResult {
-  train::StepResult step;
-  double seconds = 0;
-};
-
-// The seam between the loop and the policy worker: the calls of worker::PolicyWorker the loop makes. One per rank;
-// every rank calls every method with the same arguments.
-class GrpoWorker {
- public:
-  virtual ~GrpoWorker() = default;
-  virtual model::Policy& policy() = 0;
-  virtual LogprobResult get_logprobs(const std::vector<worker::Sample>& samples) = 0;
-  // Under the weights the worker was made with.
-  virtual LogprobResult get_reference_logprobs(const std::vector<worker::Sample>& samples) = 0;
-  // One optimizer step on the global batch with the config's loss.
-  virtual TrainStepResult train(const std::vector<worker::Sample>& samples) = 0;
-  virtual void save(const std::filesystem::path& dir, const train::TrainingProgress& progress) = 0;
-  virtual train::TrainingProgress load(const std::filesystem::path& dir) = 0;
-  // The current weights as a Hugging Face checkpoint (rank 0 writes; every rank returns after it is complete).
-  virtual void export_hf(const std::filesystem::path& dir) = 0;
-};
-// The worker of `config` (its policy.model_name gives the starting weights) on this rank of `world`.
-std::unique_ptr<GrpoWorker> make_grpo_worker(const worker::Config& config, comm::Communicator& world);
 
 // The prompts of a run: the built-in task (grpo.prompts = builtin:reverse_digits, seeded by train.seed) or a
 // prompt file, cycled by index.

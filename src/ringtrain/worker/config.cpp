@@ -633,8 +633,6 @@ void Config::validate() const {
     RT_CHECK(batch == policy.train_global_batch_size, "grpo.num_prompts_per_step (", grpo.num_prompts_per_step,
              ") x grpo.num_generations_per_prompt (", grpo.num_generations_per_prompt, ") = ", batch,
              " must equal policy.train_global_batch_size = ", policy.train_global_batch_size);
-    RT_CHECK(loss_fn.type == LossType::ClippedPg, "loss_fn.type = ", loss_type_name(loss_fn.type),
-             ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
   }
 }
 
