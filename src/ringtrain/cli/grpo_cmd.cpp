@@ -1,6 +1,7 @@
 // `ringtrain grpo --config FILE [KEY=VALUE ...] [--resume]`: the GRPO loop of rl/grpo.h (optional SFT warm-up, then
-// sampling, rewards, group-normalised advantages and clipped-PG steps), its metrics in train.metrics_dir, then the
-// reward curves drawn to an SVG and a summary: mean reward of the first 10 GRPO steps against the last 10.
+// sampling, rewards, group-normalised advantages and clipped-PG steps) on the CPU (ranks are threads of this process)
+// or on GPUs (one process per GPU, relaunched through `ringtrain launch`), its metrics in train.metrics_dir, then
+// the reward curves drawn to an SVG and a summary: mean reward of the first 10 GRPO steps against the last 10.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,7 +11,9 @@
 #include <vector>
 
 #include "ringtrain/cli/commands.h"
+#include "ringtrain/cli/multi_gpu.h"
 #include "ringtrain/comm/in_process.h"
+#include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/rl/grpo.h"
 #include "ringtrain/worker/config.h"
@@ -39,33 +42,54 @@ void add_grpo_command(CLI::App& app) {
     std::string config, plot;
     std::vector<std::string> overrides;
     bool resume = false;
+    int timeout_s = 600;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("grpo", "GRPO on a prompt set (built-in task or JSONL), optionally after SFT");
   cmd->add_option("--config", o->config, "YAML run config with a grpo: section (configs/grpo_tiny.yaml)")->required();
   cmd->add_option("overrides", o->overrides, "KEY=VALUE overrides, e.g. train.seed=3");
-  cmd->add_flag("--resume", o->resume, "continue from train.checkpoint_dir/latest");
+  cmd->add_flag("--resume", o->resume, "continue from the newest checkpoint in train.checkpoint_dir (none: start)");
   cmd->add_option("--plot", o->plot, "SVG of the reward curves (default: METRICS_DIR/reward.svg)");
+  cmd->add_option("--timeout", o->timeout_s, "seconds a rank waits for the others")->capture_default_str();
   cmd->callback([o] {
     const worker::Config c = worker::load_config(o->config, o->overrides);
     RT_CHECK(!c.grpo.prompts.empty(), o->config, ": grpo.prompts is required (builtin:reverse_digits or a JSONL file)");
-    RT_CHECK(c.device.kind == DeviceKind::CPU || c.parallel.world() == 1, "ringtrain grpo runs several ranks only on "
-             "the CPU (in-process); device ", device_name(c.device), " with parallel.dp x parallel.cp = ",
-             c.parallel.world());
-    std::printf("ringtrain grpo: %s on %s, %s, %lld steps (+%lld SFT warm-up), device %s, dp %lld x cp %lld\n",
-                c.grpo.prompts.c_str(), c.policy.model_name.c_str(), std::string(worker::precision_name(c.policy.precision)).c_str(),
-                static_cast<long long>(c.train.steps), static_cast<long long>(c.grpo.sft_warmup_steps),
-                device_name(c.device).c_str(), static_cast<long long>(c.parallel.dp),
-                static_cast<long long>(c.parallel.cp));
-    std::fflush(stdout);
+    const int world = static_cast<int>(c.parallel.world());
+    if (c.device.is_cuda()) {
+      if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+        std::fprintf(stderr, "ringtrain grpo: device cuda cannot run here: %s\n", why.c_str());
+        throw Exit{2};
+      }
+      if (!inside_ranks(world)) throw Exit{relaunch_self(world)};
+    }
+    c.validate_against(worker::resolve_model_config(c.policy));
     rl::GrpoOptions options;
     options.resume = o->resume;
     rl::GrpoSummary summary;
-    comm::run_ranks(static_cast<int>(c.parallel.world()), std::chrono::minutes(10), [&](comm::Communicator& world) {
-      rl::GrpoSummary mine = rl::run_grpo(c, world, options);
-      if (world.rank() == 0) summary = std::move(mine);
-    });
-
+    bool lead = true;
+    const auto timeout = std::chrono::seconds(o->timeout_s);
+    const auto announce = [&] {
+      std::printf("ringtrain grpo: %s on %s (%s), %lld steps after %lld SFT warm-up steps, device %s, dp %d x cp %d\n",
+                  c.grpo.prompts.c_str(), c.policy.model_name.c_str(),
+                  std::string(worker::precision_name(c.policy.precision)).c_str(), static_cast<long long>(c.train.steps),
+                  static_cast<long long>(c.grpo.sft_warmup_steps), device_name(c.device).c_str(),
+                  static_cast<int>(c.parallel.dp), static_cast<int>(c.parallel.cp));
+      std::fflush(stdout);
+    };
+    if (c.device.is_cuda()) {
+      // One process per GPU: the sampler runs in each, on the host copy of its policy's weights.
+      const auto comm = nccl_from_environment(timeout);
+      lead = comm->rank() == 0;
+      if (lead) announce();
+      summary = rl::run_grpo(c, *comm, options);
+    } else {
+      announce();
+      comm::run_ranks(world, timeout, [&](comm::Communicator& rank) {
+        rl::GrpoSummary mine = rl::run_grpo(c, rank, options);
+        if (rank.rank() == 0) summary = std::move(mine);
+      });
+    }
+    if (!lead) return;
     std::printf("done: %zu GRPO steps in %.1f s (SFT warm-up %.1f s)\n", summary.steps.size(), summary.grpo_seconds,
                 summary.warmup_seconds);
     std::vector<double> reward, exact;

@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "ringtrain/core/error.h"
 #include "ringtrain/rl/prompt_file.h"
 #include "ringtrain/worker/metrics.h"
 #include "ringtrain/worker/policy_worker.h"
+#include "ringtrain/worker/train_loop.h"
 
 namespace ringtrain::rl {
 namespace {
@@ -183,17 +185,15 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   RT_CHECK(model.vocab >= tok.vocab_size(), "policy.model_name = ", config.policy.model_name, ": its vocabulary (",
            model.vocab, ") is smaller than the task tokenizer's (", tok.vocab_size(), ")");
   const RewardMode mode = parse_reward_mode(g.reward);
-  const fs::path root = config.train.checkpoint_dir, latest = root / "latest", warm_dir = root / "sft_warmup";
+  const fs::path root = config.train.checkpoint_dir, warm_dir = root / "sft_warmup";
   RT_CHECK(g.sft_warmup_steps == 0 || !root.empty(),
            "grpo.sft_warmup_steps needs train.checkpoint_dir: the warm-up's weights (the reference policy) are kept "
            "there");
-  if (options.resume) {
-    RT_CHECK(!root.empty(), "--resume needs train.checkpoint_dir");
-    RT_CHECK(fs::is_regular_file(latest / "trainer_state.json"), latest.string(), ": no checkpoint to resume from");
-  } else if (!root.empty()) {
-    RT_CHECK(!fs::exists(latest), latest.string(),
-             " exists: pass --resume to continue that run, or choose another train.checkpoint_dir");
-  }
+  RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
+  // The checkpoint to continue from: the newest step_N (as `ringtrain train` writes them); none starts afresh.
+  const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
+  RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "
+           "choose another train.checkpoint_dir");
   const bool lead = world.rank() == 0;
   std::unique_ptr<worker::MetricsWriter> metrics;
   if (lead && !config.train.metrics_dir.empty())
@@ -202,7 +202,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   GrpoSummary summary;
   worker::Config grpo_config = config;
   if (g.sft_warmup_steps > 0) {
-    if (!options.resume) {
+    if (!from) {
       const auto t0 = Clock::now();
       sft_warmup(config, world, prompts, tok, metrics.get(), options, warm_dir);
       summary.warmup_seconds = seconds_since(t0);
@@ -215,9 +215,15 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   const auto t_start = Clock::now();
   worker::PolicyWorker policy_worker(grpo_config, world);
   int64_t start = 0;
-  if (options.resume) start = policy_worker.load(latest).index;
-  RT_CHECK(start >= 0 && start <= config.train.steps, latest.string(), ": resumes at GRPO step ", start,
-           ", outside train.steps = ", config.train.steps);
+  if (from) {
+    start = policy_worker.load(*from).index;
+    RT_CHECK(start == policy_worker.trainer().steps_taken() && start <= config.train.steps, from->string(),
+             ": resumes at GRPO step ", start, " after ", policy_worker.trainer().steps_taken(),
+             " trainer steps; train.steps = ", config.train.steps);
+    if (lead && options.progress)
+      std::fprintf(stderr, "resuming from %s (GRPO step %lld)\n", from->string().c_str(),
+                   static_cast<long long>(start));
+  }
 
   model::SamplerOptions so;
   so.attention_backends = config.attention_backends;
@@ -320,7 +326,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
       train::TrainingProgress position;
       position.index = step + 1;
-      policy_worker.save(latest, position);
+      policy_worker.save(root / cat("step_", step + 1), position);
     }
     summary.steps.push_back(log);
     if (options.on_step) options.on_step(log);
