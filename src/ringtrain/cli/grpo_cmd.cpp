@@ -71,7 +71,8 @@ void add_grpo_command(CLI::App& app) {
     const auto announce = [&] {
       std::printf("ringtrain grpo: %s on %s (%s), %lld steps after %lld SFT warm-up steps, device %s, dp %d x cp %d\n",
                   c.grpo.prompts.c_str(), c.policy.model_name.c_str(),
-                  std::string(worker::precision_name(c.policy.precision)).c_str(), static_cast<long long>(c.train.steps),
+                  std::string(worker::precision_name(c.policy.precision)).c_str(),
+                  static_cast<long long>(c.train.steps),
                   static_cast<long long>(c.grpo.sft_warmup_steps), device_name(c.device).c_str(),
                   static_cast<int>(c.parallel.dp), static_cast<int>(c.parallel.cp));
       std::fflush(stdout);
@@ -101,7 +102,8 @@ void add_grpo_command(CLI::App& app) {
       reward = panels[0].values, exact = panels[1].values;
       const std::string out = o->plot.empty() ? (std::filesystem::path(c.train.metrics_dir) / "reward.svg").string()
                                               : o->plot;
-      worker::write_svg(out, worker::render_svg(panels, "GRPO on " + c.grpo.prompts + " (" + c.policy.model_name + ")"));
+      const std::string title = "GRPO on " + c.grpo.prompts + " (" + c.policy.model_name + ")";
+      worker::write_svg(out, worker::render_svg(panels, title));
       std::printf("metrics: %s; curves: %s\n", jsonl.c_str(), out.c_str());
     } else {
       for (const rl::GrpoStepLog& s : summary.steps) reward.push_back(s.reward_mean), exact.push_back(s.exact_match);

@@ -21,7 +21,8 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 constexpr std::string_view kBuiltinTask = "builtin:reverse_digits";
-// The warm-up's examples come from indices far above any GRPO prompt's, so the two streams never share a prompt.
+// The warm-up's examples come from indices far above any GRPO prompt's, so that on the built-in task the two streams
+// never share a prompt (a prompt file is cycled by both).
 constexpr uint64_t kWarmupIndexBase = uint64_t{1} << 40;
 
 // Prompt tokens of an example, checked to leave room for `response_tokens` (named by `what`) within the sequence
@@ -61,7 +62,8 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
     for (int64_t i = 0; i < batch; ++i) {
       const Example ex = prompts.example(kWarmupIndexBase + static_cast<uint64_t>(step * batch + i));
       const std::vector<int32_t> answer = tok.encode_answer(ex.answer);
-      samples.push_back(sft_sample(checked_prompt(tok, ex, static_cast<int64_t>(answer.size()), "SFT warm-up", config), answer));
+      const int64_t answer_tokens = static_cast<int64_t>(answer.size());
+      samples.push_back(sft_sample(checked_prompt(tok, ex, answer_tokens, "SFT warm-up", config), answer));
       tokens += samples.back().length();
     }
     const worker::TrainResult r = policy_worker.train(samples);
@@ -178,7 +180,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
            " ranks but parallel.dp x parallel.cp = ", config.parallel.world());
   const worker::GrpoConfig& g = config.grpo;
   RT_CHECK(config.loss_fn.type == worker::LossType::ClippedPg, "loss_fn.type = ",
-           worker::loss_type_name(config.loss_fn.type), ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
+           worker::loss_type_name(config.loss_fn.type),
+           ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
   const CharTokenizer tok;
   const PromptSource prompts(config, tok);
   const model::ModelConfig model = worker::resolve_model_config(config.policy);

@@ -121,7 +121,10 @@ std::string enum_name(E v, const EnumName<E> (&names)[N]) {
 }
 
 const EnumName<Precision> kPrecisions[] = {
-    {Precision::Auto, "auto"}, {Precision::BFloat16, "bfloat16"}, {Precision::Float32, "float32"}, {Precision::Float64, "float64"}};
+    {Precision::Auto, "auto"},
+    {Precision::BFloat16, "bfloat16"},
+    {Precision::Float32, "float32"},
+    {Precision::Float64, "float64"}};
 const EnumName<LossType> kLossTypes[] = {
     {LossType::Nll, "nll"}, {LossType::ClippedPg, "clipped_pg"}, {LossType::Dpo, "dpo"}};
 const EnumName<KlType> kKlTypes[] = {{KlType::K1, "k1"}, {KlType::K2, "k2"}, {KlType::K3, "k3"}};
@@ -595,7 +598,8 @@ void Config::validate() const {
   RT_CHECK(!policy.dtensor_cfg.cpu_offload, "policy.dtensor_cfg.cpu_offload: not supported");
 
   const bool cpu = device.kind == DeviceKind::CPU;
-  RT_CHECK(policy.precision == Precision::Auto || cpu != (policy.precision == Precision::BFloat16), "policy.precision = ", precision_name(policy.precision),
+  RT_CHECK(policy.precision == Precision::Auto || cpu != (policy.precision == Precision::BFloat16),
+           "policy.precision = ", precision_name(policy.precision),
            " with device ", device_name(device),
            ": the CPU policy computes in float32 or float64, the GPU policy in "
            "bfloat16");
