@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# The main job on its embedded default: context-parallel ring attention (cp=4) on CPU ranks for a realistic
-# shape, with the backend-selection report and the parity against the single-rank fp64 reference; on a machine
-# with a GPU, also the GPU parity of the default backend. Extra arguments go to `ringtrain attention-check`.
+# The main job: GRPO on the built-in task (reverse 3-5 digits) with a tiny policy that the run initialises
+# (configs/grpo_tiny.yaml, on the CPU): an SFT warm-up on the reference answers, then GRPO with a progress line; at
+# the end the reward curves (reward.svg) and the first-10 / last-10 step summary. Everything goes to runs/grpo_tiny
+# (RINGTRAIN_RUN_DIR), which each run starts afresh. Extra arguments are config overrides (e.g. train.seed=2).
+# The attention parity check is scripts/attention-check.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/setup.sh"
 bin=${RINGTRAIN_BUILD_DIR:-$root/build}/ringtrain
-"$bin" attention-check --device cpu --cp 4 --comm ring --seq 4096 --heads 8 --kv-heads 2 --head-dim 64 --causal "$@"
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-  "$bin" attention-check --device cuda --cp 1 --seq 4096 --heads 8 --kv-heads 2 --head-dim 128 --causal --dtype bf16
+out=${RINGTRAIN_RUN_DIR:-$root/runs/grpo_tiny}
+# Only a previous run's folder (or an empty one) is cleared.
+if [ -e "$out" ]; then
+  if [ -f "$out/metrics.jsonl" ] || [ -z "$(ls -A "$out")" ]; then
+    rm -rf "$out"
+  else
+    echo "run.sh: $out exists and is not a previous run's folder; set RINGTRAIN_RUN_DIR elsewhere" >&2
+    exit 1
+  fi
 fi
+cd "$root"
+start=$(date +%s%N)
+"$bin" grpo --config configs/grpo_tiny.yaml train.metrics_dir="$out" train.checkpoint_dir="$out/checkpoints" "$@"
+ms=$((($(date +%s%N) - start) / 1000000))
+printf 'run time: %d.%01d s (the build excluded)\n' $((ms / 1000)) $((ms % 1000 / 100))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages), then configures and builds ringtrain into build/.
-# Sourced by scripts/run.sh and scripts/test.sh; safe to run again (only missing pieces are installed).
+# Sourced by scripts/run.sh, scripts/attention-check.sh and scripts/test.sh; safe to run again (only missing pieces
+# are installed).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 packages=(g++ cmake ninja-build pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libprotobuf-dev

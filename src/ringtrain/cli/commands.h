@@ -30,6 +30,7 @@ void add_config_command(CLI::App& app);  // config_cmd.cpp
 void add_plot_command(CLI::App& app);    // plot_cmd.cpp
 void add_train_command(CLI::App& app);   // train_cmd.cpp
 void add_export_command(CLI::App& app);  // train_cmd.cpp
+void add_grpo_command(CLI::App& app);    // grpo_cmd.cpp
 
 // `logprobs --config FILE`: scoring through the policy worker with the run config's model, mesh and batching.
 struct ConfigLogprobsOptions {

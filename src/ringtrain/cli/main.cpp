@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   ringtrain::cli::add_plot_command(app);
   ringtrain::cli::add_train_command(app);
   ringtrain::cli::add_export_command(app);
+  ringtrain::cli::add_grpo_command(app);
   try {
     app.parse(argc, argv);
     ringtrain::check_stdout();  // output lost to a full disk or closed pipe is a failure, not a success

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
 
@@ -120,7 +121,10 @@ std::string enum_name(E v, const EnumName<E> (&names)[N]) {
 }
 
 const EnumName<Precision> kPrecisions[] = {
-    {Precision::BFloat16, "bfloat16"}, {Precision::Float32, "float32"}, {Precision::Float64, "float64"}};
+    {Precision::Auto, "auto"},
+    {Precision::BFloat16, "bfloat16"},
+    {Precision::Float32, "float32"},
+    {Precision::Float64, "float64"}};
 const EnumName<LossType> kLossTypes[] = {
     {LossType::Nll, "nll"}, {LossType::ClippedPg, "clipped_pg"}, {LossType::Dpo, "dpo"}};
 const EnumName<KlType> kKlTypes[] = {{KlType::K1, "k1"}, {KlType::K2, "k2"}, {KlType::K3, "k3"}};
@@ -198,7 +202,7 @@ const std::vector<Field>& schema() {
         "policy.max_total_sequence_length", "longest sequence (prompt + response) in tokens",
         [](auto& c) -> auto& { return c.policy.max_total_sequence_length; }, 2, kMaxTokens));
     f.push_back(enum_field(
-        "policy.precision", "compute dtype: bfloat16 (GPU), float32 or float64 (CPU)",
+        "policy.precision", "compute dtype: bfloat16 (GPU), float32 or float64 (CPU); auto = by device",
         [](auto& c) -> auto& { return c.policy.precision; }, kPrecisions));
     f.push_back(double_field(
         "policy.max_grad_norm", "clip gradients to this global L2 norm; 0 = no clipping",
@@ -348,11 +352,11 @@ const std::vector<Field>& schema() {
     f.push_back(enum_field(
         "parallel.cp_comm", "ring, allgather or a2a (heads divisible by cp)",
         [](auto& c) -> auto& { return c.parallel.cp_comm; }, kCpComms));
-    f.push_back({"device", "cpu, cuda or cuda:N",
+    f.push_back({"device", "cpu, cuda, cuda:N or auto (a usable GPU, else cpu)",
                  [](Config& c, const YAML::Node& n, const std::string& w) {
                    const std::string& s = scalar(n, "device", w);
                    try {
-                     c.device = parse_device(s);
+                     c.device = s == "auto" ? auto_device() : parse_device(s);
                    } catch (const Error& e) {
                      throw Error(cat(w, ": device = '", excerpt(s), "': ", e.what()));
                    }
@@ -379,6 +383,39 @@ const std::vector<Field>& schema() {
         {"train.seed", "seed of data order and builtin weights",
          [](Config& c, const YAML::Node& n, const std::string& w) { c.train.seed = parse_uint(n, "train.seed", w); },
          [](const Config& c, YAML::Emitter& e) { e << std::to_string(c.train.seed); }});
+    f.push_back(string_field(
+        "grpo.prompts", "builtin:reverse_digits or a JSONL file of {prompt, answer}; empty = not a GRPO run",
+        [](auto& c) -> auto& { return c.grpo.prompts; }));
+    f.push_back(int_field(
+        "grpo.num_prompts_per_step", "prompts per GRPO step",
+        [](auto& c) -> auto& { return c.grpo.num_prompts_per_step; }, 1, kMaxBatch));
+    f.push_back(int_field(
+        "grpo.num_generations_per_prompt", "samples per prompt (the group of the advantages), at least 2",
+        [](auto& c) -> auto& { return c.grpo.num_generations_per_prompt; }, 2, kMaxBatch));
+    f.push_back(double_field(
+        "grpo.temperature", "sampling temperature; 0 = greedy", [](auto& c) -> auto& { return c.grpo.temperature; },
+        0.0, 100.0));
+    f.push_back(double_field(
+        "grpo.top_p", "nucleus sampling mass in (0, 1]; 1 = all", [](auto& c) -> auto& { return c.grpo.top_p; },
+        std::nextafter(0.0, 1.0), 1.0));
+    f.push_back(int_field(
+        "grpo.top_k", "keep the k most likely tokens; 0 = all", [](auto& c) -> auto& { return c.grpo.top_k; }, 0,
+        kMaxTokens));
+    f.push_back(int_field(
+        "grpo.max_new_tokens", "longest response in tokens", [](auto& c) -> auto& { return c.grpo.max_new_tokens; },
+        1, kMaxTokens));
+    static const EnumName<int> kRewards[] = {{0, "partial"}, {1, "exact"}};
+    f.push_back({"grpo.reward", "partial (matching positions) or exact (0/1)",
+                 [](Config& c, const YAML::Node& n, const std::string& w) {
+                   c.grpo.reward = kRewards[parse_enum(n, "grpo.reward", w, kRewards)].name;
+                 },
+                 [](const Config& c, YAML::Emitter& e) { e << c.grpo.reward; }});
+    f.push_back(int_field(
+        "grpo.sft_warmup_steps", "NLL steps on the reference answers before GRPO",
+        [](auto& c) -> auto& { return c.grpo.sft_warmup_steps; }, 0, std::numeric_limits<int32_t>::max()));
+    f.push_back(double_field(
+        "grpo.sft_warmup_lr", "the warm-up's learning rate; 0 = policy.optimizer.kwargs.lr",
+        [](auto& c) -> auto& { return c.grpo.sft_warmup_lr; }, 0.0, 1e3));
     for (Field& x : f)
       if (x.storage.empty()) x.storage = x.path;
     return f;
@@ -498,6 +535,8 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
   Assignments assigned;
   apply_map(c, root, "", Origin{source, true}, assigned);
   for (const std::string& o : overrides) apply_override(c, o);
+  if (c.policy.precision == Precision::Auto)
+    c.policy.precision = c.device.kind == DeviceKind::CPU ? Precision::Float32 : Precision::BFloat16;
   c.validate();
   return c;
 }
@@ -548,7 +587,8 @@ std::string to_yaml(const Config& c) {
 void Config::validate() const {
   RT_CHECK(!policy.model_name.empty(), "policy.model_name is required (a checkpoint folder or builtin:<name>)");
   if (is_builtin_model(policy.model_name)) resolve_model_config(policy);  // an unknown builtin name fails here
-  RT_CHECK(!train.data.empty(), "train.data is required (a JSONL or .safetensors file)");
+  RT_CHECK(!train.data.empty() || !grpo.prompts.empty(),
+           "train.data is required (a JSONL or .safetensors file), or grpo.prompts for a GRPO run");
   RT_CHECK(policy.dtensor_cfg.tensor_parallel_size == 1,
            "policy.dtensor_cfg.tensor_parallel_size = ", policy.dtensor_cfg.tensor_parallel_size,
            ": ringtrain has no tensor parallelism (use parallel.dp / cp)");
@@ -558,7 +598,8 @@ void Config::validate() const {
   RT_CHECK(!policy.dtensor_cfg.cpu_offload, "policy.dtensor_cfg.cpu_offload: not supported");
 
   const bool cpu = device.kind == DeviceKind::CPU;
-  RT_CHECK(cpu != (policy.precision == Precision::BFloat16), "policy.precision = ", precision_name(policy.precision),
+  RT_CHECK(policy.precision == Precision::Auto || cpu != (policy.precision == Precision::BFloat16),
+           "policy.precision = ", precision_name(policy.precision),
            " with device ", device_name(device),
            ": the CPU policy computes in float32 or float64, the GPU policy in "
            "bfloat16");
@@ -590,6 +631,13 @@ void Config::validate() const {
   RT_CHECK(train.steps > 0 || train.epochs > 0, "train.steps and train.epochs are both 0: the run would never start");
   RT_CHECK(train.checkpoint_every == 0 || !train.checkpoint_dir.empty(),
            "train.checkpoint_every = ", train.checkpoint_every, " needs train.checkpoint_dir");
+  if (!grpo.prompts.empty()) {
+    RT_CHECK(train.steps > 0, "train.steps = 0: a GRPO run needs its number of steps (grpo.prompts is set)");
+    const int64_t batch = grpo.num_prompts_per_step * grpo.num_generations_per_prompt;  // both at most 2^24
+    RT_CHECK(batch == policy.train_global_batch_size, "grpo.num_prompts_per_step (", grpo.num_prompts_per_step,
+             ") x grpo.num_generations_per_prompt (", grpo.num_generations_per_prompt, ") = ", batch,
+             " must equal policy.train_global_batch_size = ", policy.train_global_batch_size);
+  }
 }
 
 void Config::validate_against(const model::ModelConfig& m) const {
@@ -611,8 +659,11 @@ void Config::validate_against(const model::ModelConfig& m) const {
   }
 }
 
+Device auto_device() { return hopper_unavailable_reason(Device::cuda(0)).empty() ? Device::cuda(0) : Device::cpu(); }
+
 DType Config::compute_dtype() const {
   switch (policy.precision) {
+    case Precision::Auto: return device.kind == DeviceKind::CPU ? DType::F32 : DType::BF16;
     case Precision::BFloat16: return DType::BF16;
     case Precision::Float32: return DType::F32;
     case Precision::Float64: return DType::F64;
@@ -677,6 +728,12 @@ model::ModelConfig builtin_shape(const std::string& name) {
     c.arch = model::Arch::Llama;
     c.vocab = 256, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn = 128;
     c.max_positions = 8192;
+  } else if (name == "char-tiny") {
+    // The policy of the built-in RL task: vocabulary = rl::CharTokenizer's 53 ids, about 105K parameters.
+    c.arch = model::Arch::Llama;
+    c.vocab = 53, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn = 128;
+    c.max_positions = 64;
+    c.rms_eps = 1e-5;
   } else if (name == "small") {
     c.arch = model::Arch::Qwen3;
     c.qk_norm = true;
@@ -705,7 +762,7 @@ model::ModelConfig builtin_shape(const std::string& name) {
 
 bool is_builtin_model(const std::string& model_name) { return model_name.starts_with(kBuiltinPrefix); }
 
-std::vector<std::string> builtin_model_names() { return {"tiny", "small", "llama-3.2-1b"}; }
+std::vector<std::string> builtin_model_names() { return {"tiny", "char-tiny", "small", "llama-3.2-1b"}; }
 
 model::ModelConfig resolve_model_config(const PolicyConfig& policy) {
   if (is_builtin_model(policy.model_name)) return builtin_shape(policy.model_name.substr(kBuiltinPrefix.size()));

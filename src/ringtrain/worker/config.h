@@ -22,7 +22,8 @@
 
 namespace ringtrain::worker {
 
-enum class Precision { BFloat16, Float32, Float64 };
+// Auto: bfloat16 on a GPU, float32 on the CPU (resolved when the config is read).
+enum class Precision { Auto, BFloat16, Float32, Float64 };
 enum class LossType { Nll, ClippedPg, Dpo };
 enum class KlType { K1, K2, K3 };
 enum class ScheduleKind { Constant, Cosine };
@@ -74,7 +75,7 @@ struct PolicyConfig {
   int64_t train_micro_batch_size = 4;    // sequences (DPO: pairs) per forward/backward on one dp rank
   int64_t logprob_batch_size = 4;        // sequences per scoring call
   int64_t max_total_sequence_length = 4096;
-  Precision precision = Precision::BFloat16;
+  Precision precision = Precision::Auto;
   double max_grad_norm = 1.0;      // clip by the global L2 norm; 0 = no clipping
   int64_t logprob_chunk_size = 0;  // tokens per LM-head chunk; 0 = the device's default
   DTensorConfig dtensor_cfg;
@@ -119,13 +120,33 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
+// The GRPO loop of `ringtrain grpo` (rl/grpo.h). Its optimizer steps are train.steps; one step's batch is
+// num_prompts_per_step x num_generations_per_prompt sequences, which must equal policy.train_global_batch_size.
+struct GrpoConfig {
+  std::string prompts;  // builtin:reverse_digits or a JSONL prompt file; empty = not a GRPO run
+  int64_t num_prompts_per_step = 8;
+  int64_t num_generations_per_prompt = 8;
+  double temperature = 1.0;  // 0 = greedy (every sample of a group the same)
+  double top_p = 1.0;
+  int64_t top_k = 0;  // 0 = all tokens
+  int64_t max_new_tokens = 16;
+  std::string reward = "partial";  // partial or exact (rl/task.h)
+  int64_t sft_warmup_steps = 0;    // NLL steps on the reference answers before GRPO
+  double sft_warmup_lr = 0.0;      // 0 = policy.optimizer.kwargs.lr
+  bool operator==(const GrpoConfig&) const = default;
+};
+
+// The device when the config names none (or says auto): the first GPU when this build can run on it, else the CPU.
+Device auto_device();
+
 struct Config {
   PolicyConfig policy;
   LossConfig loss_fn;
   std::vector<attention::BackendId> attention_backends;  // attention.backends; empty = every backend
   ParallelConfig parallel;
-  Device device = Device::cuda();
+  Device device = auto_device();
   TrainConfig train;
+  GrpoConfig grpo;
 
   // Checks that need no model or data (mesh, batch divisibility, lengths, ranges across fields); errors name the
   // keys and values involved.

@@ -198,6 +198,7 @@ std::string progress_text(const ProgressState& s) {
   char loss[32];
   std::snprintf(loss, sizeof loss, "%.4g", s.loss);
   text += cat(" | loss ", loss);
+  if (!s.note.empty()) text += " | " + s.note;
   if (s.total_steps > 0 && s.step > 0 && s.step <= s.total_steps) {
     text += " | ETA " + duration_text(s.elapsed_seconds / static_cast<double>(s.step) *
                                       static_cast<double>(s.total_steps - s.step));
@@ -211,7 +212,7 @@ ProgressLine::ProgressLine(int64_t total_steps, std::FILE* out)
       total_(total_steps),
       start_(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count()) {}
 
-void ProgressLine::update(int64_t step, int64_t step_tokens, double loss) {
+void ProgressLine::update(int64_t step, int64_t step_tokens, double loss, const std::string& note) {
   tokens_ += step_tokens;
   const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   ProgressState s;
@@ -220,6 +221,7 @@ void ProgressLine::update(int64_t step, int64_t step_tokens, double loss) {
   s.elapsed_seconds = now - start_;
   s.tokens_per_second = s.elapsed_seconds > 0 ? static_cast<double>(tokens_) / s.elapsed_seconds : 0.0;
   s.loss = loss;
+  s.note = note;
   const std::string text = progress_text(s);
   // "\033[K" clears what a longer previous line left on a terminal.
   if (tty_) std::fprintf(out_, "\r%s\033[K", text.c_str());

@@ -66,8 +66,9 @@ struct ProgressState {
   double tokens_per_second = 0;
   double loss = 0;
   double elapsed_seconds = 0;
+  std::string note;  // appended after the loss when not empty (e.g. "reward 0.71")
 };
-// "step 12/100 | 2,345 tok/s | loss 1.2345 | ETA 3m05s"
+// "step 12/100 | 2,345 tok/s | loss 1.2345 | NOTE | ETA 3m05s"
 std::string progress_text(const ProgressState& s);
 
 // Writes progress_text to a stream: rewritten in place (\r) when the stream is a terminal, one line per update
@@ -76,7 +77,7 @@ class ProgressLine {
  public:
   explicit ProgressLine(int64_t total_steps, std::FILE* out = stderr);
   // After each step: its tokens (all ranks) and loss; time is measured from construction.
-  void update(int64_t step, int64_t step_tokens, double loss);
+  void update(int64_t step, int64_t step_tokens, double loss, const std::string& note = "");
   void finish();  // ends a terminal line with a newline
 
  private:

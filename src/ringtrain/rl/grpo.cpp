@@ -1,0 +1,342 @@
+#include "ringtrain/rl/grpo.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "ringtrain/core/error.h"
+#include "ringtrain/rl/prompt_file.h"
+#include "ringtrain/worker/metrics.h"
+#include "ringtrain/worker/policy_worker.h"
+#include "ringtrain/worker/train_loop.h"
+
+namespace ringtrain::rl {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr std::string_view kBuiltinTask = "builtin:reverse_digits";
+// The warm-up's examples come from indices far above any GRPO prompt's, so that on the built-in task the two streams
+// never share a prompt (a prompt file is cycled by both).
+constexpr uint64_t kWarmupIndexBase = uint64_t{1} << 40;
+
+// Prompt tokens of an example, checked to leave room for `response_tokens` (named by `what`) within the sequence
+// limit.
+std::vector<int32_t> checked_prompt(const CharTokenizer& tok, const Example& ex, int64_t response_tokens,
+                                    const std::string& what, const worker::Config& c) {
+  std::vector<int32_t> p = tok.encode_prompt(ex.prompt);
+  const int64_t total = static_cast<int64_t>(p.size()) + response_tokens;
+  RT_CHECK(total <= c.policy.max_total_sequence_length, what, ": prompt '", ex.prompt.substr(0, 40), "' (", p.size(),
+           " tokens) + ", response_tokens, " response tokens exceeds policy.max_total_sequence_length = ",
+           c.policy.max_total_sequence_length);
+  return p;
+}
+
+// SFT on the reference answers through a worker of the same config with loss nll at a constant learning rate;
+// its final weights go to `out` (a Hugging Face checkpoint).
+void sft_warmup(const worker::Config& config, comm::Communicator& world, const PromptSource& prompts,
+                const CharTokenizer& tok, worker::MetricsWriter* metrics, const GrpoOptions& options,
+                const fs::path& out) {
+  worker::Config w = config;
+  w.loss_fn.type = worker::LossType::Nll;
+  w.train.steps = config.grpo.sft_warmup_steps;
+  if (config.grpo.sft_warmup_lr > 0) w.policy.optimizer.lr = config.grpo.sft_warmup_lr;
+  w.policy.scheduler = worker::SchedulerConfig{};
+  worker::PolicyWorker policy_worker(w, world);
+  const bool lead = world.rank() == 0;
+  const int64_t batch = config.policy.train_global_batch_size, steps = w.train.steps;
+  std::unique_ptr<worker::ProgressLine> progress;
+  if (lead && options.progress) {
+    std::fprintf(stderr, "SFT warm-up: %lld steps of %lld reference answers (loss nll, lr %g)\n",
+                 static_cast<long long>(steps), static_cast<long long>(batch), w.policy.optimizer.lr);
+    progress = std::make_unique<worker::ProgressLine>(steps);
+  }
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<worker::Sample> samples;
+    int64_t tokens = 0;
+    for (int64_t i = 0; i < batch; ++i) {
+      const Example ex = prompts.example(kWarmupIndexBase + static_cast<uint64_t>(step * batch + i));
+      const std::vector<int32_t> answer = tok.encode_answer(ex.answer);
+      const int64_t answer_tokens = static_cast<int64_t>(answer.size());
+      samples.push_back(sft_sample(checked_prompt(tok, ex, answer_tokens, "SFT warm-up", config), answer));
+      tokens += samples.back().length();
+    }
+    const worker::TrainResult r = policy_worker.train(samples);
+    if (metrics) {
+      metrics->write(step + 1, {{"warmup/loss", r.step.loss},
+                                {"warmup/grad_norm", r.step.grad_norm},
+                                {"warmup/lr", r.step.lr},
+                                {"warmup/tokens_per_second", static_cast<double>(tokens) / r.seconds}});
+    }
+    if (progress) progress->update(step + 1, tokens, r.step.loss, "SFT warm-up");
+  }
+  if (progress) progress->finish();
+  policy_worker.export_hf(out);
+}
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
+// KL(policy || reference) before the step, as the k3 estimate e^x - 1 - x with x = ref - cur, averaged over the
+// response tokens: reported whatever the loss's KL weight (the loss's own ref_kl exists only with a weight).
+double mean_k3_kl(const std::vector<worker::Sample>& samples, const worker::LogprobResult& cur,
+                  const worker::LogprobResult& ref) {
+  double sum = 0, count = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    for (size_t p = 1; p < samples[i].token_mask.size(); ++p) {
+      if (samples[i].token_mask[p] == 0.f) continue;
+      const double x = static_cast<double>(ref.logprobs[i][p]) - cur.logprobs[i][p];
+      sum += std::expm1(x) - x;
+      count += 1;
+    }
+  }
+  return count > 0 ? sum / count : 0.0;
+}
+
+}  // namespace
+
+GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size, double eps) {
+  RT_CHECK(group_size >= 1 && rewards.size() % static_cast<size_t>(group_size) == 0, "group_advantages: ",
+           rewards.size(), " rewards do not form groups of ", group_size);
+  GroupAdvantages out;
+  out.advantages.resize(rewards.size());
+  const size_t g = static_cast<size_t>(group_size);
+  for (size_t first = 0; first < rewards.size(); first += g) {
+    const std::span<const double> group = rewards.subspan(first, g);
+    double mean = 0;
+    for (double r : group) mean += r;
+    mean /= static_cast<double>(g);
+    double var = 0;
+    bool uniform = true;
+    for (double r : group) {
+      var += (r - mean) * (r - mean);
+      uniform = uniform && r == group[0];
+    }
+    // Exactly 0 for a uniform group (r − mean can be a rounding residue of the mean, not a signal).
+    const double std_dev = std::sqrt(var / static_cast<double>(g));
+    for (size_t i = 0; i < g; ++i) out.advantages[first + i] = uniform ? 0.0 : (group[i] - mean) / (std_dev + eps);
+    out.uniform_groups += uniform ? 1 : 0;
+  }
+  return out;
+}
+
+worker::Sample rollout_sample(std::span<const int32_t> prompt, const model::Generation& generation, double advantage) {
+  RT_CHECK(!prompt.empty() && !generation.tokens.empty(), "rollout_sample: empty prompt or response");
+  RT_CHECK(generation.logprobs.size() == generation.tokens.size(), "rollout_sample: ", generation.logprobs.size(),
+           " logprobs for ", generation.tokens.size(), " tokens");
+  worker::Sample s;
+  s.input_ids.assign(prompt.begin(), prompt.end());
+  s.input_ids.insert(s.input_ids.end(), generation.tokens.begin(), generation.tokens.end());
+  const size_t n = s.input_ids.size(), p = prompt.size();
+  s.token_mask.assign(n, 0.f);
+  s.advantages.assign(n, 0.f);
+  s.generation_logprobs.assign(n, 0.f);
+  for (size_t i = p; i < n; ++i) {
+    s.token_mask[i] = 1.f;
+    s.advantages[i] = static_cast<float>(advantage);
+    s.generation_logprobs[i] = generation.logprobs[i - p];
+  }
+  return s;
+}
+
+worker::Sample sft_sample(std::span<const int32_t> prompt, std::span<const int32_t> answer) {
+  model::Generation g;
+  g.tokens.assign(answer.begin(), answer.end());
+  g.logprobs.assign(answer.size(), 0.f);
+  worker::Sample s = rollout_sample(prompt, g, 0.0);
+  s.advantages.clear();
+  s.generation_logprobs.clear();
+  return s;
+}
+
+PromptSource::PromptSource(const worker::Config& config, const CharTokenizer& tokenizer) {
+  const std::string& p = config.grpo.prompts;
+  RT_CHECK(!p.empty(), "grpo.prompts is required for a GRPO run (", kBuiltinTask, " or a JSONL prompt file)");
+  if (p.starts_with("builtin:")) {
+    RT_CHECK(p == kBuiltinTask, "grpo.prompts = ", p.substr(0, 60), ": unknown built-in task (known: ", kBuiltinTask,
+             ")");
+    task_ = std::make_unique<ReverseDigitsTask>(config.train.seed);
+  } else {
+    file_ = read_prompt_file(p, tokenizer);
+    RT_CHECK(!file_.empty(), "grpo.prompts = ", p, ": the file holds no prompts");
+  }
+}
+
+Example PromptSource::example(uint64_t index) const {
+  if (task_) return task_->example(index);
+  return file_[index % file_.size()];
+}
+
+GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, const GrpoOptions& options) {
+  RT_CHECK(world.size() == config.parallel.world(), "the communicator has ", world.size(),
+           " ranks but parallel.dp x parallel.cp = ", config.parallel.world());
+  const worker::GrpoConfig& g = config.grpo;
+  RT_CHECK(config.loss_fn.type == worker::LossType::ClippedPg, "loss_fn.type = ",
+           worker::loss_type_name(config.loss_fn.type),
+           ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
+  const CharTokenizer tok;
+  const PromptSource prompts(config, tok);
+  const model::ModelConfig model = worker::resolve_model_config(config.policy);
+  RT_CHECK(model.vocab >= tok.vocab_size(), "policy.model_name = ", config.policy.model_name, ": its vocabulary (",
+           model.vocab, ") is smaller than the task tokenizer's (", tok.vocab_size(), ")");
+  const RewardMode mode = parse_reward_mode(g.reward);
+  const fs::path root = config.train.checkpoint_dir, warm_dir = root / "sft_warmup";
+  RT_CHECK(g.sft_warmup_steps == 0 || !root.empty(),
+           "grpo.sft_warmup_steps needs train.checkpoint_dir: the warm-up's weights (the reference policy) are kept "
+           "there");
+  RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
+  // The checkpoint to continue from: the newest step_N (as `ringtrain train` writes them); none starts afresh.
+  const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
+  RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "
+           "choose another train.checkpoint_dir");
+  const bool lead = world.rank() == 0;
+  std::unique_ptr<worker::MetricsWriter> metrics;
+  if (lead && !config.train.metrics_dir.empty())
+    metrics = std::make_unique<worker::MetricsWriter>(config.train.metrics_dir);
+
+  GrpoSummary summary;
+  worker::Config grpo_config = config;
+  if (g.sft_warmup_steps > 0) {
+    if (!from) {
+      const auto t0 = Clock::now();
+      sft_warmup(config, world, prompts, tok, metrics.get(), options, warm_dir);
+      summary.warmup_seconds = seconds_since(t0);
+    }
+    RT_CHECK(fs::is_regular_file(warm_dir / "model.safetensors"), warm_dir.string(),
+             ": the SFT warm-up's weights are missing (the reference policy of this run)");
+    grpo_config.policy.model_name = warm_dir.string();
+  }
+
+  const auto t_start = Clock::now();
+  worker::PolicyWorker policy_worker(grpo_config, world);
+  int64_t start = 0;
+  if (from) {
+    start = policy_worker.load(*from).index;
+    RT_CHECK(start == policy_worker.trainer().steps_taken() && start <= config.train.steps, from->string(),
+             ": resumes at GRPO step ", start, " after ", policy_worker.trainer().steps_taken(),
+             " trainer steps; train.steps = ", config.train.steps);
+    if (lead && options.progress)
+      std::fprintf(stderr, "resuming from %s (GRPO step %lld)\n", from->string().c_str(),
+                   static_cast<long long>(start));
+  }
+
+  model::SamplerOptions so;
+  so.attention_backends = config.attention_backends;
+  model::Sampler sampler(policy_worker.policy(), so);
+  model::SamplingParams sp;
+  sp.temperature = g.temperature, sp.top_p = g.top_p, sp.top_k = g.top_k, sp.max_new_tokens = g.max_new_tokens;
+  sp.stop_tokens = {CharTokenizer::kEos};
+  sp.seed = config.train.seed;
+
+  const int64_t P = g.num_prompts_per_step, G = g.num_generations_per_prompt;
+  const int64_t warm = g.sft_warmup_steps;
+  std::unique_ptr<worker::ProgressLine> progress;
+  if (lead && options.progress) {
+    std::fprintf(stderr, "GRPO: %lld steps of %lld prompts x %lld samples (reward %s)\n",
+                 static_cast<long long>(config.train.steps - start), static_cast<long long>(P),
+                 static_cast<long long>(G), g.reward.c_str());
+    progress = std::make_unique<worker::ProgressLine>(config.train.steps);
+  }
+  for (int64_t step = start; step < config.train.steps; ++step) {
+    const auto t0 = Clock::now();
+    std::vector<Example> examples;
+    std::vector<std::vector<int32_t>> rollout_prompts;
+    std::vector<uint64_t> sample_ids;
+    for (int64_t i = 0; i < P; ++i) {
+      const uint64_t index = static_cast<uint64_t>(step * P + i);
+      examples.push_back(prompts.example(index));
+      const std::vector<int32_t> p = checked_prompt(tok, examples.back(), g.max_new_tokens,
+                                                          cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
+      for (int64_t k = 0; k < G; ++k) {
+        rollout_prompts.push_back(p);
+        sample_ids.push_back(index * static_cast<uint64_t>(G) + static_cast<uint64_t>(k));
+      }
+    }
+    const std::vector<model::Generation> gens = sampler.generate(rollout_prompts, sp, sample_ids);
+    const double t_generate = seconds_since(t0);
+
+    std::vector<double> rewards, exact, lengths;
+    for (size_t i = 0; i < gens.size(); ++i) {
+      const std::string& answer = examples[i / static_cast<size_t>(G)].answer;
+      rewards.push_back(reward(tok, answer, gens[i].tokens, mode));
+      exact.push_back(reward(tok, answer, gens[i].tokens, RewardMode::Exact));
+      lengths.push_back(static_cast<double>(gens[i].tokens.size()));
+    }
+    const GroupAdvantages adv = group_advantages(rewards, G);
+    std::vector<worker::Sample> samples;
+    int64_t tokens = 0;
+    for (size_t i = 0; i < gens.size(); ++i) {
+      samples.push_back(rollout_sample(rollout_prompts[i], gens[i], adv.advantages[i]));
+      tokens += samples.back().length();
+    }
+
+    const auto t1 = Clock::now();
+    worker::LogprobResult prev = policy_worker.get_logprobs(samples);
+    worker::LogprobResult ref = policy_worker.get_reference_logprobs(samples);
+    const double kl_to_reference = mean_k3_kl(samples, prev, ref);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      samples[i].prev_logprobs = std::move(prev.logprobs[i]);
+      samples[i].reference_logprobs = std::move(ref.logprobs[i]);
+    }
+    const double t_logprobs = seconds_since(t1);
+    const worker::TrainResult r = policy_worker.train(samples);
+    const double t_step = seconds_since(t0);
+
+    GrpoStepLog log;
+    log.step = step + 1;
+    log.reward_mean = mean_of(rewards);
+    log.exact_match = mean_of(exact);
+    log.loss = r.step.loss;
+    log.grad_norm = r.step.grad_norm;
+    double var = 0;
+    for (double x : rewards) var += (x - log.reward_mean) * (x - log.reward_mean);
+    if (metrics) {
+      worker::Scalars s = {
+          {"reward/mean", log.reward_mean},
+          {"reward/std", std::sqrt(var / static_cast<double>(rewards.size()))},
+          {"reward/exact_match", log.exact_match},
+          {"reward/uniform_group_fraction", static_cast<double>(adv.uniform_groups) / static_cast<double>(P)},
+          {"response/length_mean", mean_of(lengths)},
+          {"response/length_max", *std::max_element(lengths.begin(), lengths.end())},
+          {"kl_to_reference", kl_to_reference},
+          {"loss", r.step.loss},
+          {"grad_norm", r.step.grad_norm},
+          {"lr", r.step.lr},
+      };
+      for (const train::Metric& m : r.step.metrics) s.emplace_back(m.name, m.value);
+      s.emplace_back("skipped", r.step.skipped ? 1.0 : 0.0);
+      s.emplace_back("tokens_per_second", static_cast<double>(tokens) / t_step);
+      s.emplace_back("time/generate", t_generate);
+      s.emplace_back("time/logprobs", t_logprobs);
+      s.emplace_back("time/train", r.seconds);
+      metrics->write(warm + step + 1, s);
+    }
+    if (progress) {
+      char note[64];
+      std::snprintf(note, sizeof note, "reward %.3f | exact %.3f", log.reward_mean, log.exact_match);
+      progress->update(step + 1, tokens, r.step.loss, note);
+    }
+    const bool last = step + 1 == config.train.steps;
+    const int64_t every = config.train.checkpoint_every;
+    if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
+      train::TrainingProgress position;
+      position.index = step + 1;
+      policy_worker.save(root / cat("step_", step + 1), position);
+    }
+    summary.steps.push_back(log);
+    if (options.on_step) options.on_step(log);
+  }
+  if (progress) progress->finish();
+  summary.grpo_seconds = seconds_since(t_start);
+  return summary;
+}
+
+}  // namespace ringtrain::rl

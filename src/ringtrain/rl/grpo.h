@@ -1,0 +1,87 @@
+// The GRPO loop of `ringtrain grpo` (REFERENCE.md §8; docs/DESIGN.md §12 "GRPO loop"). Per step, on every rank of
+// the dp × cp mesh with the same inputs:
+//   1. num_prompts_per_step prompts (the built-in task or a prompt file, by index from the run's position), each
+//      sampled num_generations_per_prompt times by the CPU sampler (model/generate.h) from the current weights;
+//   2. rewards against the reference answers (rl/task.h), group-normalised advantages (r − mean) / (std + ε), the
+//      same on every response token; a group whose rewards are all equal gets 0 (counted in a metric);
+//   3. one Sample per response: prompt + response tokens, the loss mask on the response tokens only, the sampler's
+//      logprobs at their token positions; prev logprobs and reference logprobs from the policy worker
+//      (worker/policy_worker.h);
+//   4. one train step with the configured clipped-PG loss; metrics to metrics.jsonl / TensorBoard and the progress
+//      line; a checkpoint every train.checkpoint_every steps.
+// An optional SFT warm-up (grpo.sft_warmup_steps) first trains the NLL of the reference answers through a worker of
+// the same config with loss nll; its weights become both the GRPO start and the reference policy.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ringtrain/comm/communicator.h"
+#include "ringtrain/model/generate.h"
+#include "ringtrain/model/policy.h"
+#include "ringtrain/rl/task.h"
+#include "ringtrain/rl/tokenizer.h"
+#include "ringtrain/train/checkpoint.h"
+#include "ringtrain/worker/config.h"
+#include "ringtrain/worker/data.h"
+
+namespace ringtrain::rl {
+
+// ε of the advantage's denominator: a group with a tiny spread gets large but finite advantages.
+constexpr double kAdvantageEps = 1e-6;
+
+struct GroupAdvantages {
+  std::vector<double> advantages;  // one per reward, in the rewards' order
+  int64_t uniform_groups = 0;      // groups whose rewards are all equal (advantage 0: no learning signal)
+};
+// Rewards in groups of group_size consecutive entries (rewards.size() a multiple of it); std is the population
+// standard deviation of the group.
+GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size, double eps = kAdvantageEps);
+
+// The training sample of one rollout: input_ids = prompt + response; token_mask 1 exactly on the response tokens;
+// advantages = advantage on the response tokens (0 elsewhere); generation_logprobs[p] = the sampler's logprob of
+// token p (0 on the prompt).
+worker::Sample rollout_sample(std::span<const int32_t> prompt, const model::Generation& generation, double advantage);
+// SFT warm-up: prompt + answer, the loss on the answer tokens only.
+worker::Sample sft_sample(std::span<const int32_t> prompt, std::span<const int32_t> answer);
+
+// The prompts of a run: the built-in task (grpo.prompts = builtin:reverse_digits, seeded by train.seed) or a
+// prompt file, cycled by index.
+class PromptSource {
+ public:
+  PromptSource(const worker::Config& config, const CharTokenizer& tokenizer);
+  Example example(uint64_t index) const;
+
+ private:
+  std::unique_ptr<ReverseDigitsTask> task_;
+  std::vector<Example> file_;
+};
+
+// What the loop reports per step, besides metrics.jsonl.
+struct GrpoStepLog {
+  int64_t step = 0;  // GRPO step, 1-based (warm-up steps are not counted)
+  double reward_mean = 0, exact_match = 0;
+  double loss = 0, grad_norm = 0;
+};
+
+struct GrpoOptions {
+  bool resume = false;
+  bool progress = true;  // the progress line on stderr (rank 0)
+  // Called on every rank after each GRPO step.
+  std::function<void(const GrpoStepLog&)> on_step;
+};
+
+struct GrpoSummary {
+  std::vector<GrpoStepLog> steps;  // this invocation's GRPO steps
+  double warmup_seconds = 0, grpo_seconds = 0;
+};
+
+// The whole run on this rank (collective over `world`, whose size is config.parallel.world()).
+GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, const GrpoOptions& options = {});
+
+}  // namespace ringtrain::rl

@@ -1,0 +1,297 @@
+// The GRPO loop (rl/grpo.h): group-normalised advantages against hand-computed values; the rollout -> Sample
+// assembly (the mask on response tokens only, the sampler's logprobs at the positions Policy::score gives them);
+// a GRPO run on 2 in-process context-parallel ranks against the same run on one; a resumed run against an
+// uninterrupted one; bad config values named by key; and a short `ringtrain grpo` smoke run through the CLI.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/model/params.h"
+#include "ringtrain/rl/grpo.h"
+#include "ringtrain/worker/config.h"
+#include "test_util.h"
+
+namespace ringtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("rt_grpo_test_" + std::to_string(::getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d.parent_path());
+  return d;
+}
+
+TEST(GrpoAdvantages, HandComputedGroups) {
+  // Groups of 4: {1,0,0,1} mean 0.5 std 0.5; {0.5 x4} all equal; {0,0,0,1} mean 0.25, std sqrt(0.1875).
+  const std::vector<double> rewards = {1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5, 0, 0, 0, 1};
+  const rl::GroupAdvantages a = rl::group_advantages(rewards, 4, 0.0);
+  const double third_low = -0.25 / std::sqrt(0.1875), third_high = 0.75 / std::sqrt(0.1875);  // -1/sqrt(3), sqrt(3)
+  const std::vector<double> want = {1, -1, -1, 1, 0, 0, 0, 0, third_low, third_low, third_low, third_high};
+  ASSERT_EQ(a.advantages.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(a.advantages[i], want[i], 1e-15) << "sample " << i;
+  EXPECT_NEAR(third_low, -1 / std::sqrt(3.0), 1e-15);
+  EXPECT_EQ(a.uniform_groups, 1);
+
+  // The default epsilon enters the denominator: 0.5 / (0.5 + 1e-6).
+  const rl::GroupAdvantages e = rl::group_advantages(std::vector<double>{1, 0}, 2);
+  EXPECT_DOUBLE_EQ(e.advantages[0], 0.5 / (0.5 + rl::kAdvantageEps));
+  EXPECT_DOUBLE_EQ(e.advantages[1], -0.5 / (0.5 + rl::kAdvantageEps));
+
+  // All-equal groups give exactly 0 (not a rounding residue over epsilon), whatever the value.
+  const rl::GroupAdvantages u = rl::group_advantages(std::vector<double>{0.1, 0.1, 0.1, 0.7, 0.7, 0.7}, 3);
+  for (double v : u.advantages) EXPECT_EQ(v, 0.0);
+  EXPECT_EQ(u.uniform_groups, 2);
+
+  EXPECT_NE(error_of([] { rl::group_advantages(std::vector<double>{1, 0, 1}, 2); }).find("groups of 2"),
+            std::string::npos);
+}
+
+model::ModelConfig char_tiny() {
+  worker::PolicyConfig p;
+  p.model_name = "builtin:char-tiny";
+  return worker::resolve_model_config(p);
+}
+
+TEST(GrpoRollout, MaskOnResponseAndLogprobsAtTokenPositions) {
+  // Hand-made: prompt of 4, response of 3.
+  model::Generation g;
+  g.tokens = {8, 9, 2};
+  g.logprobs = {-0.5f, -1.5f, -2.5f};
+  const std::vector<int32_t> prompt = {1, 5, 6, 7};
+  const worker::Sample s = rl::rollout_sample(prompt, g, 0.75);
+  EXPECT_EQ(s.input_ids, (std::vector<int32_t>{1, 5, 6, 7, 8, 9, 2}));
+  EXPECT_EQ(s.token_mask, (std::vector<float>{0, 0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(s.advantages, (std::vector<float>{0, 0, 0, 0, 0.75f, 0.75f, 0.75f}));
+  EXPECT_EQ(s.generation_logprobs, (std::vector<float>{0, 0, 0, 0, -0.5f, -1.5f, -2.5f}));
+  const worker::Sample sft = rl::sft_sample(prompt, g.tokens);
+  EXPECT_EQ(sft.token_mask, s.token_mask);
+  EXPECT_TRUE(sft.advantages.empty() && sft.generation_logprobs.empty());
+
+  // Against the model: the sampler's logprobs, placed by rollout_sample, are what Policy::score gives for the same
+  // tokens at those positions (the losses' convention: entry p scores token p). fp32 on both sides, summed in
+  // another order: 1e-5.
+  const uint64_t seed = testing::fresh_seed();
+  const model::ModelConfig c = char_tiny();
+  auto policy = model::make_policy(c, model::random_params(model::ParamLayout(c), seed), model::PolicyOptions{});
+  model::Sampler sampler(*policy);
+  model::SamplingParams sp;
+  sp.max_new_tokens = 6;
+  sp.seed = seed;
+  const rl::CharTokenizer tok;
+  const std::vector<std::vector<int32_t>> prompts = {tok.encode_prompt("123="), tok.encode_prompt("98765=")};
+  const std::vector<model::Generation> gens = sampler.generate(prompts, sp);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const worker::Sample r = rl::rollout_sample(prompts[b], gens[b], -0.25);
+    const model::TokenScores scores = policy->score(model::TokenBatch{{r.input_ids}}, false);
+    ASSERT_EQ(scores.logprobs[0].size(), r.input_ids.size());
+    int counted = 0;
+    for (size_t p = 0; p < r.input_ids.size(); ++p) {
+      if (r.token_mask[p] == 0.f) {
+        EXPECT_LT(p, prompts[b].size());
+        continue;
+      }
+      ++counted;
+      EXPECT_NEAR(r.generation_logprobs[p], scores.logprobs[0][p], 1e-5) << "prompt " << b << " position " << p;
+    }
+    EXPECT_EQ(counted, static_cast<int>(gens[b].tokens.size()));
+  }
+}
+
+// A small GRPO config on builtin:char-tiny: 2 prompts x 4 samples, a 3-step SFT warm-up at a high learning rate so
+// that step 1's rewards differ within groups, a KL penalty and the importance weights switched on.
+std::string small_config(const fs::path& dir, int64_t cp, int64_t steps) {
+  return "policy:\n"
+         "  model_name: builtin:char-tiny\n"
+         "  train_global_batch_size: 8\n"
+         "  train_micro_batch_size: 4\n"
+         "  logprob_batch_size: 8\n"
+         "  max_total_sequence_length: 32\n"
+         "  precision: float32\n"
+         "  optimizer: {kwargs: {lr: 1.0e-3, weight_decay: 0.0}}\n"
+         "loss_fn:\n"
+         "  type: clipped_pg\n"
+         "  reference_policy_kl_penalty: 0.05\n"
+         "  use_importance_sampling_correction: true\n"
+         "parallel: {cp: " + std::to_string(cp) + "}\n"
+         "device: cpu\n"
+         "grpo:\n"
+         "  prompts: builtin:reverse_digits\n"
+         "  num_prompts_per_step: 2\n"
+         "  num_generations_per_prompt: 4\n"
+         "  max_new_tokens: 7\n"
+         "  sft_warmup_steps: 3\n"
+         "  sft_warmup_lr: 1.0e-2\n"
+         "train:\n"
+         "  steps: " + std::to_string(steps) + "\n"
+         "  checkpoint_dir: " + (dir / "ck").string() + "\n"
+         "  checkpoint_every: 1\n"
+         "  seed: 5\n";
+}
+
+std::vector<rl::GrpoStepLog> run_small(const worker::Config& c, bool resume = false) {
+  std::vector<rl::GrpoStepLog> logs;
+  rl::GrpoOptions o;
+  o.progress = false;
+  o.resume = resume;
+  comm::run_ranks(static_cast<int>(c.parallel.world()), std::chrono::seconds(120), [&](comm::Communicator& world) {
+    rl::GrpoOptions mine = o;
+    if (world.rank() == 0) mine.on_step = [&](const rl::GrpoStepLog& l) { logs.push_back(l); };
+    rl::run_grpo(c, world, mine);
+  });
+  return logs;
+}
+
+TEST(GrpoLoop, ContextParallelFirstStepMatchesOneRank) {
+  const fs::path d1 = fresh_dir("cp1"), d2 = fresh_dir("cp2");
+  const auto one = run_small(worker::parse_config(small_config(d1, 1, 2), "cp1.yaml"));
+  const auto two = run_small(worker::parse_config(small_config(d2, 2, 2), "cp2.yaml"));
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(two.size(), 2u);
+  // The warm-up leaves the weights within fp32 rounding of each other, and the sampler draws with the same uniforms:
+  // the same rollouts, so the same rewards.
+  EXPECT_EQ(one[0].reward_mean, two[0].reward_mean);
+  // A real step: non-zero advantages give a non-zero gradient.
+  EXPECT_GT(one[0].grad_norm, 1e-3);
+  EXPECT_TRUE(std::isfinite(one[0].loss) && std::isfinite(two[0].loss));
+  // fp32 on both; cp = 2 splits attention over the ring and merges partial softmaxes (another summation order) and
+  // sums gradients across ranks: differences of a few ulps per operation, 1e-5 relative is about 100 ulps of margin
+  // over the few hundred accumulations of this model.
+  EXPECT_NEAR(two[0].loss, one[0].loss, 1e-5 * std::max(1.0, std::fabs(one[0].loss)));
+  EXPECT_NEAR(two[0].grad_norm, one[0].grad_norm, 1e-5 * one[0].grad_norm);
+}
+
+TEST(GrpoLoop, ResumedRunRepeatsTheUninterruptedSteps) {
+  const fs::path straight = fresh_dir("straight"), split = fresh_dir("split");
+  const auto full = run_small(worker::parse_config(small_config(straight, 1, 3), "a.yaml"));
+  const auto first = run_small(worker::parse_config(small_config(split, 1, 2), "b.yaml"));
+  // The same config with more steps, resumed from the step-2 checkpoint (the warm-up is not run again).
+  const auto rest = run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml"), true);
+  ASSERT_EQ(full.size(), 3u);
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].step, 3);
+  // Weights and optimizer state restore bitwise, prompts and samples are counter-based: step 3 is the same step.
+  EXPECT_EQ(rest[0].reward_mean, full[2].reward_mean);
+  EXPECT_EQ(rest[0].loss, full[2].loss);
+  EXPECT_EQ(rest[0].grad_norm, full[2].grad_norm);
+  // Without --resume an existing checkpoint is not overwritten.
+  EXPECT_NE(error_of([&] { run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml")); }).find("--resume"),
+            std::string::npos);
+  // Resuming where there is no checkpoint yet starts the run: the same steps as a plain start.
+  const auto started = run_small(worker::parse_config(small_config(fresh_dir("none"), 1, 1), "c.yaml"), true);
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_EQ(started[0].loss, full[0].loss);
+}
+
+TEST(GrpoConfig, BadValuesNamedByKey) {
+  const std::string base = small_config(fresh_dir("cfg"), 1, 2);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"grpo.num_generations_per_prompt=1"}, "grpo.num_generations_per_prompt = 1: out of range"},
+      {{"grpo.top_p=0"}, "grpo.top_p = 0: out of range"},
+      {{"grpo.temperature=-1"}, "grpo.temperature = -1: out of range"},
+      {{"grpo.max_new_tokens=0"}, "grpo.max_new_tokens = 0: out of range"},
+      {{"grpo.reward=fuzzy"}, "grpo.reward = 'fuzzy': expected one of partial, exact"},
+      {{"grpo.sft_warmup_lr=.nan"}, "grpo.sft_warmup_lr = .nan: not a finite number"},
+      {{"grpo.num_prompts_per_step=3"}, "grpo.num_prompts_per_step (3) x grpo.num_generations_per_prompt (4) = 12 "
+                                        "must equal policy.train_global_batch_size = 8"},
+      {{"train.steps=0"}, "train.steps = 0: a GRPO run needs"},
+      {{"grpo.temprature=1"}, "unknown key 'grpo.temprature' (did you mean 'grpo.temperature'"},
+  };
+  for (const auto& [overrides, want] : cases) {
+    const std::string got = error_of([&] { worker::parse_config(base, "g.yaml", overrides); });
+    EXPECT_NE(got.find(want), std::string::npos) << "overrides " << overrides[0] << "\n got: " << got;
+  }
+  // Checked when the run starts (they need the prompts or the model).
+  const auto start_error = [&](const std::vector<std::string>& overrides) {
+    const worker::Config c = worker::parse_config(base, "g.yaml", overrides);
+    return error_of([&] { run_small(c); });
+  };
+  EXPECT_NE(start_error({"loss_fn.type=nll"}).find("loss_fn.type = nll: a GRPO run trains with clipped_pg"),
+            std::string::npos);
+  EXPECT_NE(start_error({"grpo.prompts=builtin:sort"}).find("grpo.prompts = builtin:sort: unknown built-in task"),
+            std::string::npos);
+  EXPECT_NE(start_error({"train.checkpoint_dir=", "train.checkpoint_every=0"}).find(
+                "grpo.sft_warmup_steps needs train.checkpoint_dir"),
+            std::string::npos);
+  EXPECT_NE(start_error({"grpo.max_new_tokens=30"}).find("grpo.max_new_tokens = 30: prompt '"),
+            std::string::npos);
+  // Without a grpo section a config still needs its training data.
+  EXPECT_NE(error_of([&] { worker::parse_config(base, "g.yaml", {"grpo.prompts="}); }).find("train.data is required"),
+            std::string::npos);
+}
+
+TEST(GrpoConfig, AutoDeviceAndPrecision) {
+  const worker::Config c = worker::parse_config(
+      "policy: {model_name: builtin:tiny}\ntrain: {data: x.jsonl}\n", "auto.yaml");
+  const bool gpu = cuda_unavailable_reason().empty() && hopper_unavailable_reason(Device::cuda(0)).empty();
+  EXPECT_EQ(c.device, gpu ? Device::cuda(0) : Device::cpu());
+  EXPECT_EQ(c.policy.precision, gpu ? worker::Precision::BFloat16 : worker::Precision::Float32);
+  const worker::Config named = worker::parse_config(
+      "policy: {model_name: builtin:tiny, precision: auto}\ndevice: auto\ntrain: {data: x.jsonl}\n", "auto.yaml");
+  EXPECT_EQ(named, c);
+  EXPECT_EQ(worker::parse_config(worker::to_yaml(c), "round.yaml"), c);
+}
+
+// The command end to end on a few steps: exit 0, the summary printed, every metric of every step finite. Not a
+// test of correctness (the tests above are); a check that the command, metrics file and curve fit together.
+TEST(GrpoCli, SmokeRunWritesFiniteMetrics) {
+  const fs::path d = fresh_dir("cli");
+  fs::create_directories(d);
+  const fs::path cfg = d / "g.yaml";
+  std::ofstream(cfg) << small_config(d, 1, 3);
+  const testing::CliResult r =
+      testing::run_cli("grpo --config " + cfg.string() + " train.metrics_dir=" + (d / "m").string() + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("exact match:"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_regular_file(d / "m" / "reward.svg"));
+  std::ifstream in(d / "m" / "metrics.jsonl");
+  std::string line;
+  int warmup = 0, grpo = 0;
+  const std::set<std::string> grpo_keys = {
+      "reward/mean", "reward/std", "reward/exact_match", "reward/uniform_group_fraction", "response/length_mean",
+      "response/length_max", "kl_to_reference", "loss", "grad_norm", "lr", "clip_fraction", "approx_kl", "entropy",
+      "ref_kl", "tokens_per_second", "time/generate", "time/logprobs", "time/train"};
+  while (std::getline(in, line)) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    std::set<std::string> keys;
+    for (const auto& [k, v] : row.items()) {
+      keys.insert(k);
+      ASSERT_TRUE(v.is_number()) << k << " in " << line;  // a non-finite value is written as null
+    }
+    if (keys.count("warmup/loss")) {
+      ++warmup;
+      EXPECT_EQ(row["step"], warmup);
+    } else {
+      ++grpo;
+      EXPECT_EQ(row["step"], 3 + grpo);  // after the 3 warm-up steps
+      for (const std::string& k : grpo_keys) EXPECT_TRUE(keys.count(k)) << k << " missing in " << line;
+    }
+  }
+  EXPECT_EQ(warmup, 3);
+  EXPECT_EQ(grpo, 3);
+}
+
+}  // namespace
+}  // namespace ringtrain
