@@ -7,7 +7,7 @@ cross-entropy, i.e. minus the mean token logprob, computed from fp32-upcast logi
 steps, then the median of timed steps between CUDA events. An out-of-memory error is reported as OOM.
 Then the model is freed and `ringtrain bench model` runs on the same shapes (its BENCH_MODEL lines are parsed).
 
-FLOPs per step, for both, as anchors/e2e_hf.py counts them: 6*N*S + 6*L*S^2*(heads*head_dim), N = matmul weights
+FLOPs per step, for both: 6*N*S + 6*L*S^2*(heads*head_dim), N = matmul weights
 (per layer q,k,v,o and the three MLP matrices; the LM head once). MFU against 989 TFLOP/s per GPU.
 
   python3 bench/compare_hf_model.py --bin build/ringtrain --seq 8192,32768 [--cp 1,2] [--checkpoint none]

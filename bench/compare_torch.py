@@ -3,10 +3,10 @@
 shapes in the same run, and prints our/PyTorch throughput ratios.
 
 ringtrain is timed by its own CLI (`ringtrain bench attention --json`), PyTorch here, both with CUDA events,
-warm-up and the median of the timed iterations. FLOPs as in the anchors (shared/anchors/sdpa_bench.py):
+warm-up and the median of the timed iterations. FLOPs:
 4*B*H*S*S*D for the forward, halved when causal; forward+backward counts 3.5x the forward. PyTorch's
-forward+backward is `o = sdpa(q, k, v); o.backward(dO)` (autograd included, as in the anchors); its tensors are
-[B, H, S, D] contiguous, as in the anchors; ringtrain's are [B, S, H, D].
+forward+backward is `o = sdpa(q, k, v); o.backward(dO)` (autograd included); its tensors are
+[B, H, S, D] contiguous; ringtrain's are [B, S, H, D].
 """
 import argparse
 import json

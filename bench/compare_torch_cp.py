@@ -2,8 +2,8 @@
 """PyTorch's context-parallel ring attention (torch.distributed.tensor.experimental.context_parallel) on the shapes
 of `ringtrain bench cp`, in the same job, and the ours/PyTorch ratios.
 
-Run with one process per GPU (torchrun). bf16, [B, H, S, D], forward+backward with o.backward(ones), timed like the
-project's anchors (shared/anchors/cp_bench.py): 2 warm-ups, then the median of 5 runs (--warmup, --iters), each
+Run with one process per GPU (torchrun). bf16, [B, H, S, D], forward+backward with o.backward(ones), timed as
+follows: 2 warm-ups, then the median of 5 runs (--warmup, --iters), each
 ended by a device synchronize; per-GPU TFLOP/s = 3.5 * 4*B*H*S*S*D (/2 causal) / cp / time. With --ours (the JSON of
 `ringtrain bench cp --json`), rank 0 prints ringtrain's rows beside PyTorch's best and its flash, per length.
 """
@@ -57,7 +57,7 @@ torch_rows = {}
 
 def print_comparison(S):
     """ringtrain's rows at S beside PyTorch's flash and best (PyTorch's EFFICIENT runs after this: at long S it
-    corrupts the CUDA context, REFERENCE.md §6)."""
+    corrupts the CUDA context)."""
     if rank != 0:
         return
     fmt = lambda x: "%.0f" % x if x else "n/a"
@@ -83,7 +83,7 @@ for S in [int(s) for s in args.seq.split(",")]:
             print_comparison(S)
             if S > 65536:  # measured 2026-11-30 (docs/PERF.md): illegal memory access, then a hung peer
                 if rank == 0:
-                    print("torch CP=%d S=%d %s skipped: crashes above 65536 keys (REFERENCE.md §6)" % (world, S, name))
+                    print("torch CP=%d S=%d %s skipped: crashes above 65536 keys" % (world, S, name))
                 continue
         be = getattr(SDPBackend, name)
         torch.manual_seed(0)

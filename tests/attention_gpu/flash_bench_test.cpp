@@ -1,4 +1,4 @@
-// Throughput of the CUDA `flash` backend at the shapes of the PyTorch anchors (REFERENCE.md §6): bf16, B=1,
+// Throughput of the CUDA `flash` backend at the shapes of bench/compare_torch.py: bf16, B=1,
 // H=32, D=128, causal, S = 16384 and 32768. Runs only when RINGTRAIN_FLASH_BENCH=1 (it measures, it does not
 // check). FLOPs: 4 B H S^2 D forward, halved for causal; forward+backward counts 3.5x the forward.
 // Timing: 3 warm-up calls, then the median of 10 calls, each bracketed by a device synchronize and a host clock.

@@ -2,7 +2,7 @@
 // training step of `ringtrain bench model --seq 8192` runs per layer), to see where a step's time goes. Runs only
 // when RINGTRAIN_MODEL_KERNEL_BENCH=1 (it measures, it does not check). Time: CUDA events, 3 warm-ups, median of
 // 10. Bytes: what each kernel must read and write at least (bf16 activations, fp32 statistics and gradients);
-// GB/s against the H200's ~4.3 TB/s copy rate (REFERENCE.md §6). GEMM TFLOP/s: 2·m·n·k per product.
+// GB/s against the H200's ~4.3 TB/s copy rate. GEMM TFLOP/s: 2·m·n·k per product.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -21,7 +21,7 @@ struct AttnProblem {
   DType dtype = DType::F32;
   std::string describe() const;
   attention::MaskType mask() const { return causal ? attention::MaskType::CausalTopLeft : attention::MaskType::None; }
-  // 4*B*Hq*S*S*D for the forward, halved when causal (as the PyTorch anchors count it); a training step's
+  // 4*B*Hq*S*S*D for the forward, halved when causal (as bench/compare_torch.py counts it); a training step's
   // forward+backward counts 3.5 times that.
   double forward_flops() const;
 };

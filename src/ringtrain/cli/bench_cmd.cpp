@@ -1,6 +1,6 @@
 // `ringtrain bench attention`: times attention backends on one GPU (warm-up, median of the iterations; see
 // check::bench_attention_backend) and prints ms and TFLOP/s for the forward and for forward+backward. FLOPs are
-// counted as in the PyTorch anchors (bench/compare_torch.py): 4*B*H*S*S*D for the forward, halved when causal;
+// counted as bench/compare_torch.py counts them: 4*B*H*S*S*D for the forward, halved when causal;
 // forward+backward counts 3.5 times that.
 #include <cstdio>
 #include <string>

@@ -18,7 +18,7 @@
 
 namespace ringtrain::cp {
 
-// Ring: pass KV blocks around the ring, overlapped with compute (REFERENCE.md §3).
+// Ring: pass KV blocks around the ring, overlapped with compute.
 // AllGather: gather all KV once, attend with causal offsets, reduce-scatter dK/dV.
 // AllToAll (Ulysses): trade sequence shards for head groups, attend the whole sequence for Hq/cp query heads,
 // trade back; needs heads_q and heads_kv divisible by cp.

@@ -1,4 +1,4 @@
-// Ring attention with pass-KV over the zigzag layout (REFERENCE.md §3). Use through cp/cp_attention.h.
+// Ring attention with pass-KV over the zigzag layout. Use through cp/cp_attention.h.
 #pragma once
 
 #include "ringtrain/attention/params.h"

@@ -1,4 +1,4 @@
-// The GRPO loop of `ringtrain grpo` (REFERENCE.md §8; docs/DESIGN.md §12 "GRPO loop"). Per step, on every rank of
+// The GRPO loop of `ringtrain grpo` (docs/DESIGN.md, "GRPO loop"). Per step, on every rank of
 // the dp × cp mesh with the same inputs:
 //   1. num_prompts_per_step prompts (the built-in task or a prompt file, by index from the run's position), each
 //      sampled num_generations_per_prompt times by the CPU sampler (model/generate.h) from the current weights;

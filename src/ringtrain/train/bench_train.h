@@ -4,7 +4,7 @@
 //
 // Timing: after warm-up steps, `steps` steps each between a barrier and a device synchronisation (median), then
 // `steps` more with a synchronisation at the end of every phase, for the phases' medians (summed over the
-// microbatches of a step). FLOPs per step as `bench model` and the anchors count them:
+// microbatches of a step). FLOPs per step as `bench model` counts them:
 //   6 · N · S + 6 · L · S² · heads · head_dim, N = the matmul weights (the LM head once, also when tied)
 // and MFU = FLOPs / (step time · GPUs · 989 TFLOP/s).
 #pragma once

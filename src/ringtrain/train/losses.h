@@ -1,4 +1,4 @@
-// Training losses on per-token logprobs (REFERENCE.md §2, §8): NLL (SFT), the clipped policy gradient (GRPO/PPO,
+// Training losses on per-token logprobs: NLL (SFT), the clipped policy gradient (GRPO/PPO,
 // with dual clip, KL to a reference and importance weights) and DPO.
 //
 // One call handles one microbatch of `batch` sequences of `seq` tokens, row-major [batch, seq], in token order:

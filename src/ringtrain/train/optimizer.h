@@ -1,5 +1,5 @@
 // AdamW on a contiguous shard [begin, end) of the flat parameter vector (the trainer shards over ranks, ZeRO
-// style), with global-norm gradient clipping and a skipped step on a non-finite norm (REFERENCE.md §2).
+// style), with global-norm gradient clipping and a skipped step on a non-finite norm.
 //
 // The flow of one step: every rank computes sum_of_squares of its gradient shard, the trainer all-reduces the sums,
 // plan_adamw_step turns the global sum into an AdamWStep (skip or not, clip coefficient, bias corrections), and the

@@ -1,4 +1,4 @@
-// The train step over a dp × cp mesh with ZeRO-2 sharding (REFERENCE.md §2; docs/DESIGN.md "Training").
+// The train step over a dp × cp mesh with ZeRO-2 sharding (docs/DESIGN.md "Training").
 //
 // step(global batch), on every rank with the same batch:
 //   1. the batch is cut into dp contiguous parts (whole DPO pairs), this rank's part into microbatches;

@@ -4,7 +4,7 @@
 // every weight gradient. Warm-up steps, then the median of timed steps (CUDA events on the model's stream); marks
 // inside each step split it into forward, LM head and backward (rank 0's medians, printed below each row).
 //
-// FLOPs per step for a sequence of S tokens, as bench/../anchors/e2e_hf.py counts them (MFU, so recomputation under
+// FLOPs per step for a sequence of S tokens, as bench/compare_hf_model.py counts them (MFU, so recomputation under
 // activation checkpointing is not counted):
 //   6 * N * S + 6 * L * S^2 * (heads * head_dim)
 // N = the matmul weights: L * (hidden * (heads + 2 kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden *
