@@ -156,13 +156,13 @@ if [ -e /dev/full ]; then
 fi
 expect_error init-over-checkpoint 'ck already holds a checkpoint' "$bin" init-model --out ck --layers 1 --hidden 16 --heads 2
 expect_error init-nan-theta "'rope_theta' = nan: must be finite" "$bin" init-model --out ck_nan --rope-theta nan
-expect_error init-huge-layers "'num_hidden_layers' = 1000000000: must be in" "$bin" init-model --out ck_big --layers 1000000000
-expect_error init-huge-hidden '4611686018427387904 is negative or overflows' "$bin" init-model --out ck_big --hidden 4611686018427387904
+expect_error init-huge-layers '--layers: Value 1000000000 not in range 1 to' "$bin" init-model --out ck_big --layers 1000000000
+expect_error init-huge-hidden '--hidden: Value 4611686018427387904 not in range' "$bin" init-model --out ck_big --hidden 4611686018427387904
 [ ! -e ck_nan ] && [ ! -e ck_big ] || { echo "FAIL init-model left a folder behind"; failures=$((failures + 1)); }
-expect_error logprobs-cp-zero '--cp 0: must be at least 1' "$bin" logprobs --model ck --data good.jsonl --cp 0
-expect_error backends-negative-seq 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --seq -5
-expect_error backends-zero-heads 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --heads 0
-expect_error backends-zero-batch 'attention: bad params' "$bin" backends --device cpu --dtype fp32 --batch 0
+expect_error logprobs-cp-zero '--cp: Value 0 not in range 1 to' "$bin" logprobs --model ck --data good.jsonl --cp 0
+expect_error backends-negative-seq '--seq: Value -5 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --seq -5
+expect_error backends-zero-heads '--heads: Value 0 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --heads 0
+expect_error backends-zero-batch '--batch: Value 0 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --batch 0
 
 # --- running out of threads: an address-space limit leaves no room for 500 thread stacks (not under ASan, whose
 # shadow memory needs the address space; root ignores RLIMIT_NPROC, so `ulimit -u` cannot show it) ---
@@ -193,8 +193,8 @@ else
 fi
 
 # --- launcher ---
-expect_error launch-nproc-zero '--nproc must be in \[1, 1024\], got 0' "$bin" launch --nproc 0 -- true
-expect_error launch-nproc-huge '--nproc must be in \[1, 1024\], got 100000' "$bin" launch --nproc 100000 -- true
+expect_error launch-nproc-zero '--nproc: Value 0 not in range 1 to 1024' "$bin" launch --nproc 0 -- true
+expect_error launch-nproc-huge '--nproc: Value 100000 not in range 1 to 1024' "$bin" launch --nproc 100000 -- true
 expect_error launch-rank-exit-code 'rank 1 failed \(exit code 2\)' \
   sh -c "'$bin' launch --nproc 2 --grace-ms 200 -- sh -c 'if [ \$RANK = 1 ]; then exit 2; fi; sleep 30'; rc=\$?; [ \$rc = 2 ] && exit 3; exit 0"
 expect_error launch-missing-command "cannot run 'no-such-command-rt'" "$bin" launch --nproc 2 -- no-such-command-rt

@@ -84,7 +84,7 @@ TEST(AttentionOnDevice, CpuBackendMatchesTheFp64Reference) {
   EXPECT_GT(check::relative_error(got.o, ref.o), 0.0) << "the run must not be the reference itself";
 }
 
-TEST(AttnProblem, FlopsAsTheAnchorsCountThem) {
+TEST(AttnProblem, FlopsAsTheTorchComparisonCountsThem) {
   check::AttnProblem p{2, 1024, 8, 2, 64, false, DType::BF16};
   EXPECT_DOUBLE_EQ(p.forward_flops(), 4.0 * 2 * 8 * 1024.0 * 1024 * 64);
   p.causal = true;
