@@ -1,6 +1,7 @@
 // The policy worker: scoring gathered over dp in input order (against a plain one-rank policy scoring each sequence
-// alone), packed scoring equal to unpacked, the reference weights swapped in and out exactly, export_hf refusing to
-// replace a file, and the worker's checks before any weight is read.
+// alone), packed scoring equal to unpacked, packed and bucketed train steps equal fixed microbatches, the reference
+// weights swapped in and out exactly, export_hf refusing to replace a file, and the worker's checks before any weight
+// is read.
 #include "ringtrain/worker/policy_worker.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "ringtrain/comm/in_process.h"
@@ -16,6 +18,7 @@
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/params.h"
 #include "ringtrain/model/policy.h"
+#include "ringtrain/worker/packing.h"
 #include "test_util.h"
 
 namespace ringtrain::worker {
@@ -122,6 +125,56 @@ TEST(PolicyWorker, PackedScoringEqualsUnpacked) {
             .get_logprobs(samples);
   });
   EXPECT_LE(max_diff(packed.logprobs, plain.logprobs), kScoreTol);
+}
+
+// A train step in packed bins (one packed row each) or in length buckets equals the step in fixed microbatches: the
+// same loss and gradient norm up to fp32 rounding, for SFT, clipped PG and DPO (pairs kept together), on one rank
+// and on dp x cp = 2 x 2. Each rank's microbatch count is its plan's, so the layouts were really used.
+TEST(PolicyWorker, PackedAndBucketedTrainStepsEqualFixedMicrobatches) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (const std::string loss : {"nll", "clipped_pg", "dpo"}) {
+    const bool dpo = loss == "dpo";
+    std::vector<Sample> samples = random_samples(rng, dpo ? 8 : 4, 256);
+    if (loss == "clipped_pg")
+      for (Sample& s : samples) s.advantages.assign(s.input_ids.size(), rng() % 2 ? 1.0f : -1.0f);
+    const std::string budget = dpo ? "128" : "64";
+    for (const auto& [dp, cp] : {std::pair{1, 1}, std::pair{2, 2}}) {
+      std::map<std::string, std::vector<TrainResult>> got;  // layout -> per rank
+      for (const std::string layout : {"fixed", "packed", "dynamic"}) {
+        std::vector<std::string> o = {"loss_fn.type=" + loss, "loss_fn.reference_policy_kl_penalty=0.1"};
+        if (layout == "packed")
+          o.insert(o.end(),
+                   {"policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=" + budget});
+        if (layout == "dynamic")
+          o.insert(o.end(),
+                   {"policy.dynamic_batching.enabled=true", "policy.dynamic_batching.train_mb_tokens=" + budget});
+        const Config c = tiny_config(dp, cp, o);
+        std::vector<TrainResult>& r = got[layout];
+        r.resize(static_cast<size_t>(dp * cp));
+        comm::run_ranks(dp * cp, kTimeout, [&](comm::Communicator& world) {
+          PolicyWorker w(c, world);
+          r[static_cast<size_t>(world.rank())] = w.train(samples);
+          // This rank's microbatches as its plan has them (dp rank = rank / cp; contiguous halves of the batch).
+          const size_t d = static_cast<size_t>(w.mesh().dp_index()), n = samples.size() / static_cast<size_t>(dp);
+          std::vector<int64_t> lengths;
+          for (size_t i = d * n; i < (d + 1) * n; ++i) lengths.push_back(samples[i].length());
+          EXPECT_EQ(r[static_cast<size_t>(world.rank())].step.microbatch_losses.size(),
+                    plan_microbatches(c, lengths, Pass::Train).size())
+              << loss << " " << layout << " dp " << dp << " cp " << cp;
+        });
+      }
+      for (const std::string layout : {"packed", "dynamic"}) {
+        for (size_t k = 0; k < got[layout].size(); ++k) {
+          const train::StepResult &want = got["fixed"][k].step, &step = got[layout][k].step;
+          const std::string what = loss + " " + layout + " dp " + std::to_string(dp) + " rank " + std::to_string(k);
+          EXPECT_NEAR(step.loss, want.loss, 1e-5 * (1 + std::abs(want.loss))) << what;
+          EXPECT_NEAR(step.grad_norm, want.grad_norm, 1e-5 * (1 + want.grad_norm)) << what;
+          EXPECT_EQ(step.valid_tokens, want.valid_tokens) << what;
+          EXPECT_GT(want.grad_norm, 0.0) << what;
+        }
+      }
+    }
+  }
 }
 
 TEST(PolicyWorker, ReferenceLogprobsEqualBeforeTrainingDifferAfterAndSwapBackExactly) {

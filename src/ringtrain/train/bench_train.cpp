@@ -39,8 +39,8 @@ void synchronize(Device d) {
   if (d.is_cuda()) cuda_synchronize(d.index);
 }
 
-// Random weights as transformers initialises them (N(0, 0.02) matrices, unit norms, zero biases), from a
-// counter-based hash (fast for a billion values).
+}  // namespace
+
 std::vector<float> random_weights(const model::ModelConfig& c, uint64_t seed) {
   const model::ParamLayout layout(c);
   std::vector<float> params(static_cast<size_t>(layout.total()));
@@ -51,8 +51,6 @@ std::vector<float> random_weights(const model::ModelConfig& c, uint64_t seed) {
   }
   return params;
 }
-
-}  // namespace
 
 model::ModelConfig llama_1b_config() {
   model::ModelConfig c;

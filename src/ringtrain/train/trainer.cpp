@@ -50,7 +50,7 @@ void all_reduce_sum(comm::Communicator& group, std::vector<double>& values) {
 
 // One microbatch padded to its longest sequence, row-major [batch, seq], in the losses' form.
 struct Micro {
-  int64_t first = 0;  // index of its first sequence in the global batch
+  std::vector<int64_t> index;  // its sequences' indices in the global batch, in row order
   int64_t batch = 0, seq = 0;
   model::TokenBatch tokens;
   std::vector<uint8_t> token_mask, sample_mask;
@@ -59,38 +59,77 @@ struct Micro {
   TokenMasks masks() const { return {batch, seq, token_mask, sample_mask}; }
 };
 
-// Pads per-sequence values of sequences [first, first + batch) to [batch * seq]; empty stays empty.
-std::vector<double> pad(const std::vector<std::vector<float>>& per_seq, int64_t first, int64_t batch, int64_t seq) {
+// Pads per-sequence values of the sequences `index` to [batch * seq]; empty stays empty.
+std::vector<double> pad(const std::vector<std::vector<float>>& per_seq, const std::vector<int64_t>& index,
+                        int64_t seq) {
   if (per_seq.empty()) return {};
-  std::vector<double> out(static_cast<size_t>(batch * seq), 0.0);
-  for (int64_t b = 0; b < batch; ++b) {
-    const std::vector<float>& v = per_seq[first + b];
-    for (size_t p = 0; p < v.size(); ++p) out[b * seq + p] = v[p];
+  std::vector<double> out(index.size() * static_cast<size_t>(seq), 0.0);
+  for (size_t b = 0; b < index.size(); ++b) {
+    const std::vector<float>& v = per_seq[static_cast<size_t>(index[b])];
+    for (size_t p = 0; p < v.size(); ++p) out[b * static_cast<size_t>(seq) + p] = v[p];
   }
   return out;
 }
 
-Micro make_micro(const TrainBatch& tb, int64_t first, int64_t count) {
+Micro make_micro(const TrainBatch& tb, std::vector<int64_t> index, bool packed) {
   Micro m;
-  m.first = first;
-  m.batch = count;
-  for (int64_t b = 0; b < count; ++b) {
-    m.tokens.sequences.push_back(tb.sequences[first + b]);
-    m.seq = std::max<int64_t>(m.seq, static_cast<int64_t>(tb.sequences[first + b].size()));
+  m.index = std::move(index);
+  m.batch = static_cast<int64_t>(m.index.size());
+  m.tokens.packed = packed;
+  for (int64_t i : m.index) {
+    m.tokens.sequences.push_back(tb.sequences[i]);
+    m.seq = std::max<int64_t>(m.seq, static_cast<int64_t>(tb.sequences[i].size()));
   }
   m.token_mask.assign(static_cast<size_t>(m.batch * m.seq), 0);
   m.sample_mask.assign(static_cast<size_t>(m.batch), 1);
-  for (int64_t b = 0; b < count; ++b) {
-    const size_t len = tb.sequences[first + b].size();
-    for (size_t p = 0; p < len; ++p)
-      m.token_mask[b * m.seq + p] = tb.token_mask.empty() ? 1 : tb.token_mask[first + b][p];
-    if (!tb.sample_mask.empty()) m.sample_mask[b] = tb.sample_mask[first + b];
+  for (int64_t b = 0; b < m.batch; ++b) {
+    const int64_t i = m.index[b];
+    const size_t len = tb.sequences[i].size();
+    for (size_t p = 0; p < len; ++p) m.token_mask[b * m.seq + p] = tb.token_mask.empty() ? 1 : tb.token_mask[i][p];
+    if (!tb.sample_mask.empty()) m.sample_mask[b] = tb.sample_mask[i];
   }
-  m.advantages = pad(tb.advantages, first, count, m.seq);
-  m.prev = pad(tb.prev_logprobs, first, count, m.seq);
-  m.ref = pad(tb.ref_logprobs, first, count, m.seq);
-  m.gen = pad(tb.gen_logprobs, first, count, m.seq);
+  m.advantages = pad(tb.advantages, m.index, m.seq);
+  m.prev = pad(tb.prev_logprobs, m.index, m.seq);
+  m.ref = pad(tb.ref_logprobs, m.index, m.seq);
+  m.gen = pad(tb.gen_logprobs, m.index, m.seq);
   return m;
+}
+
+// This rank's microbatches over sequences [first, last) of the batch: the planner's, checked, or consecutive runs.
+std::vector<std::vector<int64_t>> plan_micros(const TrainerConfig& cfg, const TrainBatch& tb, int64_t first,
+                                              int64_t last) {
+  std::vector<std::vector<int64_t>> out;
+  if (!cfg.plan) {
+    for (int64_t s = first; s < last; s += cfg.micro_batch_size) {
+      out.emplace_back();
+      for (int64_t i = s; i < std::min(s + cfg.micro_batch_size, last); ++i) out.back().push_back(i);
+    }
+    return out;
+  }
+  if (first == last) return out;
+  std::vector<int64_t> lengths;
+  for (int64_t i = first; i < last; ++i) lengths.push_back(static_cast<int64_t>(tb.sequences[i].size()));
+  out = cfg.plan(lengths);
+  const bool dpo = cfg.loss.kind == LossKind::DPO;
+  std::vector<bool> seen(lengths.size(), false);
+  for (size_t m = 0; m < out.size(); ++m) {
+    RT_CHECK(!out[m].empty(), "trainer: the microbatch plan's microbatch ", m, " is empty");
+    int64_t before = -1;
+    for (size_t k = 0; k < out[m].size(); ++k) {
+      const int64_t i = out[m][k];
+      RT_CHECK(i >= 0 && i < last - first && !seen[i], "trainer: the microbatch plan names sequence ", i,
+               " of ", last - first, " twice or out of range");
+      // DPO rows pair up as (chosen, rejected) inside a microbatch: the part starts at an even index.
+      RT_CHECK(!dpo || (k % 2 == 0 ? i % 2 == 0 : i == before + 1),
+               "trainer: the microbatch plan splits a DPO pair (sequence ", i, ")");
+      seen[i] = true;
+      before = i;
+      out[m][k] = first + i;
+    }
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    RT_CHECK(seen[i], "trainer: the microbatch plan leaves out sequence ", i, " of this rank's ", seen.size());
+  return out;
 }
 
 void check_per_token(const TrainBatch& tb, const std::vector<std::vector<float>>& field, const char* name,
@@ -281,8 +320,8 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   const int64_t d = mesh_->dp_index(), dp = mesh_->dp();
   const int64_t first = units * d / dp * unit, last = units * (d + 1) / dp * unit;
   std::vector<Micro> micros;
-  for (int64_t s = first; s < last; s += cfg_.micro_batch_size)
-    micros.push_back(make_micro(batch, s, std::min(cfg_.micro_batch_size, last - s)));
+  for (std::vector<int64_t>& index : plan_micros(cfg_, batch, first, last))
+    micros.push_back(make_micro(batch, std::move(index), cfg_.packed));
 
   // 2. Global counts over dp (the ranks of a cp group hold the same sequences).
   std::vector<double> counts(4, 0.0);  // tokens, sequences, DPO pairs, DPO chosen tokens

@@ -47,8 +47,14 @@ struct TrainBatch {
   std::vector<std::vector<float>> advantages, prev_logprobs, ref_logprobs, gen_logprobs;
 };
 
+// The microbatches of a dp rank's part of the batch, from its sequences' lengths: per microbatch, indices into the
+// part (each exactly once; DPO pairs (2k, 2k + 1) kept together, chosen first).
+using MicrobatchPlanner = std::function<std::vector<std::vector<int64_t>>(const std::vector<int64_t>& lengths)>;
+
 struct TrainerConfig {
-  int64_t micro_batch_size = 1;  // sequences per microbatch (even for DPO)
+  int64_t micro_batch_size = 1;  // sequences per microbatch (even for DPO) when there is no planner
+  MicrobatchPlanner plan;        // e.g. token-budget bins (worker/packing.h); empty: runs of micro_batch_size
+  bool packed = false;           // each microbatch as one packed row (TokenBatch::packed), not padded to its longest
   LossConfig loss;
   AdamWConfig adamw;
   ScheduleConfig schedule;

@@ -23,6 +23,15 @@ train::TrainerConfig trainer_config(const Config& c) {
            ": the worker's DPO loss weighs the preference term 1 (scale loss_fn.sft_loss_weight instead)");
   train::TrainerConfig t;
   t.micro_batch_size = c.policy.train_micro_batch_size * (c.loss_fn.type == LossType::Dpo ? 2 : 1);
+  // Packed bins or length buckets by token budget; fixed runs of micro_batch_size otherwise (the trainer's own).
+  if (c.policy.sequence_packing.enabled || c.policy.dynamic_batching.enabled) {
+    t.plan = [c](const std::vector<int64_t>& lengths) {
+      std::vector<std::vector<int64_t>> out;
+      for (Microbatch& mb : plan_microbatches(c, lengths, Pass::Train)) out.push_back(std::move(mb.sequences));
+      return out;
+    };
+  }
+  t.packed = c.policy.sequence_packing.enabled;
   const LossConfig& l = c.loss_fn;
   switch (l.type) {
     case LossType::Nll:
@@ -157,6 +166,7 @@ struct PolicyWorker::State {
     if (!mine.empty()) {
       for (const Microbatch& mb : plan_microbatches(config, lengths, Pass::Score)) {
         model::TokenBatch batch;
+        batch.packed = config.policy.sequence_packing.enabled;
         for (int64_t k : mb.sequences) batch.sequences.push_back(mine[static_cast<size_t>(k)]);
         model::TokenScores s = policy->score(batch, /*for_backward=*/false, with_entropy);
         for (size_t k = 0; k < mb.sequences.size(); ++k) {

@@ -55,16 +55,17 @@ class PolicyWorker {
   const train::Mesh& mesh() const;
 
   // Scores the samples: each dp rank its contiguous share, in the microbatches of plan_microbatches(Pass::Score)
-  // (logprob_batch_size sequences, length buckets, or packed bins); every rank returns the whole batch in input
-  // order. Checks every sample first (lengths within max_total_sequence_length, token ids, field lengths).
+  // (logprob_batch_size sequences, length buckets, or packed bins, each bin one packed row); every rank returns
+  // the whole batch in input order. Checks every sample first (lengths within max_total_sequence_length, token
+  // ids, field lengths).
   LogprobResult get_logprobs(const std::vector<Sample>& samples, bool with_entropy = false);
   // The same under the frozen reference weights (the weights the worker started from), kept in host memory and
   // swapped into the policy's buffers for the call: never a second copy on the GPU.
   LogprobResult get_reference_logprobs(const std::vector<Sample>& samples);
   // One optimizer step on the global batch (exactly train_global_batch_size sequences, DPO: pairs as consecutive
   // chosen, rejected) with the configured loss. prev_logprobs (clipped_pg) and reference_logprobs (dpo, or clipped_pg
-  // with a KL penalty) are computed here for samples that lack them. The trainer cuts each dp rank's part into
-  // microbatches of train_micro_batch_size units.
+  // with a KL penalty) are computed here for samples that lack them. Each dp rank's part goes in the microbatches of
+  // plan_microbatches(Pass::Train): train_micro_batch_size units, length buckets, or packed bins (one packed row each).
   TrainResult train(const std::vector<Sample>& samples);
 
   // Training state (checkpoint.h): weights, optimizer shards, counters, data position. load() leaves the reference
