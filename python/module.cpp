@@ -33,7 +33,9 @@ auto as_value_error(F&& f) {
 worker::Config read_config(const std::string& config, bool is_text, const std::string& source,
                            const std::vector<std::string>& overrides) {
   return as_value_error([&] {
-    return is_text ? worker::parse_config(config, source, overrides) : worker::load_config(config, overrides);
+    constexpr worker::ConfigUse use = worker::ConfigUse::Worker;  // the batches come from the Python loop
+    return is_text ? worker::parse_config(config, source, overrides, use)
+                   : worker::load_config(config, overrides, use);
   });
 }
 
