@@ -413,7 +413,8 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
         std::fill(v.begin(), v.end(), a);
       } else {
         for (int64_t p = 0; p < len; ++p)
-          v[static_cast<size_t>(p)] = finite(*get, get->values[static_cast<size_t>(b * S + p)], cat("[", b, ", ", p, "]"));
+          v[static_cast<size_t>(p)] =
+              finite(*get, get->values[static_cast<size_t>(b * S + p)], cat("[", b, ", ", p, "]"));
       }
     }
   }
@@ -442,7 +443,8 @@ py::array_t<float> padded(const std::vector<std::vector<float>>& values, int64_t
   std::fill(data, data + out.size(), 0.0f);
   for (size_t b = 0; b < values.size(); ++b) {
     const size_t n = std::min(values[b].size(), static_cast<size_t>(columns));
-    std::copy(values[b].begin(), values[b].begin() + static_cast<ptrdiff_t>(n), data + b * static_cast<size_t>(columns));
+    std::copy(values[b].begin(), values[b].begin() + static_cast<ptrdiff_t>(n),
+              data + b * static_cast<size_t>(columns));
   }
   return out;
 }

@@ -209,7 +209,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "resolve_config",
-      [](const std::string& config, bool is_text, const std::string& source, const std::vector<std::string>& overrides) {
+      [](const std::string& config, bool is_text, const std::string& source,
+         const std::vector<std::string>& overrides) {
         return worker::to_yaml(ringtrain::python::read_config(config, is_text, source, overrides));
       },
       py::arg("config"), py::arg("is_text"), py::arg("source"), py::arg("overrides"));

@@ -47,7 +47,9 @@ WorkerGroup::WorkerGroup(const worker::Config& config, std::chrono::milliseconds
     comms_ = comm::make_in_process_group(world, timeout);
   }
   workers_.resize(comms_.size());
-  run_ranks([&](int r) { workers_[static_cast<size_t>(r)] = std::make_unique<worker::PolicyWorker>(config, *comms_[r]); });
+  run_ranks([&](int r) {
+    workers_[static_cast<size_t>(r)] = std::make_unique<worker::PolicyWorker>(config, *comms_[static_cast<size_t>(r)]);
+  });
 }
 
 WorkerGroup::~WorkerGroup() {
