@@ -4,6 +4,7 @@
 // the ranks work.
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,7 @@ class Worker {
     worker::LogprobResult r;
     {
       py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
       group_->run([&](int i, worker::PolicyWorker& w) {
         worker::LogprobResult x = w.get_logprobs(b.samples, with_entropy);
         if (i == 0) r = std::move(x);
@@ -87,6 +89,7 @@ class Worker {
     worker::LogprobResult r;
     {
       py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
       group_->run([&](int i, worker::PolicyWorker& w) {
         worker::LogprobResult x = w.get_reference_logprobs(b.samples);
         if (i == 0) r = std::move(x);
@@ -103,6 +106,7 @@ class Worker {
     worker::TrainResult r;
     {
       py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
       group_->run([&](int i, worker::PolicyWorker& w) {
         worker::TrainResult x = w.train(b.samples);
         if (i == 0) r = std::move(x);
@@ -128,6 +132,7 @@ class Worker {
     train::TrainingProgress p;
     p.epoch = epoch, p.index = index, p.rng = rng;
     py::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_call(mu_);
     group_->run([&](int, worker::PolicyWorker& w) { w.save(dir, p); });
   }
 
@@ -135,6 +140,7 @@ class Worker {
     train::TrainingProgress p;
     {
       py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
       group_->run([&](int i, worker::PolicyWorker& w) {
         train::TrainingProgress x = w.load(dir);
         if (i == 0) p = x;
@@ -149,6 +155,7 @@ class Worker {
 
   void export_hf(const std::string& dir) {
     py::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_call(mu_);
     group_->run([&](int, worker::PolicyWorker& w) { w.export_hf(dir); });
   }
 
@@ -176,6 +183,7 @@ class Worker {
   worker::Config config_;
   model::ModelConfig model_;
   std::unique_ptr<WorkerGroup> group_;
+  std::mutex mu_;  // one call at a time: Python threads may share the worker while the GIL is released
 };
 
 }  // namespace

@@ -170,6 +170,13 @@ class TestMultiRank(unittest.TestCase):
         lp = w.get_logprobs({"input_ids": np.array([[1, 2, 3]])})["logprobs"]
         self.assertTrue(np.all(lp[0, 1:] < 0))
 
+    def test_a_failure_inside_the_ranks_names_the_rank_and_retires_the_worker(self):
+        w = ringtrain.PolicyWorker(GRPO_YAML, [f"train.seed={SEED}"])
+        with self.assertRaisesRegex(ringtrain.Error, r"rank \d: .*/nonexistent/checkpoint"):
+            w.load("/nonexistent/checkpoint")
+        with self.assertRaisesRegex(ringtrain.Error, "cannot be used any more"):
+            w.get_logprobs({"input_ids": np.array([[1, 2, 3]])})
+
 
 class TestBadInputs(unittest.TestCase):
     @classmethod
