@@ -217,6 +217,20 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
   }
 }
 
+TEST(WorkerConfig, AConfigForTheWorkerAloneNeedsNoData) {
+  const Config c = parse_config(kMinimal, "cfg.yaml", {"train.data=~"}, ConfigUse::Worker);
+  EXPECT_TRUE(c.train.data.empty());
+  EXPECT_NO_THROW(c.validate(ConfigUse::Worker));
+  EXPECT_THROW(c.validate(), Error);  // a run still needs it
+  // Every other check still runs.
+  try {
+    parse_config(kMinimal, "cfg.yaml", {"train.data=~", "policy.model_name="}, ConfigUse::Worker);
+    ADD_FAILURE() << "no error without policy.model_name";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("policy.model_name is required"), std::string::npos) << e.what();
+  }
+}
+
 TEST(WorkerConfig, TwoNamesOfTheCpSizeMustNotBothBeGiven) {
   const std::string both = parse_error(
       "policy:\n  model_name: builtin:tiny\n  precision: float32\n  dtensor_cfg: {context_parallel_size: 2}\n"

@@ -521,7 +521,7 @@ void apply_override(Config& c, const std::string& text) {
 }  // namespace
 
 Config parse_config(const std::string& yaml_text, const std::string& source,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, ConfigUse use) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -537,11 +537,11 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
   for (const std::string& o : overrides) apply_override(c, o);
   if (c.policy.precision == Precision::Auto)
     c.policy.precision = c.device.kind == DeviceKind::CPU ? Precision::Float32 : Precision::BFloat16;
-  c.validate();
+  c.validate(use);
   return c;
 }
 
-Config load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
+Config load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides, ConfigUse use) {
   std::error_code ec;
   const auto status = std::filesystem::status(file, ec);
   RT_CHECK(!ec && std::filesystem::exists(status), file.string(), ": no such config file");
@@ -549,7 +549,7 @@ Config load_config(const std::filesystem::path& file, const std::vector<std::str
   const uintmax_t size = std::filesystem::file_size(file, ec);
   RT_CHECK(!ec && size <= kMaxConfigBytes, file.string(), ": ", size, " bytes is too large for a config (at most ",
            kMaxConfigBytes, ")");
-  return parse_config(model::read_file(file), file.string(), overrides);
+  return parse_config(model::read_file(file), file.string(), overrides, use);
 }
 
 std::string to_yaml(const Config& c) {
@@ -584,10 +584,10 @@ std::string to_yaml(const Config& c) {
   return std::string(e.c_str()) + "\n";
 }
 
-void Config::validate() const {
+void Config::validate(ConfigUse use) const {
   RT_CHECK(!policy.model_name.empty(), "policy.model_name is required (a checkpoint folder or builtin:<name>)");
   if (is_builtin_model(policy.model_name)) resolve_model_config(policy);  // an unknown builtin name fails here
-  RT_CHECK(!train.data.empty() || !grpo.prompts.empty(),
+  RT_CHECK(use == ConfigUse::Worker || !train.data.empty() || !grpo.prompts.empty(),
            "train.data is required (a JSONL or .safetensors file), or grpo.prompts for a GRPO run");
   RT_CHECK(policy.dtensor_cfg.tensor_parallel_size == 1,
            "policy.dtensor_cfg.tensor_parallel_size = ", policy.dtensor_cfg.tensor_parallel_size,

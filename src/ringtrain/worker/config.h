@@ -139,6 +139,10 @@ struct GrpoConfig {
 // The device when the config names none (or says auto): the first GPU when this build can run on it, else the CPU.
 Device auto_device();
 
+// What a config is read for: a run of `ringtrain train` / `grpo` (its data: train.data or grpo.prompts is required),
+// or a worker alone (a loop outside, e.g. in Python, brings the batches: neither is required).
+enum class ConfigUse { Run, Worker };
+
 struct Config {
   PolicyConfig policy;
   LossConfig loss_fn;
@@ -150,7 +154,7 @@ struct Config {
 
   // Checks that need no model or data (mesh, batch divisibility, lengths, ranges across fields); errors name the
   // keys and values involved.
-  void validate() const;
+  void validate(ConfigUse use = ConfigUse::Run) const;
   // Checks against the model's config.json, before weights are read: heads divisible by cp for a2a, the lengths
   // within the model's positions and sliding window.
   void validate_against(const model::ModelConfig& model) const;
@@ -169,10 +173,11 @@ struct Config {
 
 // Reads FILE, applies the overrides in order ("a.b.c=VALUE", VALUE a YAML scalar or flow list), checks types and
 // ranges and runs validate(). Every error names FILE:LINE (or the override) and the key.
-Config load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
+Config load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {},
+                   ConfigUse use = ConfigUse::Run);
 // The same from YAML text; `source` names it in errors.
 Config parse_config(const std::string& yaml_text, const std::string& source,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, ConfigUse use = ConfigUse::Run);
 // The resolved config as YAML with every key (a comment per field with its doc); parse_config reads it back equal.
 std::string to_yaml(const Config& c);
 

@@ -204,7 +204,7 @@ struct PolicyWorker::State {
 
 PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world) : state_(std::make_unique<State>()) {
   State& s = *state_;
-  config.validate();
+  config.validate(ConfigUse::Worker);
   RT_CHECK(world.size() == config.parallel.world(), "parallel.dp x parallel.cp = ", config.parallel.dp, " x ",
            config.parallel.cp, " = ", config.parallel.world(), " ranks, but the world has ", world.size());
   RT_CHECK(config.device.is_cuda() == world.device().is_cuda(), "device = ", config.device.is_cuda() ? "cuda" : "cpu",

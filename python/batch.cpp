@@ -1,0 +1,452 @@
+#include "batch.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+#include "dlpack.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/core/tensor.h"
+
+namespace ringtrain::python {
+namespace {
+
+// The element types the module reads, whatever the source (DLPack or buffer protocol).
+enum class Elem { Bool, I8, I16, I32, I64, U8, U16, U32, U64, F16, BF16, F32, F64 };
+
+const char* elem_name(Elem e) {
+  switch (e) {
+    case Elem::Bool: return "bool";
+    case Elem::I8: return "int8";
+    case Elem::I16: return "int16";
+    case Elem::I32: return "int32";
+    case Elem::I64: return "int64";
+    case Elem::U8: return "uint8";
+    case Elem::U16: return "uint16";
+    case Elem::U32: return "uint32";
+    case Elem::U64: return "uint64";
+    case Elem::F16: return "float16";
+    case Elem::BF16: return "bfloat16";
+    case Elem::F32: return "float32";
+    case Elem::F64: return "float64";
+  }
+  return "?";
+}
+
+size_t elem_size(Elem e) {
+  switch (e) {
+    case Elem::Bool: case Elem::I8: case Elem::U8: return 1;
+    case Elem::I16: case Elem::U16: case Elem::F16: case Elem::BF16: return 2;
+    case Elem::I32: case Elem::U32: case Elem::F32: return 4;
+    case Elem::I64: case Elem::U64: case Elem::F64: return 8;
+  }
+  return 1;
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1f) {  // inf / NaN
+    const uint32_t bits = sign | 0x7f800000u | (mant << 13);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  const float magnitude = exp == 0 ? std::ldexp(static_cast<float>(mant), -24)
+                                   : std::ldexp(static_cast<float>(mant | 0x400u), static_cast<int>(exp) - 25);
+  return sign ? -magnitude : magnitude;
+}
+
+double element(const char* p, Elem e) {
+  const auto load = [p](auto v) {
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  switch (e) {
+    case Elem::Bool: return load(uint8_t{}) != 0 ? 1.0 : 0.0;
+    case Elem::I8: return load(int8_t{});
+    case Elem::I16: return load(int16_t{});
+    case Elem::I32: return load(int32_t{});
+    case Elem::I64: return static_cast<double>(load(int64_t{}));
+    case Elem::U8: return load(uint8_t{});
+    case Elem::U16: return load(uint16_t{});
+    case Elem::U32: return load(uint32_t{});
+    case Elem::U64: return static_cast<double>(load(uint64_t{}));
+    case Elem::F16: return half_to_float(load(uint16_t{}));
+    case Elem::BF16: {
+      const uint32_t bits = static_cast<uint32_t>(load(uint16_t{})) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case Elem::F32: return load(float{});
+    case Elem::F64: return load(double{});
+  }
+  return 0;
+}
+
+// Reads a strided array (strides in bytes) into C order.
+HostArray gather(const std::string& key, const char* base, Elem e, const std::vector<int64_t>& shape,
+                 const std::vector<int64_t>& byte_strides) {
+  HostArray a;
+  a.key = key;
+  a.dtype = elem_name(e);
+  a.boolean = e == Elem::Bool;
+  a.floating = e == Elem::F16 || e == Elem::BF16 || e == Elem::F32 || e == Elem::F64;
+  a.integer = !a.boolean && !a.floating;
+  a.shape = shape;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  a.values.resize(static_cast<size_t>(n));
+  if (n == 0) return a;
+  const size_t nd = shape.size();
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0;
+    for (size_t d = 0; d < nd; ++d) off += idx[d] * byte_strides[d];
+    a.values[static_cast<size_t>(i)] = element(base + off, e);
+    for (size_t d = nd; d-- > 0;) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return a;
+}
+
+std::optional<Elem> dlpack_elem(const dl::DataType& t) {
+  if (t.lanes != 1) return std::nullopt;
+  switch (t.code) {
+    case dl::kBool: return t.bits == 8 ? std::optional(Elem::Bool) : std::nullopt;
+    case dl::kInt:
+      switch (t.bits) {
+        case 8: return Elem::I8;
+        case 16: return Elem::I16;
+        case 32: return Elem::I32;
+        case 64: return Elem::I64;
+      }
+      return std::nullopt;
+    case dl::kUInt:
+      switch (t.bits) {
+        case 8: return Elem::U8;
+        case 16: return Elem::U16;
+        case 32: return Elem::U32;
+        case 64: return Elem::U64;
+      }
+      return std::nullopt;
+    case dl::kFloat:
+      switch (t.bits) {
+        case 16: return Elem::F16;
+        case 32: return Elem::F32;
+        case 64: return Elem::F64;
+      }
+      return std::nullopt;
+    case dl::kBfloat: return t.bits == 16 ? std::optional(Elem::BF16) : std::nullopt;
+  }
+  return std::nullopt;
+}
+
+#ifdef RINGTRAIN_WITH_CUDA
+std::optional<DType> ringtrain_dtype(Elem e) {
+  switch (e) {
+    case Elem::F32: return DType::F32;
+    case Elem::F16: return DType::F16;
+    case Elem::BF16: return DType::BF16;
+    case Elem::F64: return DType::F64;
+    case Elem::I32: return DType::I32;
+    case Elem::I64: return DType::I64;
+    default: return std::nullopt;
+  }
+}
+#endif
+
+std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
+
+// nullopt: the producer could not export this array (NumPy's bool arrays), and the buffer protocol is there instead.
+std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
+  const py::tuple dev = obj.attr("__dlpack_device__")();
+  const int device_type = dev[0].cast<int>(), device_id = dev[1].cast<int>();
+  if (device_type != dl::kCPU && device_type != dl::kCUDAHost && device_type != dl::kCUDA)
+    throw py::value_error(cat(key, ": arrays on DLPack device type ", device_type,
+                              " are not supported (CPU and CUDA are)"));
+  py::object capsule;
+  try {
+    // Stream 1 = CUDA's legacy default stream: the producer orders its pending work on the tensor before it, and
+    // the copy below runs on it.
+    capsule = device_type == dl::kCUDA ? obj.attr("__dlpack__")(py::arg("stream") = 1) : obj.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    if (PyObject_CheckBuffer(obj.ptr())) return std::nullopt;
+    throw py::value_error(cat(key, ": __dlpack__() failed: ", e.what()));
+  }
+  auto* managed = static_cast<dl::ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  if (managed == nullptr) {
+    PyErr_Clear();
+    throw py::value_error(cat(key, ": __dlpack__() did not return a 'dltensor' capsule"));
+  }
+  PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // consumed: the deleter is ours to call
+  struct Release {
+    dl::ManagedTensor* m;
+    ~Release() {
+      if (m->deleter) m->deleter(m);
+    }
+  } release{managed};
+  const dl::Tensor& t = managed->dl_tensor;
+  const std::optional<Elem> elem = dlpack_elem(t.dtype);
+  if (!elem)
+    throw py::value_error(cat(key, ": unsupported dtype (DLPack code ", int(t.dtype.code), ", ", int(t.dtype.bits),
+                              " bits, ", t.dtype.lanes, " lanes)"));
+  std::vector<int64_t> shape(t.shape, t.shape + t.ndim), strides(static_cast<size_t>(t.ndim));
+  const int64_t size = static_cast<int64_t>(elem_size(*elem));
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.strides) {
+      strides[static_cast<size_t>(d)] = t.strides[d] * size;
+    } else {
+      strides[static_cast<size_t>(d)] = d == t.ndim - 1 ? size : strides[static_cast<size_t>(d) + 1] * shape[d + 1];
+    }
+  }
+  const char* base = static_cast<const char*>(t.data) + t.byte_offset;
+  if (device_type != dl::kCUDA) return gather(key, base, *elem, shape, strides);
+#ifdef RINGTRAIN_WITH_CUDA
+  // The worker takes host vectors: a CUDA tensor is copied to host memory here (a device-to-host copy).
+  const std::optional<DType> dtype = ringtrain_dtype(*elem);
+  if (!dtype)
+    throw py::value_error(cat(key, ": a CUDA tensor of dtype ", elem_name(*elem),
+                              " (CUDA tensors must be float16/bfloat16/float32/float64/int32/int64; or pass .cpu())"));
+  if (t.ndim > kMaxDims) throw py::value_error(cat(key, ": ", t.ndim, " dimensions"));
+  TensorView src, dst;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<char> host(static_cast<size_t>(n) * static_cast<size_t>(size));
+  if (n == 0) return gather(key, host.data(), *elem, shape, std::vector<int64_t>(shape.size(), size));
+  src.data = const_cast<char*>(base), src.dtype = *dtype, src.device = Device::cuda(device_id), src.ndim = t.ndim;
+  dst.data = host.data(), dst.dtype = *dtype, dst.device = Device::cpu(), dst.ndim = t.ndim;
+  std::vector<int64_t> compact(shape.size());
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    const size_t u = static_cast<size_t>(d);
+    src.shape[u] = dst.shape[u] = shape[u];
+    src.stride[u] = strides[u] / size;
+    dst.stride[u] = d == t.ndim - 1 ? 1 : dst.stride[u + 1] * shape[u + 1];
+    compact[u] = dst.stride[u] * size;
+  }
+  {
+    py::gil_scoped_release unlocked;
+    copy(dst, src);
+  }
+  return gather(key, host.data(), *elem, shape, compact);
+#else
+  (void)device_id;
+  throw py::value_error(cat(key, ": a CUDA tensor, but this build of ringtrain has no CUDA (pass .cpu() tensors)"));
+#endif
+}
+
+HostArray read_buffer(py::handle obj, const std::string& key) {
+  const py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
+  std::string format = info.format;
+  if (!format.empty() && (format[0] == '<' || format[0] == '=' || format[0] == '@')) format.erase(0, 1);
+  std::optional<Elem> elem;
+  if (format.size() == 1) {
+    const bool is_signed = std::islower(static_cast<unsigned char>(format[0])) != 0;
+    switch (format[0]) {
+      case '?': elem = Elem::Bool; break;
+      case 'e': elem = Elem::F16; break;
+      case 'f': elem = Elem::F32; break;
+      case 'd': elem = Elem::F64; break;
+      case 'b': case 'B': case 'h': case 'H': case 'i': case 'I': case 'l': case 'L': case 'q': case 'Q':
+        switch (info.itemsize) {
+          case 1: elem = is_signed ? Elem::I8 : Elem::U8; break;
+          case 2: elem = is_signed ? Elem::I16 : Elem::U16; break;
+          case 4: elem = is_signed ? Elem::I32 : Elem::U32; break;
+          case 8: elem = is_signed ? Elem::I64 : Elem::U64; break;
+        }
+        break;
+    }
+  }
+  if (!elem || elem_size(*elem) != static_cast<size_t>(info.itemsize))
+    throw py::value_error(cat(key, ": unsupported element format '", info.format, "' (", info.itemsize, " bytes)"));
+  std::vector<int64_t> shape(info.shape.begin(), info.shape.end()), strides(info.strides.begin(), info.strides.end());
+  return gather(key, static_cast<const char*>(info.ptr), *elem, shape, strides);
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) out += cat(i ? ", " : "", s[i]);
+  return out + (s.size() == 1 ? ",)" : ")");
+}
+
+const std::vector<std::string> kKeys = {"input_ids",     "input_lengths",       "token_mask",    "sample_mask",
+                                        "advantages",    "generation_logprobs", "prev_logprobs", "reference_logprobs"};
+
+std::string known_keys() {
+  std::string s;
+  for (const std::string& k : kKeys) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+}  // namespace
+
+HostArray read_array(py::handle obj, const std::string& key) {
+  if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
+    py::object array;
+    try {
+      array = py::module_::import("numpy").attr("asarray")(obj);
+    } catch (py::error_already_set& e) {
+      throw py::value_error(cat(key, ": cannot make an array of this ", type_name(obj), ": ", e.what()));
+    }
+    return read_array(array, key);
+  }
+  if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__"))
+    if (std::optional<HostArray> a = read_dlpack(obj, key)) return std::move(*a);
+  if (PyObject_CheckBuffer(obj.ptr())) return read_buffer(obj, key);
+  throw py::type_error(cat(key, ": expected an array (NumPy, PyTorch, __dlpack__ or the buffer protocol), got ",
+                           type_name(obj)));
+}
+
+Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t vocab, const std::string& what) {
+  if (!py::isinstance<py::dict>(batch_obj) && !py::hasattr(batch_obj, "keys"))
+    throw py::type_error(cat(what, ": the batch must be a dict of arrays, got ", type_name(batch_obj)));
+  const py::dict batch = py::isinstance<py::dict>(batch_obj) ? py::reinterpret_borrow<py::dict>(batch_obj)
+                                                              : py::dict(py::reinterpret_borrow<py::object>(batch_obj));
+  std::map<std::string, HostArray> arrays;
+  for (const auto& [k, v] : batch) {
+    if (!py::isinstance<py::str>(k))
+      throw py::type_error(cat(what, ": batch keys must be strings, got ", type_name(k)));
+    const std::string key = k.cast<std::string>();
+    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end())
+      throw py::value_error(cat(what, ": unknown batch key '", key, "' (the keys are ", known_keys(), ")"));
+    arrays.emplace(key, read_array(v, cat(what, ": ", key)));
+  }
+  const auto it = arrays.find("input_ids");
+  if (it == arrays.end()) throw py::value_error(cat(what, ": the batch has no 'input_ids'"));
+  const HostArray& ids = it->second;
+  const auto fail = [&](const HostArray& a, const std::string& why) { throw py::value_error(cat(a.key, ": ", why)); };
+  if (!ids.integer) fail(ids, cat("expected an integer dtype, got ", ids.dtype));
+  if (ids.shape.size() != 2) fail(ids, cat("expected shape [B, S], got ", shape_str(ids.shape)));
+  const int64_t B = ids.shape[0], S = ids.shape[1];
+  if (B < 1 || S < 1) fail(ids, cat("the batch is empty (shape ", shape_str(ids.shape), ")"));
+
+  const auto check_shape = [&](const HostArray& a, bool per_token, bool per_sequence) {
+    const bool token_shape = a.shape == std::vector<int64_t>{B, S}, seq_shape = a.shape == std::vector<int64_t>{B};
+    if ((per_token && token_shape) || (per_sequence && seq_shape)) return;
+    fail(a, cat("shape ", shape_str(a.shape), " does not match input_ids ", shape_str(ids.shape), ": expected ",
+                per_token && per_sequence ? cat("[B, S] = ", shape_str({B, S}), " or [B] = ", shape_str({B}))
+                : per_token               ? cat("[B, S] = ", shape_str({B, S}))
+                                          : cat("[B] = ", shape_str({B}))));
+  };
+  const HostArray* get = nullptr;
+  const auto field = [&](const char* key) -> const HostArray* {
+    const auto f = arrays.find(key);
+    return f == arrays.end() ? nullptr : &f->second;
+  };
+
+  std::vector<int64_t> lengths(static_cast<size_t>(B), S);
+  if ((get = field("input_lengths"))) {
+    if (!get->integer) fail(*get, cat("expected an integer dtype, got ", get->dtype));
+    check_shape(*get, false, true);
+    for (int64_t b = 0; b < B; ++b) {
+      const double l = get->values[static_cast<size_t>(b)];
+      if (l < 1 || l > static_cast<double>(S))
+        fail(*get, cat("input_lengths[", b, "] = ", l, " is not in [1, S = ", S, "]"));
+      lengths[static_cast<size_t>(b)] = static_cast<int64_t>(l);
+    }
+  }
+  const int64_t max_length = config.policy.max_total_sequence_length;
+  Batch out;
+  out.columns = S;
+  out.samples.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = lengths[static_cast<size_t>(b)];
+    if (len > max_length)
+      fail(ids, cat("sample ", b, " has ", len, " tokens; policy.max_total_sequence_length allows 1 to ", max_length));
+    worker::Sample& s = out.samples[static_cast<size_t>(b)];
+    s.input_ids.resize(static_cast<size_t>(len));
+    for (int64_t p = 0; p < len; ++p) {
+      const double t = ids.values[static_cast<size_t>(b * S + p)];
+      if (!(t >= 0 && t < static_cast<double>(vocab)))
+        fail(ids, cat("input_ids[", b, ", ", p, "] = ", static_cast<int64_t>(t), " is not a token id in [0, ", vocab,
+                      ")"));
+      s.input_ids[static_cast<size_t>(p)] = static_cast<int32_t>(t);
+    }
+    s.token_mask.assign(static_cast<size_t>(len), 1.0f);
+  }
+
+  const auto zero_one = [&](const HostArray& a, double v, const std::string& at) {
+    if (v != 0.0 && v != 1.0) fail(a, cat(a.key.substr(a.key.rfind(' ') + 1), at, " = ", v, ": expected 0 or 1"));
+    return static_cast<float>(v);
+  };
+  if ((get = field("token_mask"))) {
+    check_shape(*get, true, false);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t p = 0; p < lengths[static_cast<size_t>(b)]; ++p)
+        out.samples[static_cast<size_t>(b)].token_mask[static_cast<size_t>(p)] =
+            zero_one(*get, get->values[static_cast<size_t>(b * S + p)], cat("[", b, ", ", p, "]"));
+  }
+  if ((get = field("sample_mask"))) {
+    check_shape(*get, false, true);
+    for (int64_t b = 0; b < B; ++b)
+      out.samples[static_cast<size_t>(b)].sample_mask =
+          zero_one(*get, get->values[static_cast<size_t>(b)], cat("[", b, "]"));
+  }
+  const auto finite = [&](const HostArray& a, double v, const std::string& at) {
+    if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max())
+      fail(a, cat(a.key.substr(a.key.rfind(' ') + 1), at, " = ", v, ": not a finite float32"));
+    return static_cast<float>(v);
+  };
+  const std::pair<const char*, std::vector<float> worker::Sample::*> float_fields[] = {
+      {"advantages", &worker::Sample::advantages},
+      {"generation_logprobs", &worker::Sample::generation_logprobs},
+      {"prev_logprobs", &worker::Sample::prev_logprobs},
+      {"reference_logprobs", &worker::Sample::reference_logprobs}};
+  for (const auto& [key, member] : float_fields) {
+    if (!(get = field(key))) continue;
+    if (!get->floating) fail(*get, cat("expected a floating dtype, got ", get->dtype));
+    const bool per_sequence_ok = std::string(key) == "advantages";
+    check_shape(*get, true, per_sequence_ok);
+    const bool per_sequence = get->shape.size() == 1;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = lengths[static_cast<size_t>(b)];
+      std::vector<float>& v = out.samples[static_cast<size_t>(b)].*member;
+      v.resize(static_cast<size_t>(len));
+      if (per_sequence) {
+        const float a = finite(*get, get->values[static_cast<size_t>(b)], cat("[", b, "]"));
+        std::fill(v.begin(), v.end(), a);
+      } else {
+        for (int64_t p = 0; p < len; ++p)
+          v[static_cast<size_t>(p)] =
+              finite(*get, get->values[static_cast<size_t>(b * S + p)], cat("[", b, ", ", p, "]"));
+      }
+    }
+  }
+  return out;
+}
+
+void check_train_batch(const Batch& batch, const worker::Config& c) {
+  const bool dpo = c.loss_fn.type == worker::LossType::Dpo, pg = c.loss_fn.type == worker::LossType::ClippedPg;
+  const int64_t n = static_cast<int64_t>(batch.samples.size());
+  if (dpo && n % 2 != 0)
+    throw py::value_error(cat("train: input_ids: a DPO batch holds pairs (chosen, rejected) as consecutive rows; got ",
+                              n, " rows"));
+  const int64_t units = dpo ? n / 2 : n;
+  if (units != c.policy.train_global_batch_size)
+    throw py::value_error(cat("train: input_ids: the batch holds ", units, dpo ? " pairs" : " sequences",
+                              "; policy.train_global_batch_size = ", c.policy.train_global_batch_size));
+  if (pg && batch.samples[0].advantages.empty())
+    throw py::value_error("train: loss_fn.type clipped_pg needs 'advantages' in the batch");
+  if (pg && c.loss_fn.use_importance_sampling_correction && batch.samples[0].generation_logprobs.empty())
+    throw py::value_error("train: loss_fn.use_importance_sampling_correction needs 'generation_logprobs' in the batch");
+}
+
+py::array_t<float> padded(const std::vector<std::vector<float>>& values, int64_t columns) {
+  py::array_t<float> out({static_cast<py::ssize_t>(values.size()), static_cast<py::ssize_t>(columns)});
+  float* data = out.mutable_data();
+  std::fill(data, data + out.size(), 0.0f);
+  for (size_t b = 0; b < values.size(); ++b) {
+    const size_t n = std::min(values[b].size(), static_cast<size_t>(columns));
+    std::copy(values[b].begin(), values[b].begin() + static_cast<ptrdiff_t>(n),
+              data + b * static_cast<size_t>(columns));
+  }
+  return out;
+}
+
+}  // namespace ringtrain::python

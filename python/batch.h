@@ -1,0 +1,56 @@
+// Batches between Python and the worker: a dict of [B, S] arrays (NumPy, PyTorch, anything with __dlpack__ or the
+// buffer protocol, or nested lists) becomes worker::Samples, checked key by key (errors name the key, the sample
+// and the position), and per-sequence results become [B, S] float32 NumPy arrays padded with 0.
+//
+// Keys (data.h's JSONL fields, padded to S columns):
+//   input_ids            [B, S] integers, required; token ids in [0, vocab) within each row's length
+//   input_lengths        [B] integers in [1, S]; default S for every row (entries past a row's length are ignored)
+//   token_mask           [B, S] 0/1 (bool, integer or float): token p is a loss target; default 1
+//   sample_mask          [B] 0/1: 0 leaves the sequence out of the loss; default 1
+//   advantages           [B, S] per token, or [B] one number per sequence (floating)
+//   generation_logprobs, prev_logprobs, reference_logprobs   [B, S] floating, entry 0 unused
+// CUDA tensors are copied to host memory (the worker takes host vectors): there is no zero-copy path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "ringtrain/worker/config.h"
+#include "ringtrain/worker/data.h"
+
+namespace ringtrain::python {
+
+namespace py = pybind11;
+
+// One array as the module read it: C-order values widened to double (exact for every integer a token id can be).
+struct HostArray {
+  std::string key;
+  std::string dtype;  // "int64", "float32", "bool", ...
+  bool integer = false, floating = false, boolean = false;
+  std::vector<int64_t> shape;
+  std::vector<double> values;
+};
+
+// Reads any array-like object; errors (ValueError / TypeError) name `key`. Needs the GIL.
+HostArray read_array(py::handle obj, const std::string& key);
+
+struct Batch {
+  std::vector<worker::Sample> samples;
+  int64_t columns = 0;  // S of the caller's arrays: the width of the results
+};
+
+// The samples of a batch dict, checked against the model's vocabulary and policy.max_total_sequence_length.
+// `what` names the call in errors ("get_logprobs: batch['input_ids']: ..."). Raises ValueError / TypeError.
+Batch read_batch(py::handle batch, const worker::Config& config, int64_t vocab, const std::string& what);
+
+// What train() checks before the ranks start: the batch size and the fields the configured loss needs.
+void check_train_batch(const Batch& batch, const worker::Config& config);
+
+// [B, columns] float32, row b = values[b] then zeros.
+py::array_t<float> padded(const std::vector<std::vector<float>>& values, int64_t columns);
+
+}  // namespace ringtrain::python

@@ -1,0 +1,233 @@
+// ringtrain._core: the policy worker for Python (ringtrain/__init__.py wraps it). Config errors and bad batches
+// raise ValueError / TypeError before any rank starts; errors of the worker itself raise ringtrain.Error (a
+// RuntimeError; ringtrain.CommError for communicator failures) with the C++ message. The GIL is released while
+// the ranks work.
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "batch.h"
+#include "ranks.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/worker/config.h"
+#include "ringtrain/worker/data.h"
+#include "ringtrain/worker/policy_worker.h"
+
+namespace ringtrain::python {
+namespace {
+
+// Config errors (unknown key, bad value, a model that does not fit the config) as ValueError.
+template <typename F>
+auto as_value_error(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+worker::Config read_config(const std::string& config, bool is_text, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  return as_value_error([&] {
+    constexpr worker::ConfigUse use = worker::ConfigUse::Worker;  // the batches come from the Python loop
+    return is_text ? worker::parse_config(config, source, overrides, use)
+                   : worker::load_config(config, overrides, use);
+  });
+}
+
+const char* dtype_label(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::BF16: return "bfloat16";
+    case DType::F16: return "float16";
+    case DType::F64: return "float64";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+  }
+  return "?";
+}
+
+class Worker {
+ public:
+  Worker(const std::string& config, bool is_text, const std::string& source, const std::vector<std::string>& overrides,
+         double timeout_s)
+      : config_(read_config(config, is_text, source, overrides)) {
+    model_ = as_value_error([&] {
+      model::ModelConfig m = worker::resolve_model_config(config_.policy);
+      config_.validate_against(m);
+      return m;
+    });
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    py::gil_scoped_release unlocked;
+    group_ = std::make_unique<WorkerGroup>(config_, timeout);
+  }
+
+  py::dict get_logprobs(py::handle batch, bool with_entropy) {
+    const Batch b = read_batch(batch, config_, model_.vocab, "get_logprobs");
+    worker::LogprobResult r;
+    {
+      py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
+      group_->run([&](int i, worker::PolicyWorker& w) {
+        worker::LogprobResult x = w.get_logprobs(b.samples, with_entropy);
+        if (i == 0) r = std::move(x);
+      });
+    }
+    py::dict out;
+    out["logprobs"] = padded(r.logprobs, b.columns);
+    if (with_entropy) out["entropy"] = padded(r.entropy, b.columns);
+    return out;
+  }
+
+  py::dict get_reference_logprobs(py::handle batch) {
+    const Batch b = read_batch(batch, config_, model_.vocab, "get_reference_logprobs");
+    worker::LogprobResult r;
+    {
+      py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
+      group_->run([&](int i, worker::PolicyWorker& w) {
+        worker::LogprobResult x = w.get_reference_logprobs(b.samples);
+        if (i == 0) r = std::move(x);
+      });
+    }
+    py::dict out;
+    out["reference_logprobs"] = padded(r.logprobs, b.columns);
+    return out;
+  }
+
+  py::dict train(py::handle batch) {
+    const Batch b = read_batch(batch, config_, model_.vocab, "train");
+    check_train_batch(b, config_);
+    worker::TrainResult r;
+    {
+      py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
+      group_->run([&](int i, worker::PolicyWorker& w) {
+        worker::TrainResult x = w.train(b.samples);
+        if (i == 0) r = std::move(x);
+      });
+    }
+    py::dict out, metrics;
+    out["step"] = r.step.step;
+    out["loss"] = r.step.loss;
+    out["grad_norm"] = r.step.grad_norm;
+    out["lr"] = r.step.lr;
+    out["valid_tokens"] = r.step.valid_tokens;
+    out["valid_sequences"] = r.step.valid_sequences;
+    out["skipped"] = r.step.skipped;
+    out["tokens_per_second"] = r.tokens_per_second;
+    out["seconds"] = r.seconds;
+    out["microbatch_losses"] = r.step.microbatch_losses;
+    for (const train::Metric& m : r.step.metrics) metrics[py::str(m.name)] = m.value;
+    out["metrics"] = metrics;
+    return out;
+  }
+
+  void save(const std::string& dir, int64_t epoch, int64_t index, const std::string& rng) {
+    train::TrainingProgress p;
+    p.epoch = epoch, p.index = index, p.rng = rng;
+    py::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_call(mu_);
+    group_->run([&](int, worker::PolicyWorker& w) { w.save(dir, p); });
+  }
+
+  py::dict load(const std::string& dir) {
+    train::TrainingProgress p;
+    {
+      py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
+      group_->run([&](int i, worker::PolicyWorker& w) {
+        train::TrainingProgress x = w.load(dir);
+        if (i == 0) p = x;
+      });
+    }
+    py::dict out;
+    out["epoch"] = p.epoch;
+    out["index"] = p.index;
+    out["rng"] = p.rng;
+    return out;
+  }
+
+  void export_hf(const std::string& dir) {
+    py::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_call(mu_);
+    group_->run([&](int, worker::PolicyWorker& w) { w.export_hf(dir); });
+  }
+
+  py::list refit_info() {
+    py::list out;
+    for (const worker::RefitEntry& e : group_->lead().refit_info()) {
+      py::dict d;
+      d["name"] = e.name;
+      d["shape"] = py::tuple(py::cast(e.shape));
+      d["dtype"] = dtype_label(e.dtype);
+      out.append(d);
+    }
+    return out;
+  }
+
+  std::string config_yaml() const { return worker::to_yaml(config_); }
+  std::string model_config_json() const { return model::config_to_json(model_).dump(); }
+  int rank() const { return group_->rank(); }
+  int world_size() const { return group_->world_size(); }
+  int local_ranks() const { return group_->local_ranks(); }
+  std::string device() const { return device_name(config_.device); }
+  int64_t steps_taken() const { return group_->lead().trainer().steps_taken(); }
+
+ private:
+  worker::Config config_;
+  model::ModelConfig model_;
+  std::unique_ptr<WorkerGroup> group_;
+  std::mutex mu_;  // one call at a time: Python threads may share the worker while the GIL is released
+};
+
+}  // namespace
+}  // namespace ringtrain::python
+
+PYBIND11_MODULE(_core, m) {
+  namespace py = pybind11;
+  using namespace ringtrain;
+  using ringtrain::python::Worker;
+  m.doc() = "The C++ side of the ringtrain package (use `import ringtrain`).";
+  static py::exception<Error> error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<comm::CommError>(m, "CommError", error.ptr());
+
+  py::class_<Worker>(m, "PolicyWorker")
+      .def(py::init<const std::string&, bool, const std::string&, const std::vector<std::string>&, double>(),
+           py::arg("config"), py::arg("is_text"), py::arg("source"), py::arg("overrides"), py::arg("timeout_s"))
+      .def("get_logprobs", &Worker::get_logprobs, py::arg("batch"), py::arg("with_entropy") = false)
+      .def("get_reference_logprobs", &Worker::get_reference_logprobs, py::arg("batch"))
+      .def("train", &Worker::train, py::arg("batch"))
+      .def("save", &Worker::save, py::arg("dir"), py::arg("epoch"), py::arg("index"), py::arg("rng"))
+      .def("load", &Worker::load, py::arg("dir"))
+      .def("export_hf", &Worker::export_hf, py::arg("dir"))
+      .def("refit_info", &Worker::refit_info)
+      .def_property_readonly("config_yaml", &Worker::config_yaml)
+      .def_property_readonly("model_config_json", &Worker::model_config_json)
+      .def_property_readonly("rank", &Worker::rank)
+      .def_property_readonly("world_size", &Worker::world_size)
+      .def_property_readonly("local_ranks", &Worker::local_ranks)
+      .def_property_readonly("device", &Worker::device)
+      .def_property_readonly("steps_taken", &Worker::steps_taken);
+
+  m.def(
+      "resolve_config",
+      [](const std::string& config, bool is_text, const std::string& source,
+         const std::vector<std::string>& overrides) {
+        return worker::to_yaml(ringtrain::python::read_config(config, is_text, source, overrides));
+      },
+      py::arg("config"), py::arg("is_text"), py::arg("source"), py::arg("overrides"));
+
+  py::class_<worker::BatchSchedule>(m, "BatchSchedule",
+                                    "The order of global batches of `ringtrain train`: every epoch a permutation of "
+                                    "the units drawn from the seed, cut into global batches.")
+      .def(py::init<int64_t, int64_t, uint64_t>(), py::arg("units"), py::arg("global_batch"), py::arg("seed"))
+      .def_property_readonly("steps_per_epoch", &worker::BatchSchedule::steps_per_epoch)
+      .def("step_units", &worker::BatchSchedule::step_units, py::arg("step"),
+           "The units (rows of the data file; DPO: pairs) of global step `step` (0-based), in batch order.");
+}

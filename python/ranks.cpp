@@ -1,0 +1,116 @@
+#include "ranks.h"
+
+#include <exception>
+#include <thread>
+
+#include "ringtrain/comm/gpu_communicator.h"
+#include "ringtrain/comm/in_process.h"
+#include "ringtrain/comm/rendezvous.h"
+#include "ringtrain/core/error.h"
+
+namespace ringtrain::python {
+namespace {
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+bool is_comm_error(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const comm::CommError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
+
+WorkerGroup::WorkerGroup(const worker::Config& config, std::chrono::milliseconds timeout) {
+  const int world = static_cast<int>(config.parallel.world());
+  const comm::RankInfo info = comm::rank_info_from_environment();
+  if (config.device.is_cuda()) {
+    RT_CHECK(info.world == world, "parallel.dp x parallel.cp = ", world, " ranks, but this process is rank ", info.rank,
+             " of ", info.world, " (", info.source, "); start ", world,
+             " processes with torchrun or `ringtrain launch` (one per GPU)");
+    comms_.push_back(comm::make_gpu_communicator(info, timeout));
+  } else {
+    RT_CHECK(info.world == 1, "device cpu: the ranks are threads of one process, but this process is rank ", info.rank,
+             " of ", info.world, " (", info.source, " variables); run a single process");
+    comms_ = comm::make_in_process_group(world, timeout);
+  }
+  workers_.resize(comms_.size());
+  run_ranks([&](int r) {
+    workers_[static_cast<size_t>(r)] = std::make_unique<worker::PolicyWorker>(config, *comms_[static_cast<size_t>(r)]);
+  });
+}
+
+WorkerGroup::~WorkerGroup() {
+  workers_.clear();  // before the communicators they use
+  comms_.clear();
+}
+
+int WorkerGroup::rank() const { return comms_.front()->rank(); }
+int WorkerGroup::world_size() const { return comms_.front()->size(); }
+
+void WorkerGroup::run(const std::function<void(int, worker::PolicyWorker&)>& fn) {
+  run_ranks([&](int r) { fn(r, *workers_[static_cast<size_t>(r)]); });
+}
+
+void WorkerGroup::run_ranks(const std::function<void(int)>& fn) {
+  RT_CHECK(broken_.empty(), "this PolicyWorker cannot be used any more: ", broken_, "; make a new one");
+  const int n = static_cast<int>(comms_.size());
+  const bool collective = comms_.front()->size() > 1;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  const auto body = [&](int r) {
+    try {
+      fn(r);
+    } catch (...) {
+      errors[static_cast<size_t>(r)] = std::current_exception();
+      if (collective) comms_[static_cast<size_t>(r)]->abort(message_of(errors[static_cast<size_t>(r)]));
+    }
+  };
+  if (n == 1) {
+    body(0);
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      try {
+        threads.emplace_back(body, r);
+      } catch (const std::exception& e) {
+        for (auto& c : comms_) c->abort(e.what());
+        for (auto& t : threads) t.join();
+        broken_ = cat("cannot start the thread of rank ", r, ": ", e.what());
+        throw Error(broken_);
+      }
+    }
+    for (auto& t : threads) t.join();
+  }
+  // The root cause: the first rank whose error is not a communicator error (the others' waits failed because of it).
+  int root = -1;
+  for (int r = 0; r < n; ++r)
+    if (errors[static_cast<size_t>(r)] && (root < 0 || (is_comm_error(errors[static_cast<size_t>(root)]) &&
+                                                        !is_comm_error(errors[static_cast<size_t>(r)]))))
+      root = r;
+  if (root < 0) return;
+  if (!collective) std::rethrow_exception(errors[static_cast<size_t>(root)]);
+  const int global = comms_[static_cast<size_t>(root)]->rank();
+  broken_ = cat("rank ", global, " failed: ", message_of(errors[static_cast<size_t>(root)]));
+  try {
+    std::rethrow_exception(errors[static_cast<size_t>(root)]);
+  } catch (const comm::CommError& e) {
+    throw comm::CommError(cat("rank ", global, ": ", e.what()));
+  } catch (const std::exception& e) {
+    throw Error(cat("rank ", global, ": ", e.what()));
+  }
+}
+
+}  // namespace ringtrain::python

@@ -1,0 +1,170 @@
+"""ringtrain: the policy worker of the ringtrain engine for Python RL loops.
+
+    import ringtrain
+    worker = ringtrain.PolicyWorker("configs/grpo.yaml", ["train.seed=3"])
+    print(worker.get_logprobs({"input_ids": [[1, 2, 3, 4]]})["logprobs"])
+
+Batches are dicts of [B, S] arrays (NumPy arrays, PyTorch tensors, anything with ``__dlpack__`` or the buffer
+protocol, or nested lists), with the keys of the JSONL data rows (src/ringtrain/worker/data.h):
+
+    input_ids            [B, S] integers, required: token ids in [0, vocab) within each row's length
+    input_lengths        [B] integers in [1, S]; default S (entries past a row's length are ignored)
+    token_mask           [B, S] 0/1 (bool, integer or float): token p is a loss target; default 1
+    sample_mask          [B] 0/1: 0 leaves the sequence out of the loss; default 1
+    advantages           [B, S] per token, or [B] one per sequence (floating)
+    generation_logprobs  [B, S] the sampler's logprobs (floating; entry p scores token p, entry 0 unused)
+    prev_logprobs        [B, S] the policy's logprobs before the step (absent: the worker computes them)
+    reference_logprobs   [B, S] the reference policy's logprobs (absent: computed when the loss needs them)
+
+Results are [B, S] float32 arrays padded with 0 (position 0 and positions past a row's length are 0): NumPy arrays,
+or PyTorch tensors on the device of the inputs when the batch held PyTorch tensors. The worker computes on host
+vectors, so inputs are read into host memory and results are made in host memory: a CUDA tensor costs a
+device-to-host copy on the way in (ordered after the producer's work on its current stream through DLPack's
+stream argument) and a host-to-device copy on the way out. There is no zero-copy path.
+
+Ranks: with ``device: cpu`` every rank of the dp x cp mesh is a thread of this process (one process runs any
+world size; each call runs on all ranks and returns rank 0's results). With ``device: cuda`` each process is one
+rank, started by torchrun or ``ringtrain launch`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), and
+every process calls every method with the same arguments.
+
+Errors: a bad config or a bad batch raises ValueError (TypeError for objects that are not arrays), naming the key;
+a failure inside the worker raises ringtrain.Error (a RuntimeError) with the engine's message. The GIL is released
+while the worker runs.
+"""
+
+import json as _json
+import os as _os
+from collections.abc import Mapping as _Mapping
+
+from . import _core
+from ._core import BatchSchedule, CommError, Error
+
+__all__ = ["PolicyWorker", "BatchSchedule", "Error", "CommError", "load_config"]
+
+
+def _config_args(config, overrides):
+    if overrides is None:
+        overrides = []
+    elif isinstance(overrides, str):
+        raise TypeError("overrides: expected a list of 'key=value' strings, got a str")
+    overrides = list(overrides)
+    for o in overrides:
+        if not isinstance(o, str):
+            raise TypeError(f"overrides: expected 'key=value' strings, got {type(o).__name__}")
+    if isinstance(config, _Mapping):
+        # JSON is YAML: the dict goes through the same loader as a file, one key per line for the error positions.
+        return _json.dumps(config, indent=2), True, "<config dict>", overrides
+    if isinstance(config, (str, bytes, _os.PathLike)):
+        path = _os.fsdecode(config)
+        if not _os.path.isfile(path):
+            raise FileNotFoundError(f"config: no such file: {path}")
+        return path, False, path, overrides
+    raise TypeError(f"config: expected a YAML path or a dict, got {type(config).__name__}")
+
+
+def load_config(config, overrides=None):
+    """The resolved run config (every key, defaults filled in) as YAML text; raises ValueError like PolicyWorker."""
+    return _core.resolve_config(*_config_args(config, overrides))
+
+
+def _torch_device(batch):
+    """The device of the batch's PyTorch tensors (input_ids' first), or None when it holds none."""
+    if not isinstance(batch, _Mapping):
+        return None
+    values = [batch["input_ids"]] if "input_ids" in batch else []
+    values += list(batch.values())
+    for v in values:
+        if type(v).__module__.split(".")[0] == "torch":
+            return v.device
+    return None
+
+
+def _results(out, device):
+    if device is None:
+        return out
+    import torch  # only when the caller passed PyTorch tensors
+
+    return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
+
+
+class PolicyWorker:
+    """One policy worker per rank (all of this process's ranks on the CPU), made from a run config.
+
+    config: a YAML path (configs/*.yaml) or a dict with the same structure; overrides: dotted 'key=value' strings
+    applied after it (``["policy.train_micro_batch_size=2"]``). Every key is checked (an unknown key is a ValueError
+    naming it); the weights are the config's model (a checkpoint folder or builtin:<name>). timeout_s: how long a
+    rank waits for the others in a collective.
+    """
+
+    def __init__(self, config, overrides=None, *, timeout_s=600.0):
+        self._w = _core.PolicyWorker(*_config_args(config, overrides), float(timeout_s))
+
+    def get_logprobs(self, batch, with_entropy=False):
+        """{'logprobs': [B, S] float32} (and 'entropy' with with_entropy): entry p = log p(token p | tokens < p)."""
+        return _results(self._w.get_logprobs(batch, bool(with_entropy)), _torch_device(batch))
+
+    def get_reference_logprobs(self, batch):
+        """{'reference_logprobs': [B, S] float32} under the reference weights (the config's model as loaded)."""
+        return _results(self._w.get_reference_logprobs(batch), _torch_device(batch))
+
+    def train(self, batch):
+        """One optimizer step on exactly policy.train_global_batch_size sequences (DPO: pairs as consecutive rows,
+        chosen first). Returns a dict: step, loss, grad_norm, lr, valid_tokens, valid_sequences, skipped,
+        tokens_per_second, seconds, microbatch_losses (this process's first rank) and metrics (the loss's
+        metrics over the whole batch)."""
+        return self._w.train(batch)
+
+    def save(self, path, epoch=0, index=0, rng=""):
+        """Writes the training state (weights, optimizer shards, counters, the data position given) to path."""
+        self._w.save(_os.fsdecode(path), int(epoch), int(index), str(rng))
+
+    def load(self, path):
+        """Restores a state written by save() (the reference weights stay the config's model); returns the data
+        position {'epoch', 'index', 'rng'} saved with it."""
+        return self._w.load(_os.fsdecode(path))
+
+    def export_hf(self, path):
+        """Writes the current weights as a Hugging Face folder (config.json + model.safetensors)."""
+        self._w.export_hf(_os.fsdecode(path))
+
+    def refit_info(self):
+        """The tensors an inference engine receives, in layout order: [{'name', 'shape', 'dtype'}]."""
+        return self._w.refit_info()
+
+    @property
+    def config(self):
+        """The resolved run config as YAML text (every key)."""
+        return self._w.config_yaml
+
+    @property
+    def model_config(self):
+        """The model's config.json as a dict."""
+        return _json.loads(self._w.model_config_json)
+
+    @property
+    def rank(self):
+        """This process's (first) global rank."""
+        return self._w.rank
+
+    @property
+    def world_size(self):
+        """dp x cp ranks in all."""
+        return self._w.world_size
+
+    @property
+    def local_ranks(self):
+        """The ranks this process runs (the whole world on the CPU, one on a GPU)."""
+        return self._w.local_ranks
+
+    @property
+    def device(self):
+        return self._w.device
+
+    @property
+    def steps_taken(self):
+        """Optimizer steps taken (skipped ones included), restored by load()."""
+        return self._w.steps_taken
+
+    def __repr__(self):
+        return (f"ringtrain.PolicyWorker(device={self.device}, rank={self.rank}, world_size={self.world_size}, "
+                f"steps_taken={self.steps_taken})")

@@ -1,0 +1,357 @@
+"""The ringtrain module against the C++ CLI and against independent values: every method, dtypes, shapes, errors."""
+
+import json
+import math
+import os
+import struct
+import tempfile
+import unittest
+
+import numpy as np
+
+import ringtrain
+from common import (SEED, SOURCE_DIR, base_config, cli_logprobs, padded_ids, random_rows, read_jsonl,
+                    rows_to_batch, run_cli, write_config)
+
+GRPO_YAML = os.path.join(SOURCE_DIR, "configs", "grpo.yaml")
+GRPO_DATA = os.path.join(SOURCE_DIR, "configs", "data", "grpo.jsonl")
+SFT_YAML = os.path.join(SOURCE_DIR, "configs", "sft.yaml")
+SFT_DATA = os.path.join(SOURCE_DIR, "configs", "data", "sft.jsonl")
+
+
+def assert_valid_logprobs(test, lp, lengths, width):
+    test.assertIsInstance(lp, np.ndarray)
+    test.assertEqual(lp.dtype, np.float32)
+    test.assertEqual(lp.shape, (len(lengths), width))
+    test.assertTrue(np.all(np.isfinite(lp)), "a logprob is not finite")
+    test.assertTrue(np.all(lp <= 0))
+    for b, n in enumerate(lengths):
+        test.assertEqual(lp[b, 0], 0.0)
+        test.assertTrue(np.all(lp[b, n:] == 0), "padding is not 0")
+        if n > 1:
+            test.assertTrue(np.all(lp[b, 1:n] < 0), "a scored token has logprob 0")
+
+
+def assert_rows_close(test, got, rows_expected, tol=1e-6):
+    for b, exp in enumerate(rows_expected):
+        exp = np.asarray(exp, np.float64)
+        test.assertTrue(np.all(np.isfinite(exp)))
+        np.testing.assert_allclose(got[b, :len(exp)], exp, rtol=0, atol=tol, err_msg=f"row {b}")
+
+
+class TestConfig(unittest.TestCase):
+    def test_dict_and_yaml_file_load_the_same(self):
+        cfg = base_config()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_config(os.path.join(tmp, "c.yaml"), cfg)
+            from_file = ringtrain.load_config(path, ["policy.train_micro_batch_size=1"])
+        from_dict = ringtrain.load_config(cfg, ["policy.train_micro_batch_size=1"])
+        self.assertEqual(from_file, from_dict)
+        self.assertIn("train_micro_batch_size: 1", from_dict)
+        self.assertIn(f"seed: {SEED}", from_dict)
+
+    def test_overrides_reach_the_worker(self):
+        w = ringtrain.PolicyWorker(base_config(), ["policy.logprob_batch_size=2", "train.seed=5"])
+        self.assertIn("logprob_batch_size: 2", w.config)
+        self.assertIn("seed: 5", w.config)
+        self.assertEqual(w.model_config["vocab_size"], 256)
+        self.assertEqual((w.rank, w.world_size, w.local_ranks, w.device, w.steps_taken), (0, 1, 1, "cpu", 0))
+
+    def test_unknown_key_names_it(self):
+        cfg = base_config()
+        cfg["policy"]["train_micro_batchsize"] = 2
+        with self.assertRaisesRegex(ValueError, "policy.train_micro_batchsize"):
+            ringtrain.PolicyWorker(cfg)
+        with self.assertRaisesRegex(ValueError, "policy.logprob_batchsize"):
+            ringtrain.PolicyWorker(base_config(), ["policy.logprob_batchsize=2"])
+
+    def test_bad_values_and_arguments(self):
+        with self.assertRaisesRegex(ValueError, "policy.train_micro_batch_size"):
+            ringtrain.PolicyWorker(base_config(), ["policy.train_micro_batch_size=abc"])
+        with self.assertRaisesRegex(ValueError, "builtin:nope"):
+            ringtrain.PolicyWorker(base_config(model_name="builtin:nope"))
+        with self.assertRaises(FileNotFoundError):
+            ringtrain.PolicyWorker("/nonexistent/run.yaml")
+        with self.assertRaises(TypeError):
+            ringtrain.PolicyWorker(base_config(), "policy.train_micro_batch_size=2")
+        with self.assertRaises(TypeError):
+            ringtrain.PolicyWorker(42)
+
+
+class TestLogprobs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        config = base_config()
+        cls.worker = ringtrain.PolicyWorker(config)  # no train.data: the worker alone needs none
+        config["train"]["data"] = SFT_DATA  # `ringtrain logprobs --config` reads run files, which name their data
+        cls.config_path = write_config(os.path.join(cls.tmp.name, "run.yaml"), config)
+        cls.rng = np.random.default_rng(SEED)
+        cls.rows = random_rows(cls.rng, 7)
+        cls.cli = cli_logprobs(cls.config_path, cls.rows, cls.tmp.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_matches_the_cli(self):
+        ids, lengths = padded_ids(self.rows, rng=self.rng)
+        lp = self.worker.get_logprobs({"input_ids": ids, "input_lengths": lengths})["logprobs"]
+        assert_valid_logprobs(self, lp, lengths, ids.shape[1])
+        assert_rows_close(self, lp, self.cli)
+        # The scores depend on the tokens: two rows never agree and the CLI values are not all alike.
+        self.assertGreater(np.ptp(np.concatenate([np.asarray(c[1:]) for c in self.cli])), 0.1)
+
+    def test_dtypes_layouts_and_containers_agree(self):
+        ids, lengths = padded_ids(self.rows, fill=0)
+        want = self.worker.get_logprobs({"input_ids": ids, "input_lengths": lengths})["logprobs"]
+        for dtype in (np.int32, np.int64, np.int16, np.uint8, np.uint16, np.uint32, np.uint64):
+            got = self.worker.get_logprobs({"input_ids": ids.astype(dtype), "input_lengths": lengths.astype(dtype)})
+            np.testing.assert_array_equal(got["logprobs"], want, err_msg=str(dtype))
+        fortran = np.asfortranarray(ids)
+        strided = np.zeros((ids.shape[0] * 2, ids.shape[1] * 3), np.int64)[::2, ::3]
+        strided[...] = ids
+        for variant in (fortran, strided, memoryview(ids.astype(np.int32)), ids.tolist()):
+            got = self.worker.get_logprobs({"input_ids": variant, "input_lengths": list(lengths)})
+            np.testing.assert_array_equal(got["logprobs"], want, err_msg=type(variant).__name__)
+
+    def test_padding_and_masks_do_not_change_scores(self):
+        # input_lengths absent: every row is S long. Row b scored alone equals row b of a padded batch.
+        ids, lengths = padded_ids(self.rows, rng=self.rng)
+        batch = self.worker.get_logprobs({"input_ids": ids, "input_lengths": lengths,
+                                          "token_mask": self.rng.integers(0, 2, ids.shape).astype(bool)})["logprobs"]
+        for b in (0, 3):
+            alone = self.worker.get_logprobs({"input_ids": ids[b:b + 1, :lengths[b]]})["logprobs"]
+            self.assertEqual(alone.shape, (1, lengths[b]))
+            np.testing.assert_array_equal(alone[0], batch[b, :lengths[b]])
+
+    def test_entropy(self):
+        ids, lengths = padded_ids(self.rows, rng=self.rng)
+        out = self.worker.get_logprobs({"input_ids": ids, "input_lengths": lengths}, with_entropy=True)
+        self.assertEqual(sorted(out), ["entropy", "logprobs"])
+        assert_rows_close(self, out["logprobs"], self.cli)
+        ent = out["entropy"]
+        self.assertEqual((ent.dtype, ent.shape), (np.float32, ids.shape))
+        self.assertTrue(np.all(np.isfinite(ent)))
+        for b, n in enumerate(lengths):
+            self.assertTrue(np.all(ent[b, n:] == 0))
+            self.assertTrue(np.all(ent[b, 1:n] > 0) and np.all(ent[b, 1:n] <= math.log(256) + 1e-5))
+            # H = -sum p log p >= -log max p >= the logprob of any one token, negated: H >= 0 and a random token's
+            # -logprob is within [0, inf); a near-uniform random model has H close to log(vocab).
+            self.assertLess(abs(float(np.mean(ent[b, 1:n])) - math.log(256)), 1.0)
+
+    def test_reference_logprobs_are_the_starting_weights(self):
+        ids, lengths = padded_ids(self.rows, rng=self.rng)
+        ref = self.worker.get_reference_logprobs({"input_ids": ids, "input_lengths": lengths})
+        self.assertEqual(list(ref), ["reference_logprobs"])
+        assert_rows_close(self, ref["reference_logprobs"], self.cli)
+
+
+class TestMultiRank(unittest.TestCase):
+    """configs/grpo.yaml: cp = 2 (two in-process ranks), packed scoring; dp = 2 x cp = 2 through an override."""
+
+    def test_logprobs_match_the_cli(self):
+        rng = np.random.default_rng(SEED + 1)
+        rows = random_rows(rng, 6, max_len=200)
+        for overrides in ([f"train.seed={SEED}"], [f"train.seed={SEED}", "parallel.dp=2"]):
+            with self.subTest(overrides=overrides), tempfile.TemporaryDirectory() as tmp:
+                w = ringtrain.PolicyWorker(GRPO_YAML, overrides)
+                self.assertEqual((w.world_size, w.local_ranks), (2 * (1 + ("parallel.dp=2" in overrides)),) * 2)
+                cli = cli_logprobs(GRPO_YAML, rows, tmp, "--set", *overrides)
+                ids, lengths = padded_ids(rows, rng=rng, dtype=np.int32)
+                lp = w.get_logprobs({"input_ids": ids, "input_lengths": lengths})["logprobs"]
+                assert_valid_logprobs(self, lp, lengths, ids.shape[1])
+                assert_rows_close(self, lp, cli)
+
+    def test_bad_input_leaves_the_ranks_usable(self):
+        w = ringtrain.PolicyWorker(GRPO_YAML, [f"train.seed={SEED}"])
+        with self.assertRaisesRegex(ValueError, "input_ids"):
+            w.get_logprobs({"input_ids": np.array([[1, 999]])})
+        lp = w.get_logprobs({"input_ids": np.array([[1, 2, 3]])})["logprobs"]
+        self.assertTrue(np.all(lp[0, 1:] < 0))
+
+    def test_a_failure_inside_the_ranks_names_the_rank_and_retires_the_worker(self):
+        w = ringtrain.PolicyWorker(GRPO_YAML, [f"train.seed={SEED}"])
+        with self.assertRaisesRegex(ringtrain.Error, r"rank \d: .*/nonexistent/checkpoint"):
+            w.load("/nonexistent/checkpoint")
+        with self.assertRaisesRegex(ringtrain.Error, "cannot be used any more"):
+            w.get_logprobs({"input_ids": np.array([[1, 2, 3]])})
+
+
+class TestBadInputs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.worker = ringtrain.PolicyWorker(base_config(), ["policy.train_global_batch_size=2",
+                                                            "policy.train_micro_batch_size=1"])
+        cls.ids = np.random.default_rng(SEED).integers(0, 256, (2, 6))
+
+    def bad(self, batch, pattern, exc=ValueError, method="get_logprobs"):
+        if pattern is None:
+            self.assertTrue(np.all(np.isfinite(getattr(self.worker, method)(batch)["logprobs"])))
+            return
+        with self.assertRaisesRegex(exc, pattern):
+            getattr(self.worker, method)(batch)
+
+    def test_every_bad_input_raises_naming_the_field(self):
+        ids = self.ids
+        f32 = lambda shape: np.zeros(shape, np.float32)  # noqa: E731
+        self.bad({"input_ids": ids.astype(np.float32)}, r"input_ids: expected an integer dtype, got float32")
+        self.bad({"input_ids": ids.astype(bool)}, r"input_ids: expected an integer dtype, got bool")
+        self.bad({"input_ids": ids[0]}, r"input_ids: expected shape \[B, S\], got \(6,\)")
+        self.bad({"input_ids": np.zeros((0, 4), np.int64)}, r"input_ids: the batch is empty")
+        too_big = ids.copy()
+        too_big[1, 2] = 256
+        self.bad({"input_ids": too_big}, r"input_ids\[1, 2\] = 256 is not a token id in \[0, 256\)")
+        self.bad({"input_ids": too_big, "input_lengths": np.array([6, 2])}, None)  # past the length: ignored
+        self.bad({"input_ids": -np.ones((1, 3), np.int64)}, r"input_ids\[0, 0\] = -1 is not a token id")
+        self.bad({"input_ids": np.zeros((1, 49), np.int64)}, r"sample 0 has 49 tokens; policy.max_total_sequence")
+        self.bad({"input_ids": ids, "input_lengths": np.array([3, 7])}, r"input_lengths\[1\] = 7 is not in \[1, S = 6\]")
+        self.bad({"input_ids": ids, "input_lengths": np.array([0, 2])}, r"input_lengths\[0\] = 0")
+        self.bad({"input_ids": ids, "input_lengths": np.array([2.0, 2.0])}, r"input_lengths: expected an integer dtype")
+        self.bad({"input_ids": ids, "input_lengths": np.array([2, 2, 2])}, r"input_lengths: shape \(3,\) does not match")
+        self.bad({"input_ids": ids, "token_mask": np.ones((2, 7))}, r"token_mask: shape \(2, 7\) does not match input")
+        self.bad({"input_ids": ids, "token_mask": np.full((2, 6), 2)}, r"token_mask\[0, 0\] = 2: expected 0 or 1")
+        self.bad({"input_ids": ids, "sample_mask": np.ones(3)}, r"sample_mask: shape \(3,\) does not match")
+        self.bad({"input_ids": ids, "sample_mask": np.array([1, 0.5])}, r"sample_mask\[1\] = 0.5: expected 0 or 1")
+        self.bad({"input_ids": ids, "advantages": np.ones((2, 6), np.int64)},
+                 r"advantages: expected a floating dtype, got int64")
+        self.bad({"input_ids": ids, "advantages": f32((2, 5))}, r"advantages: shape \(2, 5\) does not match")
+        nan = f32((2, 6))
+        nan[1, 4] = np.nan
+        self.bad({"input_ids": ids, "advantages": nan}, r"advantages\[1, 4\] = nan: not a finite float32")
+        inf = f32((2, 6))
+        inf[0, 1] = -np.inf
+        self.bad({"input_ids": ids, "generation_logprobs": inf}, r"generation_logprobs\[0, 1\] = -inf: not a finite")
+        self.bad({"input_ids": ids, "prev_logprobs": f32(2)}, r"prev_logprobs: shape \(2,\) does not match")
+        self.bad({"input_ids": ids, "reference_logprobs": np.zeros((2, 6), np.int32)},
+                 r"reference_logprobs: expected a floating dtype")
+        self.bad({"input_ids": ids, "labels": ids}, r"unknown batch key 'labels'")
+        self.bad({"token_mask": ids}, r"the batch has no 'input_ids'")
+        self.bad({"input_ids": "1 2 3"}, r"input_ids: expected an array", TypeError)
+        self.bad({"input_ids": [[1, 2], [3]]}, r"input_ids: cannot make an array")
+        self.bad([ids], r"the batch must be a dict", TypeError)
+        self.bad({1: ids}, r"batch keys must be strings", TypeError)
+        self.bad({"input_ids": ids.astype(np.float64)}, r"get_reference_logprobs: input_ids: expected an integer",
+                 method="get_reference_logprobs")
+
+    def test_train_checks_the_batch_against_the_config(self):
+        self.bad({"input_ids": self.ids[:1]}, r"train: input_ids: the batch holds 1 sequences; "
+                 r"policy.train_global_batch_size = 2", method="train")
+        self.bad({"input_ids": self.ids.astype(np.float32)}, r"train: input_ids: expected an integer", method="train")
+        pg = ringtrain.PolicyWorker(GRPO_YAML, ["policy.train_global_batch_size=2", "policy.train_micro_batch_size=1"])
+        with self.assertRaisesRegex(ValueError, "clipped_pg needs 'advantages'"):
+            pg.train({"input_ids": self.ids})
+        with self.assertRaisesRegex(ValueError, "use_importance_sampling_correction needs 'generation_logprobs'"):
+            pg.train({"input_ids": self.ids, "advantages": np.ones(2, np.float32)})
+
+    def test_worker_errors_are_ringtrain_errors_and_leave_it_usable(self):
+        with self.assertRaises(ringtrain.Error) as caught:
+            self.worker.load("/nonexistent/checkpoint")
+        self.assertIsInstance(caught.exception, RuntimeError)
+        self.assertIn("/nonexistent/checkpoint", str(caught.exception))
+        lp = self.worker.get_logprobs({"input_ids": self.ids})["logprobs"]
+        self.assertTrue(np.all(lp[:, 1:] < 0))
+
+
+class TestTrain(unittest.TestCase):
+    def cli_first_step(self, config, data, tmp, overrides):
+        run_cli("train", "--config", config, *overrides, f"train.data={data}", f"train.metrics_dir={tmp}",
+                "train.steps=1", "train.checkpoint_dir=", "train.checkpoint_every=0", "--no-progress")
+        return read_jsonl(os.path.join(tmp, "metrics.jsonl"))[0]
+
+    def check_first_step(self, config, data, overrides):
+        rows = read_jsonl(data)
+        w = ringtrain.PolicyWorker(config, overrides)
+        c = w.config
+        gbs = int(c.split("train_global_batch_size: ")[1].split()[0])
+        units = ringtrain.BatchSchedule(len(rows), gbs, SEED).step_units(0)
+        self.assertEqual(len(units), gbs)
+        r = w.train(rows_to_batch([rows[u] for u in units]))
+        with tempfile.TemporaryDirectory() as tmp:
+            want = self.cli_first_step(config, data, tmp, overrides)
+        for key in ("loss", "grad_norm", "lr", "valid_tokens"):
+            self.assertTrue(math.isfinite(r[key]), key)
+            self.assertAlmostEqual(r[key], want[key], delta=1e-6 * max(1.0, abs(want[key])), msg=key)
+        for name, value in r["metrics"].items():
+            self.assertAlmostEqual(value, want[name], delta=1e-6 * max(1.0, abs(want[name])), msg=name)
+        self.assertEqual((r["step"], r["skipped"], w.steps_taken), (1, False, 1))
+        self.assertGreater(r["tokens_per_second"], 0)
+        self.assertTrue(all(math.isfinite(x) for x in r["microbatch_losses"]))
+        return r
+
+    def test_grpo_first_step_equals_the_cli(self):
+        # clipped PG with KL, importance sampling, dual clip; cp = 2 packed: prev and reference logprobs computed.
+        r = self.check_first_step(GRPO_YAML, GRPO_DATA, [f"train.seed={SEED}"])
+        self.assertIn("importance_weight", r["metrics"])
+
+    def test_sft_first_step_equals_the_cli(self):
+        overrides = [f"train.seed={SEED}", "parallel.dp=2", "policy.scheduler.total_steps=16"]
+        self.check_first_step(SFT_YAML, SFT_DATA, overrides)
+
+
+class TestCheckpoint(unittest.TestCase):
+    def test_save_load_round_trip_and_export(self):
+        rng = np.random.default_rng(SEED + 2)
+        cfg = base_config()
+        ids = rng.integers(0, 256, (4, 20))
+        batches = [{"input_ids": rng.integers(0, 256, (4, 20)), "input_lengths": rng.integers(2, 21, 4),
+                    "token_mask": rng.integers(0, 2, (4, 20))} for _ in range(2)]
+        with tempfile.TemporaryDirectory() as tmp:
+            a = ringtrain.PolicyWorker(cfg)
+            start = a.get_logprobs({"input_ids": ids})["logprobs"]
+            a.train(batches[0])
+            after_one = a.get_logprobs({"input_ids": ids})["logprobs"]
+            self.assertGreater(np.max(np.abs(after_one - start)), 1e-4, "a step changed nothing")
+            a.save(os.path.join(tmp, "ckpt"), epoch=1, index=4, rng="python test")
+            second_a = a.train(batches[1])
+
+            b = ringtrain.PolicyWorker(cfg)
+            self.assertEqual(b.load(os.path.join(tmp, "ckpt")), {"epoch": 1, "index": 4, "rng": "python test"})
+            self.assertEqual(b.steps_taken, 1)
+            np.testing.assert_array_equal(b.get_logprobs({"input_ids": ids})["logprobs"], after_one)
+            np.testing.assert_array_equal(b.get_reference_logprobs({"input_ids": ids})["reference_logprobs"], start)
+            second_b = b.train(batches[1])  # the optimizer state came back too
+            self.assertEqual(second_a["loss"], second_b["loss"])
+            self.assertEqual(second_a["grad_norm"], second_b["grad_norm"])
+            final = b.get_logprobs({"input_ids": ids})["logprobs"]
+            np.testing.assert_array_equal(a.get_logprobs({"input_ids": ids})["logprobs"], final)
+
+            # export_hf: the folder the CLI scores, with the tensors refit_info lists.
+            out = os.path.join(tmp, "hf")
+            b.export_hf(out)
+            rows = [list(map(int, r)) for r in ids]
+            data = os.path.join(tmp, "rows.jsonl")
+            with open(data, "w") as f:
+                f.writelines(json.dumps({"input_ids": r}) + "\n" for r in rows)
+            cli = [json.loads(x)["logprobs"] for x in run_cli("logprobs", "--model", out, "--data", data).splitlines()]
+            assert_rows_close(self, final, cli)
+            with open(os.path.join(out, "model.safetensors"), "rb") as f:
+                header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+            header.pop("__metadata__", None)
+            info = b.refit_info()
+            self.assertEqual(sorted(e["name"] for e in info), sorted(header))
+            for e in info:
+                self.assertEqual(list(e["shape"]), header[e["name"]]["shape"], e["name"])
+                self.assertEqual((e["dtype"], header[e["name"]]["dtype"]), ("float32", "F32"))
+            self.assertEqual(info[0]["name"], "model.embed_tokens.weight")
+
+
+@unittest.skipUnless(__import__("importlib").util.find_spec("torch"), "PyTorch is not installed")
+class TestTorch(unittest.TestCase):
+    def test_torch_in_torch_out(self):
+        import torch
+
+        w = ringtrain.PolicyWorker(base_config())
+        ids = torch.randint(0, 256, (3, 10), generator=torch.Generator().manual_seed(SEED))
+        want = w.get_logprobs({"input_ids": ids.numpy()})["logprobs"]
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        for device in devices:
+            out = w.get_logprobs({"input_ids": ids.to(device), "token_mask": torch.ones(3, 10, dtype=torch.bool,
+                                                                                         device=device).float()})
+            self.assertIsInstance(out["logprobs"], torch.Tensor)
+            self.assertEqual((out["logprobs"].dtype, out["logprobs"].device.type), (torch.float32, device))
+            np.testing.assert_array_equal(out["logprobs"].cpu().numpy(), want)
+
+
+if __name__ == "__main__":
+    unittest.main()
