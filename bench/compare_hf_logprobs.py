@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Scoring throughput: ringtrain's policy worker `get_logprobs` against Hugging Face transformers' forward +
+log-softmax, same shape, same job, one GPU.
+
+The Hugging Face side: LlamaForCausalLM from a LlamaConfig of the benchmark shape (random init, bf16, SDPA
+attention), under torch.no_grad: logits = model(ids).logits, then log_softmax in fp32 and the gather of the next
+tokens (what an RL loop computes for prev/reference logprobs); warm-up calls, then the median between CUDA events.
+Then the model is freed and `ringtrain bench rollouts` scores one sequence of the same length through the worker
+(`--sequences 1 --min-len S --max-len S --no-train`): its "packed" logprobs row is the wall time of a whole
+get_logprobs call, host results included (ringtrain's side is timed the conservative way).
+
+  python3 bench/compare_hf_logprobs.py --bin build/ringtrain --seq 8192
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from compare_hf_model import matmul_weights
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bin", required=True, help="the ringtrain executable")
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--ffn", type=int, default=8192)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--json", default=None, help="write both rows and the ratio here")
+    return p.parse_args()
+
+
+def time_hf(a):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
+                      num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
+                      max_position_embeddings=a.seq * 2, rope_theta=500000.0, tie_word_embeddings=True)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, a.vocab, (1, a.seq), device="cuda")
+
+    @torch.no_grad()
+    def score():
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+    for _ in range(a.warmup):
+        score()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(a.iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        lp = score()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    assert torch.isfinite(lp).all()
+    row = {"side": "hf", "seq": a.seq, "seconds": sorted(times)[len(times) // 2],
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del model
+    torch.cuda.empty_cache()
+    return row
+
+
+def run_ours(a):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rollouts.json")
+        cmd = [a.bin, "bench", "rollouts", "--device", "cuda", "--sequences", "1", "--min-len", str(a.seq),
+               "--max-len", str(a.seq), "--mb-tokens", str(a.seq), "--no-train", "--iters", str(a.iters),
+               "--warmup", str(a.warmup), "--layers", str(a.layers), "--hidden", str(a.hidden), "--heads",
+               str(a.heads), "--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim), "--ffn", str(a.ffn),
+               "--vocab", str(a.vocab), "--json", out]
+        print("$ " + " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        sys.stdout.write(proc.stdout)
+        if proc.returncode != 0:
+            return {"side": "ringtrain", "seq": a.seq, "status": "exit code %d" % proc.returncode}
+        with open(out) as f:
+            report = json.load(f)
+    row = next(r for r in report["rows"] if r["layout"] == "packed" and r["pass"] == "logprobs")
+    return {"side": "ringtrain", "seq": a.seq, "seconds": row["seconds"], "tokens": row["tokens"]}
+
+
+def main():
+    a = parse_args()
+    print("model: llama L=%d hidden=%d heads=%d/%d head_dim=%d ffn=%d vocab=%d tied, bf16; N=%.4g matmul weights" % (
+        a.layers, a.hidden, a.heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, matmul_weights(a)), flush=True)
+    hf = time_hf(a)
+    ours = run_ours(a)
+    print("HF %s" % json.dumps(hf))
+    print("ringtrain %s" % json.dumps(ours))
+    result = {"hf": hf, "ringtrain": ours}
+    if "seconds" in ours:
+        ratio = hf["seconds"] / ours["seconds"]
+        result["ours_over_hf"] = ratio
+        print("S=%d: HF forward+log_softmax %.1f ms, ringtrain get_logprobs %.1f ms: %.2fx (bar 1.5x: %s)" % (
+            a.seq, 1e3 * hf["seconds"], 1e3 * ours["seconds"], ratio, "PASS" if ratio >= 1.5 else "FAIL"))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
