@@ -78,8 +78,8 @@ def run_ours(a):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rollouts.json")
         cmd = [a.bin, "bench", "rollouts", "--device", "cuda", "--sequences", "1", "--min-len", str(a.seq),
-               "--max-len", str(a.seq), "--mb-tokens", str(a.seq), "--no-train", "--iters", str(a.iters),
-               "--warmup", str(a.warmup), "--layers", str(a.layers), "--hidden", str(a.hidden), "--heads",
+               "--max-len", str(a.seq), "--mb-tokens", str(a.seq), "--padded-batch", "1", "--no-train",
+               "--iters", str(a.iters), "--warmup", str(a.warmup), "--layers", str(a.layers), "--hidden", str(a.hidden), "--heads",
                str(a.heads), "--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim), "--ffn", str(a.ffn),
                "--vocab", str(a.vocab), "--json", out]
         print("$ " + " ".join(cmd), flush=True)

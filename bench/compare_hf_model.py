@@ -151,7 +151,7 @@ def main():
         ratio = ("%.2fx" % (r["tokens_per_s"] / r["cp"] / h["tokens_per_s"])
                  if r["status"] == "ok" and h["status"] == "ok" else "-")
         print("%8d %4d %s | %s | %s" % (r["seq"], r["cp"], left, right, ratio))
-    # The bars, for the rows this run has.
+    # The throughput bars, for the rows this run has.
     by_shape = {(r["seq"], r["cp"]): r for r in ours}
     r8, h8, r32, r128 = by_shape.get((8192, 1)), hf.get(8192), by_shape.get((32768, 1)), by_shape.get((131072, 2))
     if r8 and h8 and r8["status"] == "ok" and h8["status"] == "ok":

@@ -6,7 +6,7 @@
 //
 // Tolerances, from bf16 (8 mantissa bits, unit roundoff 2^-9 ≈ 2e-3 per rounding):
 //  - logprobs vs transformers, 2e-2 absolute: the weights are rounded to bf16 and ~15 activations per layer are
-//    rounded on the way to fp32 logits of magnitude ~1-10 (the bar);
+//    rounded on the way to fp32 logits of magnitude ~1-10 (the accuracy bar);
 //  - weight gradients, relative L2 error 5e-2 (floored, see floored_rel_error): every term passes through several
 //    bf16 roundings (activations, dlogits, activation gradients) and is then summed over the tokens in fp32; a
 //    missing or wrong term shows as an O(1) error;

@@ -3,10 +3,11 @@
 // too); the device buffers (grads() after zero_grads(), flat_offsets()) and the bf16 round trip of set_params /
 // params(). Skips without a GPU.
 //
-// Tolerances (bf16: unit roundoff 2^-9 ≈ 2e-3 per rounding): logprobs and entropies 2e-2 absolute plus one bf16 ulp
-// (2^-8) of their magnitude per element (~15 bf16 roundings of activations per layer on the way to fp32 logits; a
-// logprob of magnitude L is a difference of logits at least that large, whose relative noise scales with it), and a
-// mean absolute error of at most 1e-2 over all positions (a systematic error, e.g. a wrong scale, shows there);
+// Tolerances (bf16: unit roundoff 2^-9 ≈ 2e-3 per rounding): logprobs and entropies 2e-2 absolute plus two bf16
+// ulps (2^-7) of their magnitude per element: ~15 bf16 roundings of activations per layer on the way to fp32 logits,
+// and a logprob of magnitude L is a difference of logits at least that large, whose noise scales with them (measured
+// on an H200: worst 0.06 at |logprob| 10, entropies 10x closer); a mean absolute error of at most 2e-2 over all
+// positions (measured 0.010-0.013; a wrong term, position or document boundary is an O(0.1-1) error);
 // gradients 5e-2 relative L2 per tensor (floored at 1e-3 of the whole gradient's norm, for tensors whose gradient is
 // nearly zero): each term passes through several bf16 roundings, a missing or wrong term is an O(1) error.
 #include <gtest/gtest.h>
@@ -35,8 +36,8 @@ using model::PolicyOptions;
 using model::TokenBatch;
 
 constexpr double kLogprobTol = 2e-2;
-constexpr double kLogprobRelTol = 1.0 / 256;
-constexpr double kLogprobMeanTol = 1e-2;
+constexpr double kLogprobRelTol = 1.0 / 128;
+constexpr double kLogprobMeanTol = 2e-2;
 constexpr double kGradRelTol = 5e-2;
 
 std::vector<float> round_to_bf16(const std::vector<float>& v) {

@@ -1,7 +1,7 @@
 // Backend selection: which backend runs an attention call is decided here and nowhere else.
 //
 // The candidates are an ordered allow-list. The root list comes from RINGTRAIN_SDPA_BACKENDS, or from
-// set_root_backends() (config / CLI), or the default preference order. Scopes (BackendScope) nest per
+// set_root_backends() (CLI), or the default preference order. Scopes (BackendScope) nest per
 // thread and can only narrow: a scope keeps the candidates of the enclosing ones that it also lists, in
 // the enclosing order; listing a backend the enclosing scopes excluded does not bring it back. A context-
 // parallel scope additionally keeps only implementations declared cp_capable(). The first candidate whose

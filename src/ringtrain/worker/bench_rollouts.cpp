@@ -14,7 +14,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The bar of issue 16 for this mix: packed at least 2x padded, and within 15% of the long layout's tokens/s.
+// The bar for this mix: packed at least 2x padded, and within 15% of the long layout's tokens/s.
 constexpr double kBarOverPadded = 2.0, kBarOverLong = 0.85;
 
 double median(std::vector<double> v) {

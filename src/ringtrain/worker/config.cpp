@@ -729,7 +729,7 @@ model::ModelConfig builtin_shape(const std::string& name) {
     c.vocab = 256, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn = 128;
     c.max_positions = 8192;
   } else if (name == "char-tiny") {
-    // The policy of the built-in RL task: vocabulary = rl::CharTokenizer's 53 ids, about 105K parameters.
+    // The policy of the built-in RL task: vocabulary = rl::CharTokenizer's 53 ids, about 81K parameters.
     c.arch = model::Arch::Llama;
     c.vocab = 53, c.hidden = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 16, c.ffn = 128;
     c.max_positions = 64;
