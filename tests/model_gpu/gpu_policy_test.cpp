@@ -3,11 +3,12 @@
 // too); the device buffers (grads() after zero_grads(), flat_offsets()) and the bf16 round trip of set_params /
 // params(). Skips without a GPU.
 //
-// Tolerances (bf16: unit roundoff 2^-9 ≈ 2e-3 per rounding): logprobs and entropies 2e-2 absolute plus two bf16
-// ulps (2^-7) of their magnitude per element: ~15 bf16 roundings of activations per layer on the way to fp32 logits,
-// and a logprob of magnitude L is a difference of logits at least that large, whose noise scales with them (measured
-// on an H200: worst 0.06 at |logprob| 10, entropies 10x closer); a mean absolute error of at most 2e-2 over all
-// positions (measured 0.010-0.013; a wrong term, position or document boundary is an O(0.1-1) error);
+// Tolerances (bf16: unit roundoff 2^-9 ≈ 2e-3 per rounding). A single token's logprob is the noisiest quantity: a
+// difference of logits of magnitude ~10 after ~15 bf16 roundings of activations per layer; measured on an H200 its
+// error has a mean of 0.010-0.013 and a heavy tail (0.13 at |logprob| 7.6 for qwen3 with QK norm). So per element
+// 5e-2 + |logprob| / 32 (a wrong weight, position or document boundary is an O(1) error), and a mean absolute error
+// of at most 2e-2 over all positions (a systematic error, e.g. a wrong scale). Entropies average over the vocabulary
+// (measured mean 0.0015): 2e-2 + |entropy| / 128 per element, mean at most 5e-3;
 // gradients 5e-2 relative L2 per tensor (floored at 1e-3 of the whole gradient's norm, for tensors whose gradient is
 // nearly zero): each term passes through several bf16 roundings, a missing or wrong term is an O(1) error.
 #include <gtest/gtest.h>
@@ -35,9 +36,8 @@ using model::Policy;
 using model::PolicyOptions;
 using model::TokenBatch;
 
-constexpr double kLogprobTol = 2e-2;
-constexpr double kLogprobRelTol = 1.0 / 128;
-constexpr double kLogprobMeanTol = 2e-2;
+constexpr double kLogprobTol = 5e-2, kLogprobRelTol = 1.0 / 32, kLogprobMeanTol = 2e-2;
+constexpr double kEntropyTol = 2e-2, kEntropyRelTol = 1.0 / 128, kEntropyMeanTol = 5e-3;
 constexpr double kGradRelTol = 5e-2;
 
 std::vector<float> round_to_bf16(const std::vector<float>& v) {
@@ -128,7 +128,7 @@ void expect_matches_cpu_f64(const ModelConfig& c, const std::vector<float>& para
       const double ent_err = std::fabs(got.entropy[b][p] - want.entropy[b][p]);
       ASSERT_LE(lp_err, kLogprobTol + kLogprobRelTol * std::fabs(want.logprobs[b][p]))  // NaN fails
           << "sequence " << b << " position " << p << ": " << got.logprobs[b][p] << " vs " << want.logprobs[b][p];
-      ASSERT_LE(ent_err, kLogprobTol + kLogprobRelTol * std::fabs(want.entropy[b][p]))
+      ASSERT_LE(ent_err, kEntropyTol + kEntropyRelTol * std::fabs(want.entropy[b][p]))
           << "sequence " << b << " position " << p << ": " << got.entropy[b][p] << " vs " << want.entropy[b][p];
       lp_sum += lp_err, ent_sum += ent_err, ++positions;
     }
@@ -136,7 +136,7 @@ void expect_matches_cpu_f64(const ModelConfig& c, const std::vector<float>& para
   std::printf("[logprobs vs CPU f64] mean abs error %.4g, entropies %.4g over %zu positions\n", lp_sum / positions,
               ent_sum / positions, positions);
   EXPECT_LE(lp_sum / positions, kLogprobMeanTol);
-  EXPECT_LE(ent_sum / positions, kLogprobMeanTol);
+  EXPECT_LE(ent_sum / positions, kEntropyMeanTol);
 
   const std::vector<float> g = gpu->grads_by_layout(), ref = cpu->grads_by_layout();
   double all = 0;
