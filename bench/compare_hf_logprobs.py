@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from compare_hf_model import matmul_weights
+from compare_hf_model import add_shape_args, cuda_median_ms, describe, hf_llama, shape_options
 
 
 def parse_args():
@@ -27,49 +27,27 @@ def parse_args():
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--ffn", type=int, default=8192)
-    p.add_argument("--vocab", type=int, default=128256)
+    add_shape_args(p)
     p.add_argument("--json", default=None, help="write both rows and the ratio here")
     return p.parse_args()
 
 
 def time_hf(a):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
-                      num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
-                      max_position_embeddings=a.seq * 2, rope_theta=500000.0, tie_word_embeddings=True)
-    cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    model = hf_llama(a, a.seq * 2, torch.bfloat16).eval()
     ids = torch.randint(0, a.vocab, (1, a.seq), device="cuda")
+    scores = []
 
     @torch.no_grad()
     def score():
         logits = model(input_ids=ids).logits[:, :-1].float()
-        return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        scores.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1))
 
-    for _ in range(a.warmup):
-        score()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(a.iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        lp = score()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    assert torch.isfinite(lp).all()
-    row = {"side": "hf", "seq": a.seq, "seconds": sorted(times)[len(times) // 2],
-           "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-    del model
+    ms = cuda_median_ms(score, a.warmup, a.iters)
+    assert torch.isfinite(scores[-1]).all()
+    row = {"side": "hf", "seq": a.seq, "seconds": ms / 1e3, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del model, scores
     torch.cuda.empty_cache()
     return row
 
@@ -79,9 +57,7 @@ def run_ours(a):
         out = os.path.join(tmp, "rollouts.json")
         cmd = [a.bin, "bench", "rollouts", "--device", "cuda", "--sequences", "1", "--min-len", str(a.seq),
                "--max-len", str(a.seq), "--mb-tokens", str(a.seq), "--padded-batch", "1", "--no-train",
-               "--iters", str(a.iters), "--warmup", str(a.warmup), "--layers", str(a.layers), "--hidden", str(a.hidden), "--heads",
-               str(a.heads), "--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim), "--ffn", str(a.ffn),
-               "--vocab", str(a.vocab), "--json", out]
+               "--iters", str(a.iters), "--warmup", str(a.warmup), "--json", out] + shape_options(a)
         print("$ " + " ".join(cmd), flush=True)
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         sys.stdout.write(proc.stdout)
@@ -95,8 +71,7 @@ def run_ours(a):
 
 def main():
     a = parse_args()
-    print("model: llama L=%d hidden=%d heads=%d/%d head_dim=%d ffn=%d vocab=%d tied, bf16; N=%.4g matmul weights" % (
-        a.layers, a.hidden, a.heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, matmul_weights(a)), flush=True)
+    print(describe(a) + ", bf16", flush=True)
     hf = time_hf(a)
     ours = run_ours(a)
     print("HF %s" % json.dumps(hf))

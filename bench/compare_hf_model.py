@@ -31,13 +31,7 @@ def parse_args():
     p.add_argument("--hf-attn", default="default", help="HF SDPA backend: default, flash or cudnn")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--ffn", type=int, default=8192)
-    p.add_argument("--vocab", type=int, default=128256)
+    add_shape_args(p)
     p.add_argument("--json", default=None, help="write all rows here")
     return p.parse_args()
 
@@ -52,18 +46,66 @@ def step_flops(a, seq):
     return 6 * matmul_weights(a) * seq + 6 * a.layers * seq * seq * (a.heads * a.head_dim)
 
 
-def time_hf(a, seqs):
+def add_shape_args(p):
+    """The model shape options of every comparison (default: the Llama-3.2-1B shape)."""
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--ffn", type=int, default=8192)
+    p.add_argument("--vocab", type=int, default=128256)
+
+
+def shape_options(a):
+    """The shape as ringtrain's bench commands take it."""
+    return ["--arch", "llama", "--layers", str(a.layers), "--hidden", str(a.hidden), "--heads", str(a.heads),
+            "--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim), "--ffn", str(a.ffn), "--vocab", str(a.vocab)]
+
+
+def describe(a):
+    return "model: llama L=%d hidden=%d heads=%d/%d head_dim=%d ffn=%d vocab=%d tied; N=%.4g matmul weights" % (
+        a.layers, a.hidden, a.heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, matmul_weights(a))
+
+
+def hf_llama(a, max_positions, dtype):
+    """transformers' LlamaForCausalLM of the benchmark shape (random init, SDPA attention, tied) on the GPU."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
                       num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
-                      max_position_embeddings=max(seqs) * 2, rope_theta=500000.0, tie_word_embeddings=True)
+                      max_position_embeddings=max_positions, rope_theta=500000.0, tie_word_embeddings=True)
     cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=dtype)
     model.gradient_checkpointing_disable()
+    return model
+
+
+def cuda_median_ms(fn, warmup, iters):
+    """fn's median time in ms between CUDA events, after `warmup` calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return sorted(times)[len(times) // 2]
+
+
+def time_hf(a, seqs):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = hf_llama(a, max(seqs) * 2, torch.bfloat16)
     backend = {"default": None, "flash": [SDPBackend.FLASH_ATTENTION], "cudnn": [SDPBackend.CUDNN_ATTENTION]}[a.hf_attn]
     rows = []
     for seq in seqs:
@@ -79,18 +121,7 @@ def time_hf(a, seqs):
         try:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            for _ in range(a.warmup):
-                step()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(a.iters):
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step()
-                stop.record()
-                stop.synchronize()
-                times.append(start.elapsed_time(stop))
-            ms = sorted(times)[len(times) // 2]
+            ms = cuda_median_ms(step, a.warmup, a.iters)
             row.update(status="ok", step_ms=ms, tokens_per_s=seq / (ms * 1e-3),
                        tflops_per_gpu=step_flops(a, seq) / (ms * 1e9), mfu=step_flops(a, seq) / (ms * 1e-3) / PEAK,
                        peak_gib=torch.cuda.max_memory_allocated() / 2**30)
@@ -108,10 +139,9 @@ def time_hf(a, seqs):
 
 
 def run_ours(a, seqs, cp):
-    cmd = [a.bin, "bench", "model", "--arch", "llama", "--layers", str(a.layers), "--hidden", str(a.hidden),
-           "--heads", str(a.heads), "--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim), "--ffn", str(a.ffn),
-           "--vocab", str(a.vocab), "--seq", ",".join(map(str, seqs)), "--cp", str(cp), "--checkpoint", a.checkpoint,
-           "--iters", str(a.iters), "--warmup", str(a.warmup)]
+    cmd = [a.bin, "bench", "model"] + shape_options(a) + ["--seq", ",".join(map(str, seqs)), "--cp", str(cp),
+                                                          "--checkpoint", a.checkpoint, "--iters", str(a.iters),
+                                                          "--warmup", str(a.warmup)]
     if a.backends:
         cmd += ["--backends", a.backends]
     print("$ " + " ".join(cmd), flush=True)
@@ -133,8 +163,7 @@ def main():
     seqs = [int(s) for s in a.seq.split(",")]
     hf_seqs = [int(s) for s in a.hf_seq.split(",")] if a.hf_seq else seqs
     cps = [int(c) for c in a.cp.split(",")]
-    print("model: llama L=%d hidden=%d heads=%d/%d head_dim=%d ffn=%d vocab=%d tied, bf16; N=%.4g matmul weights" % (
-        a.layers, a.hidden, a.heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, matmul_weights(a)), flush=True)
+    print(describe(a) + ", bf16", flush=True)
     hf = {r["seq"]: r for r in time_hf(a, hf_seqs)}
     ours = [r for cp in cps for r in run_ours(a, seqs, cp)]
 

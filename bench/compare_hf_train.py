@@ -19,7 +19,7 @@ import json
 import subprocess
 import sys
 
-from compare_hf_model import PEAK, matmul_weights, step_flops
+from compare_hf_model import PEAK, add_shape_args, cuda_median_ms, describe, hf_llama, shape_options, step_flops
 
 
 def parse_args():
@@ -30,28 +30,15 @@ def parse_args():
     p.add_argument("--loss", default="nll", help="ringtrain's loss: nll or pg (HF: its cross-entropy)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--ffn", type=int, default=8192)
-    p.add_argument("--vocab", type=int, default=128256)
+    add_shape_args(p)
     p.add_argument("--json", default=None, help="write all rows here")
     return p.parse_args()
 
 
 def time_hf(a, seqs):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
-                      num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
-                      max_position_embeddings=max(seqs) * 2, rope_theta=500000.0, tie_word_embeddings=True)
-    cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.float32)
-    model.gradient_checkpointing_disable()
+    model = hf_llama(a, max(seqs) * 2, torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
     rows = []
     for seq in seqs:
@@ -69,18 +56,7 @@ def time_hf(a, seqs):
         try:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            for _ in range(a.warmup):
-                step()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(a.steps):
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                step()
-                stop.record()
-                stop.synchronize()
-                times.append(start.elapsed_time(stop))
-            ms = sorted(times)[len(times) // 2]
+            ms = cuda_median_ms(step, a.warmup, a.steps)
             row.update(status="ok", step_ms=ms, tokens_per_s=seq / (ms * 1e-3),
                        mfu=step_flops(a, seq) / (ms * 1e-3) / PEAK, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
         except torch.cuda.OutOfMemoryError:
@@ -97,10 +73,8 @@ def time_hf(a, seqs):
 
 
 def run_ours(a, seq, cp):
-    cmd = [a.bin, "bench", "train", "--arch", "llama", "--layers", str(a.layers), "--hidden", str(a.hidden),
-           "--heads", str(a.heads), "--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim), "--ffn", str(a.ffn),
-           "--vocab", str(a.vocab), "--seq", str(seq), "--cp", str(cp), "--loss", a.loss, "--steps", str(a.steps),
-           "--warmup", str(a.warmup)]
+    cmd = [a.bin, "bench", "train"] + shape_options(a) + ["--seq", str(seq), "--cp", str(cp), "--loss", a.loss,
+                                                          "--steps", str(a.steps), "--warmup", str(a.warmup)]
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sys.stdout.write(proc.stdout)
@@ -116,8 +90,7 @@ def main():
     a = parse_args()
     seqs = [int(s) for s in a.seq.split(",")]
     cps = [int(c) for c in a.cp.split(",")]
-    print("model: llama L=%d hidden=%d heads=%d/%d head_dim=%d ffn=%d vocab=%d tied; N=%.4g matmul weights" % (
-        a.layers, a.hidden, a.heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, matmul_weights(a)), flush=True)
+    print(describe(a), flush=True)
     hf = {r["seq"]: r for r in time_hf(a, seqs)}
     ours = [run_ours(a, seq, cp) for seq in seqs for cp in cps]
 

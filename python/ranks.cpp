@@ -1,7 +1,6 @@
 #include "ranks.h"
 
 #include <exception>
-#include <thread>
 
 #include "ringtrain/comm/gpu_communicator.h"
 #include "ringtrain/comm/in_process.h"
@@ -68,31 +67,21 @@ void WorkerGroup::run_ranks(const std::function<void(int)>& fn) {
   RT_CHECK(broken_.empty(), "this PolicyWorker cannot be used any more: ", broken_, "; make a new one");
   const int n = static_cast<int>(comms_.size());
   const bool collective = comms_.front()->size() > 1;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  const auto body = [&](int r) {
+  std::vector<std::exception_ptr> errors;
+  if (n == 1) {  // one rank: on the caller's thread
+    errors.resize(1);
     try {
-      fn(r);
+      fn(0);
     } catch (...) {
-      errors[static_cast<size_t>(r)] = std::current_exception();
-      if (collective) comms_[static_cast<size_t>(r)]->abort(message_of(errors[static_cast<size_t>(r)]));
+      errors[0] = std::current_exception();
     }
-  };
-  if (n == 1) {
-    body(0);
   } else {
-    std::vector<std::thread> threads;
-    threads.reserve(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      try {
-        threads.emplace_back(body, r);
-      } catch (const std::exception& e) {
-        for (auto& c : comms_) c->abort(e.what());
-        for (auto& t : threads) t.join();
-        broken_ = cat("cannot start the thread of rank ", r, ": ", e.what());
-        throw Error(broken_);
-      }
+    try {
+      errors = comm::run_threads(comms_, fn);
+    } catch (const Error& e) {  // a rank thread could not be started; the started ones were stopped and joined
+      broken_ = e.what();
+      throw;
     }
-    for (auto& t : threads) t.join();
   }
   // The root cause: the first rank whose error is not a communicator error (the others' waits failed because of it).
   int root = -1;

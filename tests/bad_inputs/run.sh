@@ -169,8 +169,12 @@ expect_error backends-zero-batch '--batch: Value 0 not in range 1 to' "$bin" bac
 if ldd "$bin" 2>/dev/null | grep -q libasan; then
   echo "skip threads-exhausted: a sanitized binary cannot run under ulimit -v"
 else
+  # Room for the binary and its libraries (their file sizes: a CUDA build maps ~1 GB of them) plus 600 MB: some
+  # dozens of 8 MB thread stacks, not 500.
+  libs_kb=$(ldd "$bin" | awk '/=> \//{print $3}' | xargs -r stat -L -c %s | awk '{s += $1} END {print int(s / 1024)}')
+  limit_kb=$(( ${libs_kb:-0} + $(stat -L -c %s "$bin") / 1024 + 600000 ))
   expect_error threads-exhausted 'cannot start the thread of rank [0-9]+ of 500' \
-    sh -c "ulimit -v 1000000; exec '$bin' logprobs --model ck --data good.jsonl --cp 500"
+    sh -c "ulimit -v $limit_kb; exec '$bin' logprobs --model ck --data good.jsonl --cp 500"
 fi
 
 # --- a full disk: a 512 KiB tmpfs where mounting one is allowed (root) ---

@@ -12,6 +12,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -27,8 +28,8 @@ namespace fs = std::filesystem;
 
 struct BenchRolloutsCli {
   worker::BenchRolloutsOptions bench;
-  model::ModelConfig model = train::llama_1b_config();
-  std::string arch = "llama", device = "cuda", backends, json;
+  ModelShapeOptions shape = ModelShapeOptions::llama_1b();
+  std::string device = "cuda", backends, json;
   bool untied = false, no_train = false;
   int64_t timeout_ms = 600000;
 };
@@ -101,11 +102,7 @@ void run(BenchRolloutsCli& o) {
   }
   std::unique_ptr<TempCheckpoint> folder;
   if (b.model_name.empty()) {
-    model::ModelConfig& m = o.model;
-    m.arch = model::parse_arch(o.arch);
-    m.tie_embeddings = !o.untied;
-    m.qkv_bias = m.arch == model::Arch::Qwen2;
-    m.qk_norm = m.arch == model::Arch::Qwen3;
+    model::ModelConfig m = o.shape.apply_to(train::llama_1b_config(), !o.untied);
     m.dtype = cuda ? DType::BF16 : DType::F32;  // the policy's compute dtype: nothing lost in the file
     m = model::parse_config(model::config_to_json(m), "bench rollouts model options");
     folder = std::make_unique<TempCheckpoint>(m, b.seed);
@@ -120,7 +117,7 @@ void run(BenchRolloutsCli& o) {
     b.device = Device::cpu();
     comm::run_ranks(1, timeout, [&](comm::Communicator& world) { report = worker::run_rollouts_bench(b, world); });
   }
-  if (folder) report["model"]["model_name"] = "random (" + std::string(o.arch) + " shape options)";
+  if (folder) report["model"]["model_name"] = "random (" + o.shape.arch + " shape options)";
   print_report(report);
   if (!o.json.empty()) model::write_file_atomic(o.json, report.dump(2) + "\n");
 }
@@ -129,7 +126,6 @@ void run(BenchRolloutsCli& o) {
 
 void add_bench_rollouts_command(CLI::App& app) {
   auto o = std::make_shared<BenchRolloutsCli>();
-  model::ModelConfig& m = o->model;
   worker::BenchRolloutsOptions& b = o->bench;
   CLI::App* cmd = app.get_subcommand("bench")->add_subcommand(
       "rollouts", "Time the policy worker's logprobs and train steps on a rollout mix: packed, padded, long");
@@ -151,14 +147,7 @@ void add_bench_rollouts_command(CLI::App& app) {
   cmd->add_option("--warmup", b.warmup, "untimed calls first")->capture_default_str();
   cmd->add_option("--json", o->json, "also write the report to this JSON file");
   cmd->add_option("--model", b.model_name, "a checkpoint folder or builtin:<name> instead of the shape options");
-  cmd->add_option("--arch", o->arch, "llama, qwen2, qwen3 or mistral")->capture_default_str();
-  cmd->add_option("--layers", m.layers)->capture_default_str();
-  cmd->add_option("--hidden", m.hidden)->capture_default_str();
-  cmd->add_option("--heads", m.heads)->capture_default_str();
-  cmd->add_option("--kv-heads", m.kv_heads)->capture_default_str();
-  cmd->add_option("--head-dim", m.head_dim)->capture_default_str();
-  cmd->add_option("--ffn", m.ffn)->capture_default_str();
-  cmd->add_option("--vocab", m.vocab)->capture_default_str();
+  o->shape.add_to(*cmd);
   cmd->add_flag("--untied", o->untied, "a separate lm_head (default: tied, as Llama-3.2-1B)");
   cmd->add_option("--backends", o->backends, "the attention allow-list (default: all)");
   cmd->add_option("--chunk", b.logprob_chunk, "tokens per LM-head chunk (default: the device's)");

@@ -6,6 +6,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -16,7 +17,8 @@ namespace {
 
 struct BenchTrainCli {
   train::BenchTrainOptions bench;
-  std::string arch = "llama", device = "cuda";
+  ModelShapeOptions shape = ModelShapeOptions::llama_1b();
+  std::string device = "cuda";
   bool untied = false;
   int cp = 1;
   int64_t timeout_ms = 600000;
@@ -38,10 +40,7 @@ void print_row(const nlohmann::json& row) {
 
 void run(BenchTrainCli& o) {
   train::BenchTrainOptions& b = o.bench;
-  b.model.arch = model::parse_arch(o.arch);
-  b.model.tie_embeddings = !o.untied;
-  b.model.qkv_bias = b.model.arch == model::Arch::Qwen2;
-  b.model.qk_norm = b.model.arch == model::Arch::Qwen3;
+  b.model = o.shape.apply_to(train::llama_1b_config(), !o.untied);
   const auto timeout = std::chrono::milliseconds(o.timeout_ms);
   if (o.device == "cpu") {
     nlohmann::json row;
@@ -67,7 +66,7 @@ void run(BenchTrainCli& o) {
   if (world->rank() == 0) {
     std::printf("train benchmark: %s L=%lld hidden=%lld heads=%lld/%lld head_dim=%lld ffn=%lld vocab=%lld, bf16 "
                 "weights, fp32 grads and AdamW state (ZeRO-2 over %d), warm-up %d, median of %d; MFU vs 989 TFLOP/s\n",
-                o.arch.c_str(), static_cast<long long>(b.model.layers), static_cast<long long>(b.model.hidden),
+                o.shape.arch.c_str(), static_cast<long long>(b.model.layers), static_cast<long long>(b.model.hidden),
                 static_cast<long long>(b.model.heads), static_cast<long long>(b.model.kv_heads),
                 static_cast<long long>(b.model.head_dim), static_cast<long long>(b.model.ffn),
                 static_cast<long long>(b.model.vocab), o.cp, b.warmup, b.steps);
@@ -79,8 +78,6 @@ void run(BenchTrainCli& o) {
 
 void add_bench_train_command(CLI::App& app) {
   auto o = std::make_shared<BenchTrainCli>();
-  o->bench.model = train::llama_1b_config();
-  model::ModelConfig& m = o->bench.model;
   CLI::App* cmd = app.get_subcommand("bench")->add_subcommand(
       "train", "Time full training steps (forward, loss, backward, reduce-scatter, clip, AdamW, all-gather)");
   cmd->add_option("--device", o->device, "cuda or cpu")->capture_default_str();
@@ -89,14 +86,7 @@ void add_bench_train_command(CLI::App& app) {
   cmd->add_option("--steps", o->bench.steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", o->bench.warmup)->capture_default_str();
   cmd->add_option("--loss", o->bench.loss, "nll or pg")->capture_default_str();
-  cmd->add_option("--arch", o->arch, "llama, qwen2, qwen3 or mistral")->capture_default_str();
-  cmd->add_option("--layers", m.layers)->capture_default_str();
-  cmd->add_option("--hidden", m.hidden)->capture_default_str();
-  cmd->add_option("--heads", m.heads)->capture_default_str();
-  cmd->add_option("--kv-heads", m.kv_heads)->capture_default_str();
-  cmd->add_option("--head-dim", m.head_dim)->capture_default_str();
-  cmd->add_option("--ffn", m.ffn)->capture_default_str();
-  cmd->add_option("--vocab", m.vocab)->capture_default_str();
+  o->shape.add_to(*cmd);
   cmd->add_flag("--untied", o->untied, "a separate lm_head (default: tied, as Llama-3.2-1B)");
   cmd->add_option("--backends", o->bench.backends, "the model's attention allow-list (default: all)");
   cmd->add_option("--chunk", o->bench.logprob_chunk, "tokens per LM-head chunk (default: the device's)");

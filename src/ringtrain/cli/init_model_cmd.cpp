@@ -5,7 +5,6 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/options.h"
-#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/params.h"
 
@@ -32,16 +31,7 @@ void add_init_model_command(CLI::App& app) {
   cmd->add_flag("--force", o->force, "replace a checkpoint already in --out");
   cmd->callback([o] {
     using namespace model;
-    ModelConfig c;
-    const ModelShapeOptions& s = o->shape;
-    c.arch = parse_arch(s.arch);
-    c.layers = s.layers, c.hidden = s.hidden, c.heads = s.heads, c.vocab = s.vocab;
-    c.kv_heads = s.kv_heads ? s.kv_heads : s.heads;
-    c.head_dim = s.head_dim ? s.head_dim : (s.heads > 0 ? s.hidden / s.heads : 0);
-    c.ffn = s.ffn ? s.ffn : checked_mul(4, s.hidden, "--hidden x 4 (the default --ffn)");
-    c.tie_embeddings = o->tie;
-    c.qkv_bias = c.arch == Arch::Qwen2;
-    c.qk_norm = c.arch == Arch::Qwen3;
+    ModelConfig c = o->shape.apply_to(ModelConfig{}, o->tie);
     c.rope.theta = o->rope_theta;
     c.dtype = parse_dtype(o->dtype);
     RT_CHECK(c.dtype == DType::F32 || c.dtype == DType::BF16 || c.dtype == DType::F16, "--dtype: ", o->dtype,

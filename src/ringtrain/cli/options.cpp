@@ -139,6 +139,24 @@ void ModelShapeOptions::add_to(CLI::App& cmd) {
   add_bounded(cmd, "--vocab", vocab, "vocabulary size", int64_t{1}, kMaxVocab)->capture_default_str();
 }
 
+ModelShapeOptions ModelShapeOptions::llama_1b() {
+  ModelShapeOptions s;
+  s.layers = 16, s.hidden = 2048, s.heads = 32, s.kv_heads = 8, s.head_dim = 64, s.ffn = 8192, s.vocab = 128256;
+  return s;
+}
+
+model::ModelConfig ModelShapeOptions::apply_to(model::ModelConfig c, bool tie_embeddings) const {
+  c.arch = model::parse_arch(arch);
+  c.layers = layers, c.hidden = hidden, c.heads = heads, c.vocab = vocab;
+  c.kv_heads = kv_heads ? kv_heads : heads;
+  c.head_dim = head_dim ? head_dim : hidden / heads;  // heads >= 1: checked when parsed
+  c.ffn = ffn ? ffn : checked_mul(int64_t{4}, hidden, "--hidden x 4 (the default --ffn)");
+  c.tie_embeddings = tie_embeddings;
+  c.qkv_bias = c.arch == model::Arch::Qwen2;
+  c.qk_norm = c.arch == model::Arch::Qwen3;
+  return c;
+}
+
 CLI::Option* add_timeout_ms(CLI::App& cmd, int64_t& timeout_ms) {
   return add_bounded(cmd, "--timeout-ms", timeout_ms, "communicator timeout (ms)", int64_t{1}, kMaxTimeoutMs)
       ->capture_default_str();

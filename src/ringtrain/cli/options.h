@@ -10,6 +10,7 @@
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/check/attention_check.h"
 #include "ringtrain/cp/cp_attention.h"
+#include "ringtrain/model/hf_config.h"
 
 namespace ringtrain::cli {
 
@@ -89,11 +90,16 @@ CLI::Validator dtype_name_check();
 CLI::Validator backend_list_check();
 CLI::Validator cp_comm_check();
 
-// The shape of a transformer (init-model, bench model).
+// The shape of a transformer (init-model, bench model|train|rollouts).
 struct ModelShapeOptions {
   std::string arch = "llama";
   int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 256;  // 0: derived
   void add_to(CLI::App& cmd);
+  // The benchmarks' default: the Llama-3.2-1B shape.
+  static ModelShapeOptions llama_1b();
+  // `base` with this shape: the architecture and its flags (Qwen2 biases, Qwen3 QK norm), the sizes (key/value heads
+  // = heads, head dim = hidden / heads, ffn = 4 × hidden where 0) and the tying; the rest of `base` is kept.
+  model::ModelConfig apply_to(model::ModelConfig base, bool tie_embeddings) const;
 };
 
 // The communicator timeout of multi-rank commands.

@@ -488,36 +488,70 @@ std::vector<std::unique_ptr<Communicator>> make_in_process_group(int world, std:
 
 namespace {
 
-// A rank thread could not be created (a process limit on threads, or memory): the started ranks are aborted, which
-// ends their waits, and joined (a joinable std::thread destroyed would terminate the program).
-[[noreturn]] void stop_started_ranks(const std::vector<std::unique_ptr<Communicator>>& comms,
-                                     std::vector<std::thread>& started, const std::string& why) {
-  for (const auto& c : comms) c->abort(why);
-  for (auto& t : started) t.join();
-  throw Error(why);
-}
+// Joins the started rank threads however run_ranks is left (a joinable std::thread destroyed would terminate the
+// program). Left before every rank started (a thread, or memory, could not be had), it first aborts the group, which
+// ends the started ranks' waits; the message is made before any rank starts, so the abort needs no memory.
+class JoinRanks {
+ public:
+  JoinRanks(const std::vector<std::unique_ptr<Communicator>>& comms, std::vector<std::thread>& threads)
+      : comms_(comms), threads_(threads) {}
+  JoinRanks(const JoinRanks&) = delete;
+  JoinRanks& operator=(const JoinRanks&) = delete;
+  void all_started() { all_started_ = true; }
+  ~JoinRanks() {
+    if (!all_started_)
+      for (const auto& c : comms_) {
+        try {
+          c->abort(why_);
+        } catch (...) {  // the other ranks still end at their timeout
+        }
+      }
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  const std::vector<std::unique_ptr<Communicator>>& comms_;
+  std::vector<std::thread>& threads_;
+  const std::string why_ = "a rank thread could not be started";
+  bool all_started_ = false;
+};
 
 }  // namespace
 
+std::vector<std::exception_ptr> run_threads(const std::vector<std::unique_ptr<Communicator>>& comms,
+                                            const std::function<void(int)>& fn) {
+  const int n = static_cast<int>(comms.size());
+  std::vector<std::exception_ptr> errors(comms.size());
+  {
+    std::vector<std::thread> threads;
+    threads.reserve(comms.size());  // emplace_back below never reallocates
+    JoinRanks join(comms, threads);
+    for (int r = 0; r < n; ++r) {
+      try {
+        threads.emplace_back([&, r] {
+          try {
+            fn(r);
+          } catch (...) {
+            errors[r] = std::current_exception();
+            try {
+              comms[r]->abort(message_of(errors[r]));
+            } catch (...) {  // no memory for the message: the others end at their timeout
+            }
+          }
+        });
+      } catch (const std::exception& e) {
+        throw Error(cat("cannot start the thread of rank ", r, " of ", n, ": ", e.what()));
+      }
+    }
+    join.all_started();
+  }  // every thread joined: nothing writes `errors` any more
+  return errors;
+}
+
 void run_ranks(int world, std::chrono::milliseconds timeout, const std::function<void(Communicator&)>& fn) {
   auto comms = make_in_process_group(world, timeout);
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    try {
-      threads.emplace_back([&, r] {
-        try {
-          fn(*comms[r]);
-        } catch (...) {
-          errors[r] = std::current_exception();
-          comms[r]->abort(message_of(errors[r]));
-        }
-      });
-    } catch (const std::exception& e) {
-      stop_started_ranks(comms, threads, cat("cannot start the thread of rank ", r, " of ", world, ": ", e.what()));
-    }
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<std::exception_ptr> errors = run_threads(comms, [&](int r) { fn(*comms[r]); });
   std::vector<bool> threw(world);
   for (int r = 0; r < world; ++r) threw[r] = errors[r] != nullptr;
   const int root = static_cast<InProcessCommunicator&>(*comms[0]).group().first_failed(threw);

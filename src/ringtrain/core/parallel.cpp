@@ -43,11 +43,12 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
     }
   };
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(workers - 1));  // emplace_back below never reallocates
   for (int64_t t = 1; t < workers; ++t) {
     try {
       threads.emplace_back(body);
-    } catch (const std::system_error&) {
-      break;  // no more threads to be had (a process limit): the started ones and this one share the work
+    } catch (const std::exception&) {
+      break;  // no more threads to be had (a process limit, memory): the started ones and this one share the work
     }
   }
   body();

@@ -8,6 +8,7 @@
 #include "ringtrain/attention/backend.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/model/flops.h"
 #include "ringtrain/model/policy.h"
 #include "ringtrain/train/mesh.h"
 #include "ringtrain/train/trainer.h"
@@ -61,17 +62,6 @@ model::ModelConfig llama_1b_config() {
   c.rms_eps = 1e-5;
   c.max_positions = 1 << 20;
   return c;
-}
-
-double matmul_weights(const model::ModelConfig& c) {
-  const double qd = static_cast<double>(c.heads) * c.head_dim, kvd = static_cast<double>(c.kv_heads) * c.head_dim;
-  const double per_layer = c.hidden * (qd + 2 * kvd) + qd * c.hidden + 3.0 * c.hidden * c.ffn;
-  return c.layers * per_layer + static_cast<double>(c.vocab) * c.hidden;
-}
-
-double train_step_flops(const model::ModelConfig& c, int64_t seq) {
-  const double S = static_cast<double>(seq);
-  return 6 * matmul_weights(c) * S + 6.0 * c.layers * S * S * (c.heads * c.head_dim);
 }
 
 nlohmann::json run_train_bench(const BenchTrainOptions& o, comm::Communicator& world) {
@@ -138,7 +128,7 @@ nlohmann::json run_train_bench(const BenchTrainOptions& o, comm::Communicator& w
   }
 
   const double ms = max_over_ranks(world, median(step_ms));
-  const double flops = train_step_flops(c, o.seq);
+  const double flops = model::train_step_flops(c, o.seq);
   const int gpus = world.size();
   const int64_t shard = trainer.shard().end - trainer.shard().begin;
   nlohmann::json row;

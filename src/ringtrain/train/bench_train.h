@@ -32,11 +32,9 @@ struct BenchTrainOptions {
 
 // The Llama-3.2-1B shape of `bench model`: 16 layers, hidden 2048, 32/8 heads of 64, ffn 8192, vocab 128256, tied.
 model::ModelConfig llama_1b_config();
-double matmul_weights(const model::ModelConfig& c);
 // Random weights as transformers initialises them (N(0, 0.02) matrices, unit norms, zero biases), in layout order,
 // from a counter-based hash (fast for a billion values).
 std::vector<float> random_weights(const model::ModelConfig& c, uint64_t seed);
-double train_step_flops(const model::ModelConfig& c, int64_t seq);
 
 // Runs the benchmark on this rank of `world` (its device is the policy's; world.size() = cp). Returns rank 0's row
 // (every rank returns its own; times are the slowest rank's).

@@ -26,6 +26,7 @@
 #include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/cp_scoring.h"
+#include "ringtrain/model/flops.h"
 #include "ringtrain/model/cuda/gpu_logprobs.h"
 #include "ringtrain/model/cuda/gpu_model.h"
 #include "ringtrain/model/hf_config.h"
@@ -50,16 +51,6 @@ model::ModelConfig bench_config(const ModelBenchOptions& o) {
   return c;
 }
 
-double matmul_weights(const model::ModelConfig& c) {
-  const double qd = static_cast<double>(c.heads) * c.head_dim, kvd = static_cast<double>(c.kv_heads) * c.head_dim;
-  const double per_layer = c.hidden * (qd + 2 * kvd) + qd * c.hidden + 3.0 * c.hidden * c.ffn;
-  return c.layers * per_layer + static_cast<double>(c.vocab) * c.hidden;
-}
-
-double step_flops(const model::ModelConfig& c, int64_t seq) {
-  const double S = static_cast<double>(seq);
-  return 6 * matmul_weights(c) * S + 6.0 * c.layers * S * S * (c.heads * c.head_dim);
-}
 
 
 double gib(uint64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
@@ -184,7 +175,7 @@ nlohmann::json bench_shape(model::cuda::GpuModel& m, int64_t seq, const ModelBen
   const uint64_t logprob_extra = pool_attribute(cudaMemPoolAttrUsedMemHigh) - before;
 
   const int world = comm ? comm->size() : 1;
-  const double flops = step_flops(c, seq);
+  const double flops = model::train_step_flops(c, seq);
   nlohmann::json row;
   row["seq"] = seq;
   row["cp"] = world;
@@ -221,7 +212,7 @@ void run_model_bench(const ModelBenchOptions& o, comm::Communicator* comm, const
   model::cuda::GpuModel m = model::cuda::GpuModel::random(c, o.seed, opts, device);
   cp::CpConfig cfg;
   cfg.comm = cp::parse_cp_comm(o.cp_comm);
-  report.header(gpu_name(device), matmul_weights(c));
+  report.header(gpu_name(device), model::matmul_weights(c));
   for (int64_t seq : o.seqs) {
     nlohmann::json row;
     try {
