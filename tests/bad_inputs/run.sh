@@ -145,7 +145,13 @@ copy_ck st_index_deep && { printf '{"weight_map": '; nested 100000; printf '}'; 
 expect_error st-index-deep 'model.safetensors.index.json: JSON nested deeper' "$bin" logprobs --model st_index_deep --data good.jsonl
 
 # --- outputs and CLI values ---
-ln -sf good.jsonl out_link
+expect_error out-is-input "out ./good.jsonl is the --data file; refusing to overwrite it" "$bin" logprobs --model ck \
+  --data good.jsonl --out ./good.jsonl
+printf '{"step":1,"loss":1.5}\n' > m.jsonl
+expect_error plot-out-is-input "out m.jsonl is the metrics file; refusing to overwrite it" "$bin" plot m.jsonl --out m.jsonl
+grep -q '"loss":1.5' m.jsonl || { echo "FAIL plot-out-is-input: the metrics were overwritten"; failures=$((failures + 1)); }
+echo '{"input_ids": [1, 2]}' > link_target.jsonl
+ln -sf link_target.jsonl out_link
 expect_error out-symlink 'refusing to replace out_link: it is a symbolic link' "$bin" logprobs --model ck --data good.jsonl --out out_link
 [ -L out_link ] || { echo "FAIL out-symlink: the link was replaced"; failures=$((failures + 1)); }
 mkfifo out_fifo

@@ -299,6 +299,23 @@ TEST(TrainCheckpoint, BadOptimizerPiecesAreNamed) {
   e = load_error(s, dir, {1, 1});
   EXPECT_NE(e.find("/optimizer: no piece holds exp_avg_sq of model.norm.weight element 0"), std::string::npos) << e;
 
+  // Corrupted values: a NaN in the master weights, a negative second moment.
+  const auto with_value = [&](const std::string& key, float v) {
+    model::TensorMap t = good;
+    std::vector<float> values = model::to_float32(key, t.at(key));
+    values[values.size() / 2] = v;
+    t[key] = model::from_float32(values, t.at(key).shape, t.at(key).dtype);
+    return t;
+  };
+  rewrite(with_value("master@model.norm.weight@0", std::numeric_limits<float>::quiet_NaN()));
+  e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find("'master@model.norm.weight@0' element 16 is nan (optimizer state must be finite)"),
+            std::string::npos)
+      << e;
+  rewrite(with_value("exp_avg_sq@model.norm.weight@0", -1.f));
+  e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find("element 16 is -1 (a second moment must be finite and >= 0)"), std::string::npos) << e;
+
   rewrite(good);
   EXPECT_EQ(load_error(s, dir, {1, 1}), "");
 }

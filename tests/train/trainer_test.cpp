@@ -7,6 +7,7 @@
 //   moments bitwise unchanged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -96,7 +97,9 @@ TEST_P(TrainerMesh, EqualsOneRank) {
   for (int r = 0; r < k.dp * k.cp; ++r) {
     const StepResult& got = many.results[r][0];
     EXPECT_FALSE(got.skipped);
-    EXPECT_NEAR(got.loss, want.loss, tol * std::abs(want.loss)) << "rank " << r;
+    // The PG loss is a mean of advantage-weighted ratios (|advantage| ~ 1) that can cancel to near 0: its rounding
+    // scales with the terms, not with their sum (seen: 1.1e-5 relative on a loss of -0.004).
+    EXPECT_NEAR(got.loss, want.loss, tol * std::max(std::abs(want.loss), 1.0)) << "rank " << r;
     EXPECT_NEAR(got.grad_norm, want.grad_norm, tol * want.grad_norm) << "rank " << r;
     EXPECT_EQ(got.valid_tokens, want.valid_tokens);
     EXPECT_EQ(got.valid_sequences, want.valid_sequences);

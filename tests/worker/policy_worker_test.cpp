@@ -280,6 +280,8 @@ TEST(PolicyWorker, ExportWritesAFolderTheModelLoaderReadsAndRefusesToReplaceAFil
     w.export_hf(dir / "hf");  // a folder is replaced
     if (world.rank() == 0) {
       std::ofstream(dir / "file") << "x";
+      fs::create_directories(dir / "mine");
+      std::ofstream(dir / "mine" / "notes.txt") << "keep";
     }
     world.barrier();
     try {
@@ -287,6 +289,13 @@ TEST(PolicyWorker, ExportWritesAFolderTheModelLoaderReadsAndRefusesToReplaceAFil
       ADD_FAILURE() << "a regular file was replaced";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("not a directory"), std::string::npos) << e.what();
+    }
+    try {  // a folder with files an export does not write (a user's, or checkpoints) is never replaced
+      w.export_hf(dir / "mine");
+      ADD_FAILURE() << "a folder holding other files was replaced";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("notes.txt, which an export does not write"), std::string::npos)
+          << e.what();
     }
     if (world.rank() == 0) {
       const model::ModelConfig m = model::load_config(dir / "hf");
@@ -298,6 +307,7 @@ TEST(PolicyWorker, ExportWritesAFolderTheModelLoaderReadsAndRefusesToReplaceAFil
     }
   });
   EXPECT_EQ(model::read_file(dir / "file"), "x");
+  EXPECT_EQ(model::read_file(dir / "mine" / "notes.txt"), "keep");
   fs::remove_all(dir);
 }
 

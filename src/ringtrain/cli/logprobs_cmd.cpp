@@ -113,6 +113,7 @@ void add_logprobs_command(CLI::App& app) {
               int64_t{1}, kMaxSeq);
   cmd->callback([o] {
     using namespace model;
+    check_out_is_not_input(o->out, o->data, "--data");
     if (!o->with_config.config.empty()) {
       RT_CHECK(o->model.empty(), "logprobs: --config names the model; drop --model (or --config)");
       o->with_config.data = o->data, o->with_config.out = o->out, o->with_config.timeout_s = o->timeout_s;

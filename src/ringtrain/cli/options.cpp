@@ -1,5 +1,7 @@
 #include "ringtrain/cli/options.h"
 
+#include <filesystem>
+
 #include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/hf_config.h"
@@ -155,6 +157,12 @@ model::ModelConfig ModelShapeOptions::apply_to(model::ModelConfig c, bool tie_em
   c.qkv_bias = c.arch == model::Arch::Qwen2;
   c.qk_norm = c.arch == model::Arch::Qwen3;
   return c;
+}
+
+void check_out_is_not_input(const std::string& out, const std::string& input, const char* input_option) {
+  std::error_code ec;
+  RT_CHECK(out.empty() || input.empty() || !std::filesystem::equivalent(out, input, ec), "--out ", out, " is the ",
+           input_option, " file; refusing to overwrite it");
 }
 
 CLI::Option* add_timeout_ms(CLI::App& cmd, int64_t& timeout_ms) {

@@ -102,6 +102,10 @@ struct ModelShapeOptions {
   model::ModelConfig apply_to(model::ModelConfig base, bool tie_embeddings) const;
 };
 
+// Refuses an --out that is the command's input file (the same file under another name too): writing it would
+// replace what is being read.
+void check_out_is_not_input(const std::string& out, const std::string& input, const char* input_option);
+
 // The communicator timeout of multi-rank commands.
 CLI::Option* add_timeout_ms(CLI::App& cmd, int64_t& timeout_ms);
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ringtrain/cli/commands.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/worker/plot.h"
 
@@ -23,6 +24,7 @@ void add_plot_command(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--title", o->title, "title (default: the metrics file's path)");
   cmd->callback([o] {
+    check_out_is_not_input(o->out, o->metrics, "metrics");
     const std::vector<worker::Series> all = worker::read_metrics(o->metrics);
     const std::vector<std::string> names = o->panels.empty() ? worker::default_panels(all) : o->panels;
     RT_CHECK(!names.empty(), o->metrics,

@@ -43,12 +43,24 @@ void ensure_directory(const std::filesystem::path& dir) {
 
 // Opens for writing without following a symlink; the result must be a regular file.
 FilePtr open_for_writing(const std::filesystem::path& path, int flags) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | flags, 0644);
-  RT_CHECK(fd >= 0, "cannot open ", path.string(), " for writing: ", std::strerror(errno));
+  // O_NONBLOCK: opening a FIFO without a reader fails at once (ENXIO) instead of waiting for one.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | flags, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    RT_CHECK(err != ELOOP, path.string(), " is a symbolic link; refusing to write through it");
+    RT_CHECK(err != ENXIO, path.string(), ": not a regular file (a FIFO)");
+    throw Error(cat("cannot open ", path.string(), " for writing: ", std::strerror(err)));
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     throw Error(cat(path.string(), ": not a regular file"));
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(cat("cannot open ", path.string(), " for writing: ", std::strerror(err)));
   }
   FilePtr f(::fdopen(fd, "ab"));
   if (!f) {

@@ -325,14 +325,30 @@ train::TrainingProgress PolicyWorker::load(const fs::path& dir) {
   return train::load_training_checkpoint(dir, *state_->trainer);
 }
 
+namespace {
+
+// What an export writes: an existing folder is replaced only when it holds nothing else (an earlier export, a
+// leftover of one, or an empty folder), so that no user file, and no checkpoint, is ever deleted by an export.
+void check_replaceable_export(const fs::path& p, const char* what) {
+  if (!exists_no_follow(p)) return;
+  RT_CHECK(fs::symlink_status(p).type() == fs::file_type::directory, "export: ", p.string(),
+           " exists and is not a directory; refusing to ", what, " it");
+  for (const fs::directory_entry& e : fs::directory_iterator(p)) {
+    const std::string name = e.path().filename().string();
+    RT_CHECK((name == "config.json" || name == "model.safetensors") && e.symlink_status().type() ==
+                 fs::file_type::regular,
+             "export: ", p.string(), " holds ", e.path().string(), ", which an export does not write; refusing to ",
+             what, " it (export into a new or empty folder, or over an earlier export)");
+  }
+}
+
+}  // namespace
+
 void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, const std::vector<float>& values) {
+  RT_CHECK(!dir.empty(), "export: the output folder is empty");
   const fs::path dest = dir.lexically_normal(), tmp = sibling(dir, ".exporting"), old = sibling(dir, ".replaced");
-  const auto is_dir = [](const fs::path& p) { return fs::symlink_status(p).type() == fs::file_type::directory; };
-  RT_CHECK(!exists_no_follow(dest) || is_dir(dest), "export: ", dest.string(),
-           " exists and is not a directory; refusing to replace it");
-  for (const fs::path& p : {tmp, old})
-    RT_CHECK(!exists_no_follow(p) || is_dir(p), "export: ", p.string(),
-             " exists and is not a directory; refusing to remove it");
+  check_replaceable_export(dest, "replace");
+  for (const fs::path& p : {tmp, old}) check_replaceable_export(p, "remove");
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   model::write_config(tmp, config);
