@@ -170,6 +170,39 @@ expect_error backends-negative-seq '--seq: Value -5 not in range 1 to' "$bin" ba
 expect_error backends-zero-heads '--heads: Value 0 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --heads 0
 expect_error backends-zero-batch '--batch: Value 0 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --batch 0
 
+# --- run configs, overrides and the training run's folders ---
+cat > run.yaml <<'YAML'
+policy:
+  model_name: builtin:tiny
+  train_global_batch_size: 1
+  train_micro_batch_size: 1
+  logprob_batch_size: 1
+  max_total_sequence_length: 16
+  precision: float32
+device: cpu
+train:
+  steps: 1
+  data: good.jsonl
+  metrics_dir: ""
+YAML
+expect_error config-cp-two-overrides 'sets the same setting as the override of parallel.cp; give only one of them' \
+  "$bin" config run.yaml parallel.cp=2 policy.dtensor_cfg.context_parallel_size=4
+{ cat run.yaml; printf -- '---\nbogus: 1\n'; } > two_docs.yaml
+expect_error config-two-documents 'two_docs.yaml: 2 YAML documents' "$bin" config two_docs.yaml
+expect_error config-negative-device "unknown device 'cuda:-1'" "$bin" config run.yaml device=cuda:-1
+printf 'policy:\n  model_name: "builtin:tiny\\x00evil"\n' > nul_value.yaml
+expect_error config-nul-in-value 'builtin:tiny\\x00evil: unknown builtin model' "$bin" config nul_value.yaml
+expect_error train-missing-data 'nothere.jsonl: no such file' "$bin" train --config run.yaml train.data=nothere.jsonl
+touch ckpt_file
+expect_error train-checkpoint-dir-file 'train.checkpoint_dir = ckpt_file: not a directory' \
+  "$bin" train --config run.yaml train.checkpoint_dir=ckpt_file
+mkdir -p ckpt_partial/step_3
+expect_error train-incomplete-step 'ckpt_partial/step_3 is not a complete checkpoint' \
+  "$bin" train --config run.yaml train.checkpoint_dir=ckpt_partial --resume
+mkdir -p metrics_fifo && mkfifo metrics_fifo/metrics.jsonl
+expect_error train-metrics-fifo 'metrics.jsonl: not a regular file' "$bin" train --config run.yaml \
+  train.metrics_dir=metrics_fifo
+
 # --- running out of threads: an address-space limit leaves no room for 500 thread stacks (not under ASan, whose
 # shadow memory needs the address space; root ignores RLIMIT_NPROC, so `ulimit -u` cannot show it) ---
 if ldd "$bin" 2>/dev/null | grep -q libasan; then

@@ -131,12 +131,15 @@ void ModelShapeOptions::add_to(CLI::App& cmd) {
   add_bounded(cmd, "--layers", layers, "decoder layers", int64_t{1}, kMaxLayers)->capture_default_str();
   add_bounded(cmd, "--hidden", hidden, "hidden size", int64_t{1}, kMaxHidden)->capture_default_str();
   add_bounded(cmd, "--heads", heads, "query heads", int64_t{1}, kMaxHeads)->capture_default_str();
-  CLI::Option* kv = add_bounded(cmd, "--kv-heads", kv_heads, "key/value heads (default: --heads)", int64_t{1}, kMaxHeads);
+  // A size given a default here shows it; one left 0 is derived, as its help says.
+  CLI::Option* kv = add_bounded(cmd, "--kv-heads", kv_heads, kv_heads ? "key/value heads" : "key/value heads "
+                                "(default: --heads)", int64_t{1}, kMaxHeads);
   if (kv_heads) kv->capture_default_str();
-  CLI::Option* hd = add_bounded(cmd, "--head-dim", head_dim, "head dimension (default: hidden / heads)", int64_t{1},
-                                kMaxHeadDim);
+  CLI::Option* hd = add_bounded(cmd, "--head-dim", head_dim, head_dim ? "head dimension" : "head dimension "
+                                "(default: hidden / heads)", int64_t{1}, kMaxHeadDim);
   if (head_dim) hd->capture_default_str();
-  CLI::Option* ffn_opt = add_bounded(cmd, "--ffn", ffn, "MLP width (default: 4 x hidden)", int64_t{1}, 4 * kMaxHidden);
+  CLI::Option* ffn_opt = add_bounded(cmd, "--ffn", ffn, ffn ? "MLP width" : "MLP width (default: 4 x hidden)",
+                                     int64_t{1}, 4 * kMaxHidden);
   if (ffn) ffn_opt->capture_default_str();
   add_bounded(cmd, "--vocab", vocab, "vocabulary size", int64_t{1}, kMaxVocab)->capture_default_str();
 }

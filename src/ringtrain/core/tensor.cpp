@@ -1,6 +1,7 @@
 #include "ringtrain/core/tensor.h"
 
 #include <algorithm>
+#include <charconv>
 #include <sstream>
 
 #include "ringtrain/core/device_ops.h"
@@ -16,12 +17,13 @@ Device parse_device(const std::string& name) {
   if (name == "cpu") return Device::cpu();
   if (name == "cuda" || name == "gpu") return Device::cuda(0);
   if (name.rfind("cuda:", 0) == 0) {
-    try {
-      return Device::cuda(std::stoi(name.substr(5)));
-    } catch (const std::exception&) {
-    }
+    int index = -1;
+    const char* first = name.data() + 5;
+    const char* last = name.data() + name.size();
+    const auto [end, err] = std::from_chars(first, last, index);
+    if (err == std::errc() && end == last && first != last && index >= 0 && index < 1024) return Device::cuda(index);
   }
-  throw Error(cat("unknown device '", name, "' (expected cpu, cuda or cuda:N)"));
+  throw Error(cat("unknown device '", name, "' (expected cpu, cuda or cuda:N with N in [0, 1024))"));
 }
 
 int64_t TensorView::numel() const {

@@ -193,6 +193,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
            "grpo.sft_warmup_steps needs train.checkpoint_dir: the warm-up's weights (the reference policy) are kept "
            "there");
   RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
+  if (!root.empty()) worker::prepare_checkpoint_dir(root);
   // The checkpoint to continue from: the newest step_N (as `ringtrain train` writes them); none starts afresh.
   const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
   RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "

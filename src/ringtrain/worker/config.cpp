@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -49,8 +50,22 @@ const std::string& scalar(const YAML::Node& n, const std::string& key, const std
   return n.Scalar();
 }
 
-// A short excerpt of a value for messages (a hostile value may be megabytes long).
-std::string excerpt(const std::string& s) { return s.size() <= 40 ? s : s.substr(0, 40) + "..."; }
+// A short excerpt of a value for messages (a hostile value may be megabytes long): at most 40 characters, control
+// bytes (a NUL would end the message) shown as \xNN.
+std::string excerpt(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < 40; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return s.size() <= 40 ? out : out + "...";
+}
 
 int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string& where, int64_t lo, int64_t hi) {
   const std::string& s = scalar(n, key, where);
@@ -499,7 +514,8 @@ void apply_map(Config& c, const YAML::Node& map, const std::string& prefix, cons
   }
 }
 
-void apply_override(Config& c, const std::string& text) {
+// Returns the setting it assigned (two overrides naming one setting by its two keys are an error).
+std::string apply_override(Config& c, const std::string& text) {
   const std::string where = cat("override '", excerpt(text), "'");
   const size_t eq = text.find('=');
   RT_CHECK(eq != std::string::npos && eq > 0, where, ": expected KEY=VALUE (e.g. policy.train_micro_batch_size=2)");
@@ -516,6 +532,7 @@ void apply_override(Config& c, const std::string& text) {
     throw Error(cat(where, ": the value is not YAML: ", e.msg));
   }
   f->set(c, value, where);
+  return f->storage;
 }
 
 }  // namespace
@@ -524,7 +541,9 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
                     const std::vector<std::string>& overrides, ConfigUse use) {
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    RT_CHECK(docs.size() <= 1, source, ": ", docs.size(), " YAML documents (separated by ---); a config is one");
+    if (!docs.empty()) root = docs.front();
   } catch (const YAML::Exception& e) {
     throw Error(cat(source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML error: ", e.msg));
   }
@@ -534,7 +553,13 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
   Config c;
   Assignments assigned;
   apply_map(c, root, "", Origin{source, true}, assigned);
-  for (const std::string& o : overrides) apply_override(c, o);
+  std::map<std::string, std::string> overridden;  // setting -> the override's key
+  for (const std::string& o : overrides) {
+    const std::string key = o.substr(0, o.find('='));
+    const auto [prev, fresh] = overridden.emplace(apply_override(c, o), key);
+    RT_CHECK(fresh || prev->second == key, "override '", excerpt(o), "' sets the same setting as the override of ",
+             prev->second, "; give only one of them");
+  }
   if (c.policy.precision == Precision::Auto)
     c.policy.precision = c.device.kind == DeviceKind::CPU ? Precision::Float32 : Precision::BFloat16;
   c.validate(use);

@@ -314,7 +314,10 @@ Dataset read_batch_safetensors(const std::filesystem::path& file, const DataSpec
 
 Dataset load_dataset(const std::filesystem::path& file, const DataSpec& spec) {
   std::error_code ec;
-  RT_CHECK(std::filesystem::is_regular_file(file, ec), file.string(), ": not a regular file");
+  const std::filesystem::file_type type = std::filesystem::status(file, ec).type();
+  RT_CHECK(type != std::filesystem::file_type::not_found, file.string(), ": no such file",
+           std::filesystem::is_symlink(file, ec) ? " (a symbolic link to nothing)" : "");
+  RT_CHECK(type == std::filesystem::file_type::regular, file.string(), ": not a regular file");
   if (file.extension() == ".safetensors") return read_batch_safetensors(file, spec);
   return parse_jsonl(model::read_file(file), file.string(), spec);
 }

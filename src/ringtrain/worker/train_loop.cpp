@@ -1,8 +1,12 @@
 #include "ringtrain/worker/train_loop.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -30,7 +34,9 @@ int64_t total_train_steps(const Config& c, int64_t units) {
 
 std::optional<fs::path> newest_checkpoint(const fs::path& dir) {
   std::error_code ec;
-  if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) return std::nullopt;
+  const fs::file_type type = fs::status(dir, ec).type();
+  if (type == fs::file_type::not_found) return std::nullopt;
+  RT_CHECK(type == fs::file_type::directory, "train.checkpoint_dir = ", dir.string(), ": not a directory");
   std::optional<fs::path> best;
   int64_t best_step = -1;
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
@@ -41,14 +47,26 @@ std::optional<fs::path> newest_checkpoint(const fs::path& dir) {
     const char* last = name.data() + name.size();
     const auto [end, err] = std::from_chars(first, last, step);
     if (err != std::errc() || end != last || first == last) continue;  // step_N.saving and other names
-    if (fs::symlink_status(e.path() / "trainer_state.json", ec).type() != fs::file_type::regular) continue;
+    RT_CHECK(fs::symlink_status(e.path() / "trainer_state.json", ec).type() == fs::file_type::regular,
+             e.path().string(), " is not a complete checkpoint (no trainer_state.json; an unfinished save leaves ",
+             name, ".saving): move it away, or choose another train.checkpoint_dir");
     if (step > best_step) best_step = step, best = e.path();
   }
   return best;
 }
 
+void prepare_checkpoint_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  RT_CHECK(fs::status(dir).type() == fs::file_type::directory, "train.checkpoint_dir = ", dir.string(),
+           ": not a directory", ec ? cat(" (", ec.message(), ")") : std::string());
+  RT_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "train.checkpoint_dir = ", dir.string(), ": not writable: ",
+           std::strerror(errno));
+}
+
 int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& data, const TrainRunOptions& o) {
   const bool lead = world.rank() == 0;
+  if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
   PolicyWorker worker(c, world);
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());

@@ -26,8 +26,14 @@ struct TrainRunOptions {
 // The steps the run takes in all (train.steps and train.epochs over `units` batches' worth of data).
 int64_t total_train_steps(const Config& c, int64_t units);
 
-// The newest complete checkpoint DIR/step_N (highest N holding trainer_state.json), if any.
+// The newest checkpoint DIR/step_N (highest N), if any. DIR must be a directory (or absent); a step_N that is not a
+// complete checkpoint (a directory holding trainer_state.json) is an error: a save that did not finish leaves
+// step_N.saving, never step_N.
 std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::path& dir);
+
+// train.checkpoint_dir made (or found) before any weight is loaded or step taken: an error names the key when it
+// is not a directory or cannot be created.
+void prepare_checkpoint_dir(const std::filesystem::path& dir);
 
 // Collective over `world` (dp · cp ranks; every rank passes the same config and data). Returns the steps taken by
 // this call.
