@@ -68,7 +68,8 @@ void add_export_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("export", "A checkpoint's weights as a Hugging Face folder");
   cmd->add_option("checkpoint", o->checkpoint, "checkpoint folder (ringtrain train's step_N, or any HF folder)")
       ->required();
-  cmd->add_option("--out", o->out, "the Hugging Face folder to write (replaced when it is a folder)")->required();
+  cmd->add_option("--out", o->out, "the Hugging Face folder to write (an earlier export or an empty folder is replaced)")
+      ->required();
   cmd->callback([o] {
     const model::ModelConfig m = model::load_config(o->checkpoint);
     worker::write_hf_folder(o->out, m, model::load_checkpoint_params(o->checkpoint, m));

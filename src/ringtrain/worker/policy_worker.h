@@ -85,7 +85,7 @@ class PolicyWorker {
 };
 
 // config.json + model.safetensors (in config.dtype) written into DIR.exporting, then renamed to DIR; an existing
-// DIR is replaced only when it is a directory.
+// DIR is replaced only when it is a directory holding nothing but those two files (an earlier export) or nothing.
 void write_hf_folder(const std::filesystem::path& dir, const model::ModelConfig& config,
                      const std::vector<float>& values);
 
