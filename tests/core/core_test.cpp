@@ -251,6 +251,17 @@ TEST(Checked, ProductsAndSumsThatOverflowAreErrorsNamingTheQuantity) {
   EXPECT_NE(message([&] { (void)v.numel(); }).find("overflows"), std::string::npos);
 }
 
+TEST(Json, AKeyGivenTwiceInOneObjectIsAnError) {
+  try {
+    parse_json(R"({"a": {"b": 1, "c": [{"b": 2}], "b": 3}})", "f.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(R"(f.json: key "b" given twice)"), std::string::npos) << e.what();
+  }
+  // The same key in different objects, nested or side by side, is fine.
+  EXPECT_EQ(parse_json(R"({"b": {"b": 1}, "c": [{"b": 2}, {"b": 3}]})", "ok")["c"][1]["b"], 3);
+}
+
 TEST(Json, NestingBeyondTheLimitIsAnErrorNamingTheSource) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   try {

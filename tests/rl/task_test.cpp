@@ -163,6 +163,7 @@ TEST_F(PromptFile, ErrorsNameFileAndLine) {
   expect(ok + "{\"prompt\": 1, \"answer\": \"1\"}", ":2: key 'prompt' must be a string");
   expect(ok + "{\"prompt\": \"1=\", \"answer\": \"1\", \"id\": \"x\"}", ":2: unknown key 'id'");
   expect(ok + "{\"prompt\": {\"a\": [[[1]]]}, \"answer\": \"1\"}", ":2: nested values are not allowed");
+  expect(ok + "{\"prompt\": \"12=\", \"answer\": \"21\", \"answer\": \"x\"}", ":2: key \"answer\" given twice");
   expect(ok + "[1, 2]", ":2: a record must be a JSON object");
   expect(ok + "{\"prompt\": \"1=\", \"answer\": \"X\"}", ":2: key 'answer': tokenizer: character 'X' at position 0");
   expect(ok + "{\"prompt\": \"\", \"answer\": \"1\"}", ":2: empty prompt");

@@ -112,6 +112,7 @@ TEST(WorkerData, BadRowsNameFileLineAndField) {
       {ok + "{\"input_ids\": " + std::string(100000, '[') + "}\n", "d.jsonl:2: nested deeper than 2 levels"},
       {ok + "{\"a\": {\"b\": {\"c\": 1}}}\n", "nested deeper"},
       {ok + "{\"token_mask\": [1]}\n", "d.jsonl:2: missing input_ids"},
+      {ok + "{\"input_ids\": [1, 2], \"input_ids\": [3, 4]}\n", "d.jsonl:2: key 'input_ids' given twice"},
       {"{\"input_ids\": [1, 2], \"prev_logprobs\": [0, -1]}\n" + ok, "d.jsonl:2: prev_logprobs missing"},
       {"", "d.jsonl: no samples"},
   };

@@ -6,15 +6,18 @@ namespace ringtrain {
 
 nlohmann::json parse_json(std::string_view text, const std::string& source) {
   using nlohmann::json;
-  // The callback sees every container start with its depth before the parser descends into it.
-  const json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t event, json&) {
+  // The callback sees every container start with its depth before the parser descends into it, and every key
+  // before its value.
+  ObjectKeys keys;
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
     if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
         depth >= kMaxJsonDepth)
       throw Error(cat(source, ": JSON nested deeper than ", kMaxJsonDepth, " levels"));
+    if (!keys.fresh(event, parsed)) throw Error(cat(source, ": key ", json_excerpt(parsed), " given twice"));
     return true;
   };
   try {
-    return json::parse(text.begin(), text.end(), limit_depth);
+    return json::parse(text.begin(), text.end(), check);
   } catch (const json::exception& e) {
     throw Error(cat(source, ": invalid JSON: ", e.what()));
   }

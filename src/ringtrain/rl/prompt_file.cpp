@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
 
 namespace ringtrain::rl {
 namespace {
@@ -38,11 +39,13 @@ std::vector<Example> read_prompt_file(const std::filesystem::path& path, const C
     if (blank(line)) continue;
     const std::string where = cat(name, ":", number);
     // Records are flat: the callback refuses any object or array inside the top-level one before it is parsed.
+    ObjectKeys keys;
     const nlohmann::json::parser_callback_t flat = [&](int depth, nlohmann::json::parse_event_t event,
-                                                       nlohmann::json&) {
+                                                       nlohmann::json& parsed) {
       RT_CHECK(!(depth > 0 && (event == nlohmann::json::parse_event_t::object_start ||
                                event == nlohmann::json::parse_event_t::array_start)),
                where, ": nested values are not allowed (a record is {\"prompt\": \"...\", \"answer\": \"...\"})");
+      RT_CHECK(keys.fresh(event, parsed), where, ": key ", json_excerpt(parsed), " given twice");
       return true;
     };
     nlohmann::json record;
