@@ -11,15 +11,8 @@ bin=${1:-build-device}
 shift || true
 steps=${*:-tests hf pg rollouts}
 out=${OUT:-/tmp}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-py_pkg() { python3 -c "import nvidia.$1 as m; print(m.__path__[0])" 2>/dev/null || true; }
-export LD_LIBRARY_PATH=$(py_pkg cudnn)/lib:$(py_pkg nccl)/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,memory.used --format=csv,noheader
-gpus=$(nvidia-smi -L | wc -l)
-status=0
-step() { echo "== $*"; "$@" 2>&1 | tee -a "$out/train-device.log" | grep -vE '^\[ +(RUN|OK) +\]|^\[seed'; local rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || { echo "!! exit $rc: $*"; status=1; }; }
-has() { [[ " $steps " == *" $1 "* ]]; }
-cps=1; [ "$gpus" -ge 2 ] && cps=1,2
+log=train-device.log
+source bench/device_env.sh
 
 if has tests; then
   step timeout 300 "$bin/test_train"

@@ -69,6 +69,19 @@ double max_abs_error(const TensorView& a, const TensorView& b) {
   return (!ok || bad) ? std::numeric_limits<double>::infinity() : m;
 }
 
+double max_ragged_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return std::numeric_limits<double>::infinity();
+    for (size_t p = 0; p < a[i].size(); ++p) {
+      const double d = std::abs(static_cast<double>(a[i][p]) - b[i][p]);
+      if (!(d <= m)) m = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+    }
+  }
+  return m;
+}
+
 CliResult run_cli(const std::string& args) {
   CliResult r;
   FILE* pipe = popen((std::string(RINGTRAIN_CLI) + " " + args + " 2>&1").c_str(), "r");

@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/tensor.h"
@@ -25,6 +26,9 @@ void poison(const TensorView& t);
 double rel_error(const TensorView& a, const TensorView& b);
 // max |a - b| over elements, NaN-poisoned: +inf if any element is NaN.
 double max_abs_error(const TensorView& a, const TensorView& b);
+// max |a - b| over per-sequence values (logprobs of sequences of different lengths): +inf for a NaN or when the
+// sequence counts or lengths differ.
+double max_ragged_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b);
 
 // Multi-GPU tests: a parent test starts this test program once per rank through comm::launch_local (the code of
 // `ringtrain launch`), and the per-rank tests run only inside those ranks (where RANK is set).

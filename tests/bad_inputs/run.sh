@@ -203,6 +203,13 @@ mkdir -p metrics_fifo && mkfifo metrics_fifo/metrics.jsonl
 expect_error train-metrics-fifo 'metrics.jsonl: not a regular file' "$bin" train --config run.yaml \
   train.metrics_dir=metrics_fifo
 
+expect_error rollouts-model-and-shape 'bench rollouts: --model names the model; drop --layers' \
+  "$bin" bench rollouts --device cpu --model builtin:tiny --layers 3
+expect_error rollouts-model-and-untied 'bench rollouts: --model names the model; drop --untied' \
+  "$bin" bench rollouts --device cpu --model builtin:tiny --untied
+expect_error rollouts-json-no-folder 'bench rollouts: --json nowhere/r.json: .*nowhere is not a directory' \
+  "$bin" bench rollouts --device cpu --model builtin:tiny --json nowhere/r.json
+
 # --- running out of threads: an address-space limit leaves no room for 500 thread stacks (not under ASan, whose
 # shadow memory needs the address space; root ignores RLIMIT_NPROC, so `ulimit -u` cannot show it) ---
 if ldd "$bin" 2>/dev/null | grep -q libasan; then

@@ -3,30 +3,15 @@
 // message that names the option (or the product) and the value.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 #include "test_util.h"
 
 namespace ringtrain {
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string output;
-};
-
-CliResult run_cli(const std::string& args) {
-  CliResult r;
-  FILE* pipe = popen((std::string(RINGTRAIN_CLI) + " " + args + " 2>&1").c_str(), "r");
-  if (!pipe) return r;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, n);
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using testing::CliResult;
+using testing::run_cli;
 
 struct BadInput {
   const char* args;

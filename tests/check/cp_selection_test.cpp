@@ -1,5 +1,5 @@
-// The project's core invariant under context parallelism (the original bug): a model-level scope that lists every
-// backend cannot re-enable a backend the CP scope excluded, every block call is counted on a CP-capable backend,
+// The project's core invariant under context parallelism, a scope can only narrow: a model-level scope that lists
+// every backend cannot re-enable a backend the CP scope excluded, every block call is counted on a CP-capable backend,
 // and a scope that leaves no CP-capable backend fails with every backend's reason.
 #include <gtest/gtest.h>
 
@@ -30,7 +30,7 @@ TEST(CpSelection, ModelScopeListingAllBackendsRunsOnlyCpCapableOnes) {
     check::CpRunOptions opt;
     opt.cp = 4;
     opt.config.comm = comm;
-    opt.model_scope = kAllFour;  // what the model of the original bug did
+    opt.model_scope = kAllFour;  // a model scope that lists every backend
     const check::AttnResults got = check::cp_attention_on_ranks(prob, in, opt);
     const attention::DispatchCounts n = attention::dispatch_counts();
     SCOPED_TRACE(cat(cp::cp_comm_name(comm), ": ", attention::format_dispatch_counts(n)));
@@ -42,7 +42,7 @@ TEST(CpSelection, ModelScopeListingAllBackendsRunsOnlyCpCapableOnes) {
     EXPECT_LE(testing::rel_error(got.o, ref.o), 1e-5);  // fp32 tolerance: see cp_attention_test.cpp
     EXPECT_LE(testing::rel_error(got.dk, ref.dk), 1e-5);
   }
-  // The decision itself, with the scopes in the order of the bug (model scope inside the CP scope).
+  // The decision itself, with the model scope inside the CP scope.
   const BackendScope cp_scope = BackendScope::context_parallel(4);
   const BackendScope model("model", kAllFour);
   attention::AttnParams p;

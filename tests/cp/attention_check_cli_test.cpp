@@ -2,9 +2,7 @@
 // where no GPU can be used exits 2 with the reason.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 #include "ringtrain/core/error.h"
 #include "test_util.h"
@@ -12,21 +10,8 @@
 namespace ringtrain {
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string output;
-};
-
-CliResult run_cli(const std::string& args) {
-  CliResult r;
-  FILE* pipe = popen((std::string(RINGTRAIN_CLI) + " " + args + " 2>&1").c_str(), "r");
-  if (!pipe) return r;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, n);
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using testing::CliResult;
+using testing::run_cli;
 
 TEST(AttentionCheckCli, RaggedAllGatherRunPassesAndReportsEverything) {
   const CliResult r = run_cli(cat("attention-check --cp 3 --seq 50 --comm allgather --causal --heads 4 --kv-heads 2 ",

@@ -22,19 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 constexpr auto kTimeout = std::chrono::seconds(60);
 
-// Largest |a - b|; +inf on a shape mismatch or a NaN.
-double max_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size()) return INFINITY;
-    for (size_t p = 0; p < a[i].size(); ++p) {
-      const double d = std::abs(static_cast<double>(a[i][p]) - b[i][p]);
-      if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
-    }
-  }
-  return m;
-}
+using testing::max_ragged_diff;
 
 const nlohmann::json& row(const nlohmann::json& report, const std::string& layout, const std::string& pass) {
   for (const auto& r : report["rows"])
@@ -123,9 +111,9 @@ TEST(BenchRollouts, LayoutsScoreAndTrainAlikeAndCountTokensExactly) {
       for (size_t p = 1; p < lp[i].size(); ++p) ASSERT_LT(lp[i][p], 0.0f) << layout << " sequence " << i;
     }
   }
-  const double packed_vs_padded = max_diff(scores.at("packed").logprobs, scores.at("padded").logprobs);
+  const double packed_vs_padded = max_ragged_diff(scores.at("packed").logprobs, scores.at("padded").logprobs);
   EXPECT_LE(packed_vs_padded, 1e-5);
-  EXPECT_LE(max_diff(scores.at("dynamic").logprobs, scores.at("padded").logprobs), 1e-5);
+  EXPECT_LE(max_ragged_diff(scores.at("dynamic").logprobs, scores.at("padded").logprobs), 1e-5);
   EXPECT_DOUBLE_EQ(report["logprobs_max_abs_diff_packed_vs_padded"].get<double>(), packed_vs_padded);
   // The long layout's sequences are its own: one per 40 tokens of the total.
   int64_t long_total = 0;

@@ -58,19 +58,7 @@ std::vector<Sample> random_samples(std::mt19937_64& rng, size_t n, int64_t vocab
   return out;
 }
 
-// max |a - b| over all entries; +inf for a NaN or a shape mismatch.
-double max_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size()) return INFINITY;
-    for (size_t p = 0; p < a[i].size(); ++p) {
-      const double d = std::abs(static_cast<double>(a[i][p]) - b[i][p]);
-      if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
-    }
-  }
-  return m;
-}
+using testing::max_ragged_diff;
 
 // Each sequence alone through a one-rank policy with the builtin weights: the independent reference.
 LogprobResult reference_scores(const Config& c, const std::vector<Sample>& samples) {
@@ -105,8 +93,8 @@ TEST(PolicyWorker, LogprobsOverDpAndCpEqualEachSequenceScoredAlone) {
       got[static_cast<size_t>(world.rank())] = w.get_logprobs(samples, true);
     });
     for (const LogprobResult& r : got) {
-      EXPECT_LE(max_diff(r.logprobs, want.logprobs), kScoreTol) << "packing " << packing;
-      EXPECT_LE(max_diff(r.entropy, want.entropy), kScoreTol) << "packing " << packing;
+      EXPECT_LE(max_ragged_diff(r.logprobs, want.logprobs), kScoreTol) << "packing " << packing;
+      EXPECT_LE(max_ragged_diff(r.entropy, want.entropy), kScoreTol) << "packing " << packing;
       for (const auto& lp : r.logprobs) EXPECT_TRUE(!lp.empty() && lp[0] == 0.0f);
     }
   }
@@ -124,7 +112,7 @@ TEST(PolicyWorker, PackedScoringEqualsUnpacked) {
             world)
             .get_logprobs(samples);
   });
-  EXPECT_LE(max_diff(packed.logprobs, plain.logprobs), kScoreTol);
+  EXPECT_LE(max_ragged_diff(packed.logprobs, plain.logprobs), kScoreTol);
 }
 
 // A train step in packed bins (one packed row each) or in length buckets equals the step in fixed microbatches: the
@@ -183,15 +171,15 @@ TEST(PolicyWorker, ReferenceLogprobsEqualBeforeTrainingDifferAfterAndSwapBackExa
   comm::run_ranks(2, kTimeout, [&](comm::Communicator& world) {
     PolicyWorker w(tiny_config(2, 1), world);
     const LogprobResult before = w.get_logprobs(samples), ref0 = w.get_reference_logprobs(samples);
-    EXPECT_EQ(max_diff(ref0.logprobs, before.logprobs), 0.0);  // the same weights through the same code
+    EXPECT_EQ(max_ragged_diff(ref0.logprobs, before.logprobs), 0.0);  // the same weights through the same code
     const TrainResult t = w.train(samples);
     EXPECT_TRUE(std::isfinite(t.step.loss) && !t.step.skipped);
     const std::vector<float> trained = w.policy().params();
     const LogprobResult after = w.get_logprobs(samples), ref1 = w.get_reference_logprobs(samples);
-    EXPECT_EQ(max_diff(ref1.logprobs, ref0.logprobs), 0.0);
-    EXPECT_GT(max_diff(after.logprobs, before.logprobs), 1e-3);  // lr 1e-2 moves the weights visibly
+    EXPECT_EQ(max_ragged_diff(ref1.logprobs, ref0.logprobs), 0.0);
+    EXPECT_GT(max_ragged_diff(after.logprobs, before.logprobs), 1e-3);  // lr 1e-2 moves the weights visibly
     EXPECT_EQ(w.policy().params(), trained);                     // swapped back bit for bit
-    EXPECT_EQ(max_diff(w.get_logprobs(samples).logprobs, after.logprobs), 0.0);
+    EXPECT_EQ(max_ragged_diff(w.get_logprobs(samples).logprobs, after.logprobs), 0.0);
   });
 }
 

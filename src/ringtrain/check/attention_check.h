@@ -65,8 +65,8 @@ struct CpRunOptions {
   int cp = 1;
   cp::CpConfig config;
   std::chrono::milliseconds timeout{60000};
-  // When not empty, every rank runs the CP calls inside BackendScope("model", model_scope): the situation of
-  // the original bug (a model that allows every backend, inside the CP restriction).
+  // When not empty, every rank runs the CP calls inside BackendScope("model", model_scope): a model scope
+  // that tries to widen (a model that allows every backend, inside the CP restriction).
   std::vector<attention::BackendId> model_scope;
   bool keep_kv = true;  // hand the forward's last KV block to the backward (KeptKv), as a training step would
 };

@@ -154,10 +154,10 @@ void add_bench_rollouts_command(CLI::App& app) {
   cmd->add_flag("--activation-checkpointing", b.activation_checkpointing, "recompute every layer in backward");
   cmd->add_option("--timeout-ms", o->timeout_ms, "communicator timeout")->capture_default_str();
   cmd->callback([o, cmd] {
-    if (!o->bench.model_name.empty())
-      for (const char* shape : {"--arch", "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--ffn",
-                                "--vocab", "--untied"})
-        RT_CHECK(cmd->count(shape) == 0, "bench rollouts: --model names the model; drop ", shape);
+    if (!o->bench.model_name.empty()) {
+      const std::string shape = cmd->count("--untied") > 0 ? "--untied" : ModelShapeOptions::first_given(*cmd);
+      RT_CHECK(shape.empty(), "bench rollouts: --model names the model; drop ", shape);
+    }
     if (!o->json.empty()) {  // found before the benchmark runs, not after
       const std::filesystem::path parent = std::filesystem::absolute(o->json).parent_path();
       RT_CHECK(std::filesystem::is_directory(parent), "bench rollouts: --json ", o->json, ": ", parent.string(),

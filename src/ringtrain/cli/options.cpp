@@ -144,6 +144,12 @@ void ModelShapeOptions::add_to(CLI::App& cmd) {
   add_bounded(cmd, "--vocab", vocab, "vocabulary size", int64_t{1}, kMaxVocab)->capture_default_str();
 }
 
+std::string ModelShapeOptions::first_given(const CLI::App& cmd) {
+  for (const char* name : {"--arch", "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--ffn", "--vocab"})
+    if (cmd.count(name) > 0) return name;
+  return "";
+}
+
 ModelShapeOptions ModelShapeOptions::llama_1b() {
   ModelShapeOptions s;
   s.layers = 16, s.hidden = 2048, s.heads = 32, s.kv_heads = 8, s.head_dim = 64, s.ffn = 8192, s.vocab = 128256;

@@ -95,6 +95,8 @@ struct ModelShapeOptions {
   std::string arch = "llama";
   int64_t layers = 2, hidden = 64, heads = 4, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 256;  // 0: derived
   void add_to(CLI::App& cmd);
+  // The first of add_to's options given on cmd's command line, or "" when none was.
+  static std::string first_given(const CLI::App& cmd);
   // The benchmarks' default: the Llama-3.2-1B shape.
   static ModelShapeOptions llama_1b();
   // `base` with this shape: the architecture and its flags (Qwen2 biases, Qwen3 QK norm), the sizes (key/value heads

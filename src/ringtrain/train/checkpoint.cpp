@@ -327,19 +327,16 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
       if (from >= to) continue;
       const int64_t at = off + from - sh.begin;  // elements [from, to) of the tensor are [at, at + to - from) here
       std::fill_n(filled.begin() + p.kind * n + at, to - from, uint8_t{1});
-      for (int64_t e = from; e < to; ++e) {  // a corrupted piece must not resume into NaN weights
+      // Each value checked (a corrupted piece must not resume into NaN weights), then copied in the master dtype.
+      for (int64_t e = from; e < to; ++e) {
         const double v = load_as_double(t.bytes.data(), t.dtype, e - p.start);
         RT_CHECK(std::isfinite(v) && (p.kind != 2 || v >= 0), path.string(), ": tensor '", key, "' element ",
                  e - p.start, " is ", v, p.kind == 2 ? " (a second moment must be finite and >= 0)"
                                                      : " (optimizer state must be finite)");
+        if (t.dtype != dtype) store_from_double(host[p.kind].data(), dtype, at + e - from, v);
       }
-      if (t.dtype == dtype) {
+      if (t.dtype == dtype)
         std::memcpy(host[p.kind].data() + at * es, t.bytes.data() + (from - p.start) * es, (to - from) * es);
-      } else {
-        for (int64_t e = from; e < to; ++e)
-          store_from_double(host[p.kind].data(), dtype, at + e - from,
-                            load_as_double(t.bytes.data(), t.dtype, e - p.start));
-      }
     }
   }
   for (int k = 0; k < 3; ++k)

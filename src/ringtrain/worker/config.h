@@ -1,4 +1,4 @@
-// The run configuration of the policy worker: a YAML file with the original framework's key names (policy.*,
+// The run configuration of the policy worker: a YAML file with NeMo RL's key names (policy.*,
 // loss_fn.*) and ringtrain's own sections (attention, parallel, device, train), plus dotted command-line
 // overrides (`policy.train_micro_batch_size=2`). One struct per section, every field with a default and a one-line
 // doc (config.cpp's schema holds the docs, printed back by to_yaml).
@@ -30,7 +30,7 @@ enum class ScheduleKind { Constant, Cosine };
 
 struct DTensorConfig {
   bool activation_checkpointing = false;
-  // Accepted so the original framework's configs load; ringtrain runs only their default values.
+  // Accepted so NeMo RL's configs load; ringtrain runs only their default values.
   int64_t tensor_parallel_size = 1;
   bool sequence_parallel = false;
   bool cpu_offload = false;
