@@ -334,6 +334,46 @@ TEST(Losses, MicrobatchesSumToTheWholeBatch) {
   EXPECT_EQ(dpo_grad, whole_dpo_grad);
 }
 
+// The token-by-token gradient a policy applies inside its LM head is bit for bit the loss's own gradient, for NLL
+// and every clipped-PG variant (aggregations, KL estimators, dual clip, importance weights, no reference), with
+// sample masks off, fully masked rows and a NaN logprob.
+TEST(Losses, TokenLocalGradientIsTheLossGradient) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  RandomBatch rb(5, 8, rng);
+  rb.masks.sample = {1, 0, 1, 1, 1};
+  for (int64_t p = 0; p < 8; ++p) rb.masks.token[3 * 8 + p] = 0;  // row 3 counts nothing
+  rb.cur[2 * 8 + 5] = kNaN;
+  const TokenMasks mv = rb.masks.view();
+  const ValidCounts counts = count_valid(mv);
+  const auto expect_same = [&](const TokenLocalGradient& local, const std::vector<double>& grad, const char* what) {
+    for (int64_t b = 0; b < 5; ++b)
+      for (int64_t p = 0; p < 8; ++p) {
+        const double want = grad[b * 8 + p], got = local(b, p, rb.cur[b * 8 + p]);
+        if (std::isnan(want))
+          EXPECT_TRUE(std::isnan(got)) << what << " token " << b << "," << p;
+        else
+          EXPECT_EQ(got, want) << what << " token " << b << "," << p;
+      }
+  };
+  auto grad = poisoned(rb.cur.size());
+  nll_loss<double>(mv, rb.cur, counts, grad);
+  expect_same(TokenLocalGradient::nll(mv, counts), grad, "nll");
+  for (KLEstimator k : {KLEstimator::K1, KLEstimator::K2, KLEstimator::K3})
+    for (Aggregation agg : {Aggregation::TokenMean, Aggregation::SequenceMean})
+      for (bool with_gen : {false, true}) {
+        const ClippedPGConfig cfg{0.2, 0.28, with_gen ? 3.0 : 0.0, with_gen ? 0.3 : 0.0, k, agg};
+        ClippedPGInputs<double> in = rb.inputs(rb.cur);
+        if (!with_gen) in.gen_logprobs = {}, in.ref_logprobs = {};
+        grad = poisoned(rb.cur.size());
+        clipped_pg_loss<double>(mv, in, cfg, counts, grad);
+        expect_same(TokenLocalGradient::clipped_pg<double>(mv, in, cfg, counts), grad, "clipped pg");
+      }
+  EXPECT_THROW(TokenLocalGradient::nll(mv, counts)(5, 0, 0.0), Error);
+  ClippedPGInputs<double> short_adv = rb.inputs(rb.cur);
+  short_adv.advantages = short_adv.advantages.subspan(1);
+  EXPECT_THROW(TokenLocalGradient::clipped_pg<double>(mv, short_adv, {}, counts), Error);
+}
+
 // fp32 inputs go through the same double arithmetic: equal to the fp64 call on the same (fp32) values, up to the
 // final rounding of each gradient to fp32.
 TEST(Losses, Fp32MatchesFp64OnTheSameValues) {

@@ -7,6 +7,7 @@
 
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/hashed_normal.h"
+#include "ringtrain/core/parallel.h"
 
 namespace ringtrain {
 namespace {
@@ -51,6 +52,16 @@ class HostDeviceOps final : public DeviceOps {
   }
 
   void fill_normal_hashed_async(const TensorView& dst, uint64_t seed, double stddev, void*) const override {
+    if (dst.is_contiguous() && dst.dtype == DType::F32) {  // a model's weights: 1e9 draws, in blocks on every thread
+      constexpr int64_t kBlock = int64_t{1} << 20;
+      float* out = static_cast<float*>(dst.data);
+      const int64_t n = dst.numel();
+      parallel_for((n + kBlock - 1) / kBlock, [&](int64_t b) {
+        for (int64_t k = b * kBlock; k < std::min(n, (b + 1) * kBlock); ++k)
+          out[k] = static_cast<float>(stddev * hashed_normal(seed, static_cast<uint64_t>(k)));
+      });
+      return;
+    }
     int64_t k = 0;  // row-major element number, the same numbering as the device kernel's
     for_each_offset(dst, dst, [&](int64_t o, int64_t) {
       store_from_double(dst.data, dst.dtype, o, stddev * hashed_normal(seed, static_cast<uint64_t>(k++)));

@@ -111,6 +111,16 @@ std::vector<T> BatchRows::row_grads(const std::vector<std::vector<float>>& d_log
   return d_rows;
 }
 
+std::vector<BatchRows::ScoredToken> BatchRows::scored_tokens() const {
+  const std::vector<Slot> mine = slots(rank_);
+  std::vector<ScoredToken> out(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const auto [b, g] = mine[i];  // row g scores token g + 1
+    out[i] = {b, g + 1 < lengths_[b] ? g + 1 : -1};
+  }
+  return out;
+}
+
 #define RT_INSTANTIATE(T)                                                                                  \
   template std::vector<std::vector<float>> BatchRows::to_tokens<T>(const T*, int64_t) const;              \
   template std::vector<T> BatchRows::row_grads<T>(const std::vector<std::vector<float>>&) const;

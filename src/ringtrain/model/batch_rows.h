@@ -45,6 +45,12 @@ class BatchRows {
   // d(loss)/d(row result) for this rank's rows from d(loss)/d(logprob) per sequence in token order (shape checked).
   template <typename T>
   std::vector<T> row_grads(const std::vector<std::vector<float>>& d_logprobs) const;
+  // The token each of this rank's rows scores: sequence seq, position pos (pos = -1 where the row scores nothing:
+  // padding, or a sequence's last token).
+  struct ScoredToken {
+    int64_t seq, pos;
+  };
+  std::vector<ScoredToken> scored_tokens() const;
 
  private:
   // What local row i of a rank holds: token `index` of sequence `seq` (index >= its length: padding).

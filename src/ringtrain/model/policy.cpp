@@ -122,6 +122,18 @@ std::vector<float> Policy::grad(const std::string& name) const {
   return slice(grads_by_layout(), spec_named(*this, name));
 }
 
+TokenScores Policy::score_and_backward(const TokenBatch& batch, const TokenGradient& grad, bool with_entropy) {
+  TokenScores scores = score(batch, /*for_backward=*/true, with_entropy);
+  std::vector<std::vector<float>> d(scores.logprobs.size());
+  for (size_t b = 0; b < d.size(); ++b) {
+    d[b].assign(scores.logprobs[b].size(), 0.f);
+    for (size_t p = 1; p < d[b].size(); ++p)
+      d[b][p] = static_cast<float>(grad(static_cast<int64_t>(b), static_cast<int64_t>(p), scores.logprobs[b][p]));
+  }
+  backward(d);
+  return scores;
+}
+
 std::unique_ptr<Policy> make_policy(const ModelConfig& config, const std::vector<float>& params,
                                     const PolicyOptions& options) {
   if (!options.device.is_cpu()) return make_gpu_policy(config, params, options);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -52,6 +53,10 @@ struct TokenScores {
   std::vector<std::vector<float>> entropy;
 };
 
+// d(loss)/d(logprobs[seq][pos]) from that token's logprob alone: the gradient of a token-local loss (one whose
+// gradient at a token depends on no other token's logprob). Called only for scored tokens (pos >= 1).
+using TokenGradient = std::function<double(int64_t seq, int64_t pos, float logprob)>;
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -71,6 +76,11 @@ class Policy {
   // scores (checked); entry 0 of each sequence is ignored. Without a score(..., true) since the last backward, an
   // error.
   virtual void backward(const std::vector<std::vector<float>>& d_logprobs) = 0;
+  // score(batch, true, with_entropy) then backward(d) with d[b][p] = grad(b, p, logprobs[b][p]), in one call, for a
+  // token-local loss. The GPU policy applies `grad` chunk by chunk inside the LM head while the chunk's logits are at
+  // hand, so the backward does not recompute them (one LM-head GEMM of three less per step); the gradients and
+  // scores are those of the two calls. Under CP each rank calls `grad` for the tokens it scores.
+  virtual TokenScores score_and_backward(const TokenBatch& batch, const TokenGradient& grad, bool with_entropy);
 
   // The flat buffers the optimizer works on, in the policy's own element order (not necessarily layout()'s): the
   // compute weights (F32/F64 on the CPU, BF16 on a GPU) and the gradients (F32, or F64 when dtype() is F64), both on

@@ -144,19 +144,23 @@ PGToken pg_token(double cur, double prev, double adv, double ref, double weight,
   return t;
 }
 
-}  // namespace
+// d(microbatch loss)/d(token loss) for the tokens of row b: 1/global tokens, or 1/(tokens of the row · global
+// sequences).
+double pg_row_scale(const TokenMasks& masks, int64_t b, const ClippedPGConfig& cfg, const ValidCounts& global) {
+  if (cfg.aggregation == Aggregation::TokenMean) return 1.0 / global.tokens;
+  const int64_t row_tokens = counted_in_row(masks, b);
+  return row_tokens > 0 ? 1.0 / (static_cast<double>(row_tokens) * global.sequences) : 0;
+}
 
+// The checks of clipped_pg_loss's inputs other than the current logprobs, entropy and gradient; returns batch*seq.
 template <typename T>
-LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in, const ClippedPGConfig& cfg,
-                           const ValidCounts& global, std::span<T> grad_logprobs) {
+int64_t check_pg_inputs(const TokenMasks& masks, const ClippedPGInputs<T>& in, const ClippedPGConfig& cfg,
+                        const ValidCounts& global) {
   const int64_t n = checked_size(masks);
-  check_span(in.logprobs, n, "logprobs");
   check_span(in.prev_logprobs, n, "prev_logprobs");
   check_span(in.advantages, n, "advantages");
   check_span(in.ref_logprobs, n, "ref_logprobs", true);
   check_span(in.gen_logprobs, n, "gen_logprobs", true);
-  check_span(in.entropy, n, "entropy", true);
-  check_span(grad_logprobs, n, "grad_logprobs");
   RT_CHECK(cfg.eps_low >= 0 && cfg.eps_low <= 1 && cfg.eps_high >= 0, "clipped PG: eps_low ", cfg.eps_low,
            " must be in [0, 1] and eps_high ", cfg.eps_high, " >= 0");
   RT_CHECK(cfg.dual_clip == 0 || cfg.dual_clip > 1, "clipped PG: dual_clip ", cfg.dual_clip, " must be > 1 (or 0: off)");
@@ -164,19 +168,28 @@ LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in
   RT_CHECK(cfg.kl_beta == 0 || !in.ref_logprobs.empty(), "clipped PG: kl_beta ", cfg.kl_beta,
            " needs ref_logprobs");
   const ValidCounts local = count_valid(masks);
-  const bool by_sequence = cfg.aggregation == Aggregation::SequenceMean;
-  if (by_sequence)
+  if (cfg.aggregation == Aggregation::SequenceMean)
     check_normaliser(global.sequences, local.sequences, "valid sequences");
   else
     check_normaliser(global.tokens, local.tokens, "valid tokens");
+  return n;
+}
+
+}  // namespace
+
+template <typename T>
+LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in, const ClippedPGConfig& cfg,
+                           const ValidCounts& global, std::span<T> grad_logprobs) {
+  const int64_t n = check_pg_inputs(masks, in, cfg, global);
+  check_span(in.logprobs, n, "logprobs");
+  check_span(in.entropy, n, "entropy", true);
+  check_span(grad_logprobs, n, "grad_logprobs");
+  const ValidCounts local = count_valid(masks);
 
   double clipped = 0, dual_clipped = 0, approx_kl = 0, ratio = 0, ref_kl = 0, weights = 0, entropy = 0;
   double loss = 0;
   for (int64_t b = 0; b < masks.batch; ++b) {
-    const int64_t row_tokens = counted_in_row(masks, b);
-    // d(microbatch loss)/d(token loss): 1/global tokens, or 1/(tokens of the row · global sequences).
-    const double scale = by_sequence ? (row_tokens > 0 ? 1.0 / (static_cast<double>(row_tokens) * global.sequences) : 0)
-                                     : 1.0 / global.tokens;
+    const double scale = pg_row_scale(masks, b, cfg, global);
     for (int64_t p = 0; p < masks.seq; ++p) {
       const int64_t i = b * masks.seq + p;
       if (!counted(masks, b, p)) {
@@ -209,6 +222,42 @@ LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in
   if (!in.gen_logprobs.empty()) out.metrics.push_back({"importance_weight", weights, c});
   if (!in.entropy.empty()) out.metrics.push_back({"entropy", entropy, c});
   return out;
+}
+
+TokenLocalGradient TokenLocalGradient::nll(const TokenMasks& masks, const ValidCounts& global) {
+  check_normaliser(global.tokens, count_valid(masks).tokens, "valid tokens");
+  TokenLocalGradient g;
+  g.masks_ = masks;
+  g.row_scale_.assign(static_cast<size_t>(masks.batch), 1.0 / global.tokens);
+  return g;
+}
+
+template <typename T>
+TokenLocalGradient TokenLocalGradient::clipped_pg(const TokenMasks& masks, const ClippedPGInputs<T>& in,
+                                                  const ClippedPGConfig& cfg, const ValidCounts& global) {
+  check_pg_inputs(masks, in, cfg, global);
+  TokenLocalGradient g;
+  g.masks_ = masks;
+  g.pg_ = true;
+  g.cfg_ = cfg;
+  for (int64_t b = 0; b < masks.batch; ++b) g.row_scale_.push_back(pg_row_scale(masks, b, cfg, global));
+  const auto widen = [](std::span<const T> s) { return std::vector<double>(s.begin(), s.end()); };
+  g.prev_ = widen(in.prev_logprobs), g.adv_ = widen(in.advantages);
+  g.ref_ = widen(in.ref_logprobs), g.gen_ = widen(in.gen_logprobs);
+  return g;
+}
+
+double TokenLocalGradient::operator()(int64_t b, int64_t p, double logprob) const {
+  RT_CHECK(b >= 0 && b < masks_.batch && p >= 0 && p < masks_.seq, "loss gradient: token (", b, ", ", p,
+           ") outside the microbatch [", masks_.batch, ", ", masks_.seq, "]");
+  if (!counted(masks_, b, p)) return 0;
+  const double scale = row_scale_[static_cast<size_t>(b)];
+  if (!pg_) return -scale;
+  const size_t i = static_cast<size_t>(b * masks_.seq + p);
+  const double prev = prev_[i];
+  const double ref = cfg_.kl_beta == 0 ? 0.0 : ref_[i];
+  const double w = gen_.empty() ? 1.0 : std::exp(prev - gen_[i]);
+  return pg_token(logprob, prev, adv_[i], ref, w, cfg_).grad * scale;
 }
 
 DPOCounts count_dpo_pairs(const TokenMasks& masks) {
@@ -287,6 +336,8 @@ LossResult dpo_loss(const TokenMasks& masks, std::span<const T> logprobs, std::s
   template LossResult nll_loss<T>(const TokenMasks&, std::span<const T>, const ValidCounts&, std::span<T>);          \
   template LossResult clipped_pg_loss<T>(const TokenMasks&, const ClippedPGInputs<T>&, const ClippedPGConfig&,       \
                                          const ValidCounts&, std::span<T>);                                         \
+  template TokenLocalGradient TokenLocalGradient::clipped_pg<T>(const TokenMasks&, const ClippedPGInputs<T>&,     \
+                                                               const ClippedPGConfig&, const ValidCounts&);         \
   template LossResult dpo_loss<T>(const TokenMasks&, std::span<const T>, std::span<const T>, const DPOConfig&,       \
                                   const DPOCounts&, std::span<T>);
 RT_INSTANTIATE_LOSSES(float)

@@ -87,6 +87,29 @@ template <typename T>
 LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in, const ClippedPGConfig& cfg,
                            const ValidCounts& global, std::span<T> grad_logprobs);
 
+// The gradient of nll_loss or clipped_pg_loss at one token from that token's logprob alone (both losses are
+// token-local): operator()(b, p, logprob) is exactly what the loss writes into grad_logprobs[b * seq + p] when
+// given that logprob (0 where the token does not count), so a policy can apply it inside its LM head
+// (Policy::score_and_backward). Holds spans of the inputs, which must outlive it. DPO has none: its gradient at a
+// token depends on the sums over whole sequences.
+class TokenLocalGradient {
+ public:
+  static TokenLocalGradient nll(const TokenMasks& masks, const ValidCounts& global);
+  // in.logprobs and in.entropy are not read.
+  template <typename T>
+  static TokenLocalGradient clipped_pg(const TokenMasks& masks, const ClippedPGInputs<T>& in,
+                                       const ClippedPGConfig& cfg, const ValidCounts& global);
+  double operator()(int64_t b, int64_t p, double logprob) const;
+
+ private:
+  TokenMasks masks_;
+  std::vector<double> row_scale_;  // d(microbatch loss)/d(token loss) per row
+  bool pg_ = false;
+  ClippedPGConfig cfg_;
+  // fp64 copies of the clipped PG's per-token inputs (empty when absent)
+  std::vector<double> prev_, adv_, ref_, gen_;
+};
+
 // DPO: sequence 2i is the chosen answer of pair i and 2i+1 the rejected one; a pair counts when both sample masks
 // are set (they must agree). reward = Σ mask·(logπ - logπ_ref) per sequence.
 struct DPOCounts {

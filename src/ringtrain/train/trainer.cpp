@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <span>
 
 #include "ringtrain/core/error.h"
@@ -214,6 +215,24 @@ LossResult micro_loss(const LossConfig& cfg, const Micro& m, const std::vector<d
   throw Error("trainer: unknown loss kind");
 }
 
+// The gradient of the microbatch's loss token by token, for the token-local losses (NLL, clipped PG); none for DPO.
+std::optional<TokenLocalGradient> token_local_gradient(const LossConfig& cfg, const Micro& m,
+                                                       const ValidCounts& global) {
+  switch (cfg.kind) {
+    case LossKind::NLL: return TokenLocalGradient::nll(m.masks(), global);
+    case LossKind::ClippedPG: {
+      ClippedPGInputs<double> in;
+      in.prev_logprobs = cspan(m.prev);
+      in.advantages = cspan(m.advantages);
+      in.ref_logprobs = cspan(m.ref);
+      in.gen_logprobs = cspan(m.gen);
+      return TokenLocalGradient::clipped_pg<double>(m.masks(), in, cfg.pg, global);
+    }
+    case LossKind::DPO: return std::nullopt;
+  }
+  throw Error("trainer: unknown loss kind");
+}
+
 }  // namespace
 
 LossKind parse_loss_kind(const std::string& name) {
@@ -226,6 +245,7 @@ LossKind parse_loss_kind(const std::string& name) {
 const char* phase_name(Phase p) {
   switch (p) {
     case Phase::Forward: return "fwd+logprobs";
+    case Phase::ForwardBackward: return "fwd+logprobs+bwd";
     case Phase::Loss: return "loss";
     case Phase::Backward: return "backward";
     case Phase::ReduceScatter: return "reduce-scatter";
@@ -357,8 +377,18 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   };
   std::vector<double> grad;
   for (const Micro& m : micros) {
-    const model::TokenScores scores = policy_->score(m.tokens, true, entropy);
-    mark(Phase::Forward);
+    // A token-local loss's gradient is applied inside the forward; the loss below then gives the same gradient
+    // again (unused) with the value and the metrics.
+    const std::optional<TokenLocalGradient> local_grad = token_local_gradient(cfg_.loss, m, global);
+    model::TokenScores scores;
+    if (local_grad) {
+      scores = policy_->score_and_backward(
+          m.tokens, [&](int64_t b, int64_t p, float logprob) { return (*local_grad)(b, p, logprob); }, entropy);
+      mark(Phase::ForwardBackward);
+    } else {
+      scores = policy_->score(m.tokens, true, entropy);
+      mark(Phase::Forward);
+    }
     const std::vector<double> logprobs = pad_scores(scores.logprobs, m);
     const std::vector<double> ent = entropy ? pad_scores(scores.entropy, m) : std::vector<double>{};
     const LossResult r = micro_loss(cfg_.loss, m, logprobs, ent, global, global_pairs, grad);
@@ -366,8 +396,10 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
     loss_sum += r.loss;
     add_metrics(r);
     mark(Phase::Loss);
-    policy_->backward(unpad(grad, m));
-    mark(Phase::Backward);
+    if (!local_grad) {
+      policy_->backward(unpad(grad, m));
+      mark(Phase::Backward);
+    }
   }
   if (micros.empty()) {
     Micro none;

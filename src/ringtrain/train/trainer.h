@@ -78,7 +78,9 @@ struct StepResult {
 };
 
 // The phases of a step, for timing (bench_train.h).
-enum class Phase { Forward, Loss, Backward, ReduceScatter, NormClip, AdamW, AllGather };
+// ForwardBackward replaces Forward and Backward for a token-local loss, whose gradient the policy applies inside the
+// forward's LM head (model::Policy::score_and_backward); Loss then only evaluates the value and the metrics.
+enum class Phase { Forward, ForwardBackward, Loss, Backward, ReduceScatter, NormClip, AdamW, AllGather };
 const char* phase_name(Phase p);
 // Called when a phase ends (after the rank's work of that phase was enqueued).
 using PhaseHook = std::function<void(Phase)>;

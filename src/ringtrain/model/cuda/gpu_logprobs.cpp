@@ -73,6 +73,43 @@ void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, con
                          vocab);
 }
 
+void token_logprobs_and_backward(Gemm& gemm, float* logprobs, float* entropy, bf16* d_hidden, GradSlot d_lm_head,
+                                 const ChunkGradient& grad, const bf16* hidden, const bf16* lm_head,
+                                 const int32_t* targets, int64_t n, int64_t hidden_dim, int64_t vocab,
+                                 int64_t chunk_tokens) {
+  RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
+  const int64_t rows = std::min(n, chunk_tokens);
+  int device = 0;
+  cudaGetDevice(&device);
+  const Device dev = Device::cuda(device);
+  const Tensor logits = Tensor::empty({rows, vocab}, DType::F32, dev);
+  const Tensor lse = Tensor::empty({rows}, DType::F32, dev);
+  const Tensor d_rows = Tensor::empty({rows}, DType::F32, dev);
+  std::vector<float> host_logprobs(static_cast<size_t>(rows)), host_grads(static_cast<size_t>(rows));
+  for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
+    const int64_t m = std::min(chunk_tokens, n - c0);
+    const bf16* h = hidden + c0 * hidden_dim;
+    gemm.linear_forward_f32(logits.ptr<float>(), h, lm_head, m, hidden_dim, vocab);
+    logprob_rows(gemm.stream(), logprobs + c0, lse.ptr<float>(), logits.ptr<float>(), targets + c0, m, vocab,
+                 entropy ? entropy + c0 : nullptr);
+    // the copies are ordered after the kernels on the model's stream and complete when they return
+    copy(contiguous_view(host_logprobs.data(), DType::F32, Device::cpu(), {m}),
+         contiguous_view(logprobs + c0, DType::F32, dev, {m}));
+    grad(c0, std::span<const float>(host_logprobs.data(), static_cast<size_t>(m)),
+         std::span<float>(host_grads.data(), static_cast<size_t>(m)));
+    copy(contiguous_view(d_rows.ptr<float>(), DType::F32, dev, {m}),
+         contiguous_view(host_grads.data(), DType::F32, Device::cpu(), {m}));
+    const bf16* dlogits = logprob_rows_backward_in_place(gemm.stream(), logits.ptr<float>(), lse.ptr<float>(),
+                                                         targets + c0, d_rows.ptr<float>(), m, vocab);
+    gemm.linear_backward(d_hidden + c0 * hidden_dim, /*accumulate_dx=*/false, d_lm_head.data,
+                         /*accumulate_dw=*/!(d_lm_head.fresh && c0 == 0), nullptr, dlogits, h, lm_head, m, hidden_dim,
+                         vocab, /*dy_ld=*/2 * vocab);
+  }
+  if (n == 0 && d_lm_head.fresh)  // no chunk wrote it
+    gemm.linear_backward(nullptr, false, d_lm_head.data, false, nullptr, nullptr, nullptr, nullptr, 0, hidden_dim,
+                         vocab);
+}
+
 std::vector<float> model_row_logprobs(GpuModel& model, const int32_t* tokens, const int32_t* positions,
                                       const int32_t* targets, int64_t batch, int64_t seqlen,
                                       SequenceAttention& attention, int64_t chunk_tokens, bool for_backward) {

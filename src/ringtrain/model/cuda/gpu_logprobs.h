@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "ringtrain/model/cuda/gpu_model.h"
@@ -34,6 +36,19 @@ void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_h
 void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, const float* d_logprobs,
                              const bf16* hidden, const bf16* lm_head, const int32_t* targets, int64_t n,
                              int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* logprobs = nullptr);
+
+// token_logprobs and token_logprobs_backward in one pass over the logits, for a loss whose d(loss)/d(logprob) at
+// a row depends on that row's logprob alone: after each chunk's log-softmax the chunk's logprobs are downloaded,
+// `grad` turns them into d(loss)/d(logprob) on the host (first_row: the chunk's first row), and the chunk's backward
+// runs from the logits still in place, so the LM head's forward GEMM is not repeated. Writes logprobs (and entropy
+// when non-null) [n] on the device, d_hidden, and d_lm_head as token_logprobs_backward does. One host round trip
+// per chunk (a few per 8K tokens).
+using ChunkGradient =
+    std::function<void(int64_t first_row, std::span<const float> logprobs, std::span<float> d_logprobs)>;
+void token_logprobs_and_backward(Gemm& gemm, float* logprobs, float* entropy, bf16* d_hidden, GradSlot d_lm_head,
+                                 const ChunkGradient& grad, const bf16* hidden, const bf16* lm_head,
+                                 const int32_t* targets, int64_t n, int64_t hidden_dim, int64_t vocab,
+                                 int64_t chunk_tokens);
 
 // Whole model, host in and out: runs forward and returns log P(targets[i] | tokens up to row i) for the
 // [batch * seqlen] rows (this rank's rows under CP).

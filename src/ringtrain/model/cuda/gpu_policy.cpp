@@ -17,6 +17,15 @@ int checked_gpu(const PolicyOptions& options) {
 }
 
 class GpuPolicy final : public Policy {
+  // One forward's rows, attention and results on the device: this rank's logprobs (then entropy) in `local`.
+  struct Scoring {
+    std::unique_ptr<BatchRows> rows;
+    std::unique_ptr<SequenceAttention> attention;
+    int64_t n = 0;
+    Tensor targets, local;
+    const cuda::bf16* hidden = nullptr;
+  };
+
  public:
   GpuPolicy(const ModelConfig& config, const std::vector<float>& params, const PolicyOptions& options)
       : model_(config, params, options.model, checked_gpu(options)),
@@ -33,33 +42,32 @@ class GpuPolicy final : public Policy {
   DType dtype() const override { return DType::BF16; }
 
   TokenScores score(const TokenBatch& batch, bool for_backward, bool with_entropy) override {
-    scored_.reset(), attention_.reset();
-    const ModelConfig& c = model_.config();
-    auto rows = std::make_unique<BatchRows>(batch, c.vocab, group_ ? group_->size() : 1, group_ ? group_->rank() : 0);
-    std::unique_ptr<SequenceAttention> attention = rows->attention(group_, cp_);
-    const int64_t n = rows->local_tokens(), per_rank = with_entropy ? 2 * n : n;
-    const Device dev = model_.device();
-    const Tensor targets = Tensor::empty({n}, DType::I32, dev);
-    copy(targets, contiguous_view(const_cast<int32_t*>(rows->targets().data()), DType::I32, Device::cpu(), {n}));
-    const cuda::bf16* hidden = model_.forward(rows->tokens().data(), rows->positions().data(), rows->batch(),
-                                              rows->row_len(), *attention, for_backward);
-    // logprobs then entropy, next to each other: one gather under CP, straight from device memory
-    const Tensor local = Tensor::empty({per_rank}, DType::F32, dev);
-    cuda::token_logprobs(model_.gemm(), local.ptr<float>(), hidden, model_.lm_head(), targets.ptr<int32_t>(), n,
-                         c.hidden, c.vocab, chunk_, with_entropy ? local.ptr<float>() + n : nullptr);
-    const int world = group_ ? group_->size() : 1;
-    Tensor all = local;
-    if (group_) {
-      all = Tensor::empty({world * per_rank}, DType::F32, dev);
-      group_->all_gather(local.data(), all.data(), static_cast<size_t>(per_rank), DType::F32);
-    }
-    std::vector<float> host(static_cast<size_t>(world * per_rank));
-    copy(contiguous_view(host.data(), DType::F32, Device::cpu(), {world * per_rank}), all);
-    TokenScores scores;
-    scores.logprobs = rows->to_tokens(host.data(), per_rank);
-    if (with_entropy) scores.entropy = rows->to_tokens(host.data() + n, per_rank);
-    if (for_backward) scored_ = std::move(rows), attention_ = std::move(attention);
+    Scoring s = begin(batch, for_backward, with_entropy);
+    cuda::token_logprobs(model_.gemm(), s.local.ptr<float>(), s.hidden, model_.lm_head(), s.targets.ptr<int32_t>(),
+                         s.n, model_.config().hidden, model_.config().vocab, chunk_,
+                         with_entropy ? s.local.ptr<float>() + s.n : nullptr);
+    TokenScores scores = gather(s, with_entropy);
+    if (for_backward) scored_ = std::move(s.rows), attention_ = std::move(s.attention);
     return scores;
+  }
+
+  TokenScores score_and_backward(const TokenBatch& batch, const TokenGradient& grad, bool with_entropy) override {
+    Scoring s = begin(batch, /*for_backward=*/true, with_entropy);
+    const ModelConfig& c = model_.config();
+    const std::vector<BatchRows::ScoredToken> scored = s.rows->scored_tokens();
+    const cuda::ChunkGradient chunk_grad = [&](int64_t first, std::span<const float> lp, std::span<float> d) {
+      for (size_t i = 0; i < lp.size(); ++i) {
+        const BatchRows::ScoredToken t = scored[static_cast<size_t>(first) + i];
+        d[i] = t.pos < 0 ? 0.f : static_cast<float>(grad(t.seq, t.pos, lp[i]));
+      }
+    };
+    const Tensor d_hidden = Tensor::empty({s.n, c.hidden}, DType::BF16, model_.device());
+    cuda::token_logprobs_and_backward(model_.gemm(), s.local.ptr<float>(),
+                                      with_entropy ? s.local.ptr<float>() + s.n : nullptr, d_hidden.ptr<cuda::bf16>(),
+                                      model_.lm_head_grad(), chunk_grad, s.hidden, model_.lm_head(),
+                                      s.targets.ptr<int32_t>(), s.n, c.hidden, c.vocab, chunk_);
+    model_.backward(d_hidden.ptr<cuda::bf16>(), *s.attention);
+    return gather(s, with_entropy);
   }
 
   void backward(const std::vector<std::vector<float>>& d_logprobs) override {
@@ -79,6 +87,42 @@ class GpuPolicy final : public Policy {
   std::vector<float> grads_by_layout() const override { return model_.grads(); }
 
  private:
+  // The forward of score(): rows laid out, targets uploaded, the model run, `local` allocated for the LM head.
+  Scoring begin(const TokenBatch& batch, bool for_backward, bool with_entropy) {
+    scored_.reset(), attention_.reset();
+    Scoring s;
+    s.rows = std::make_unique<BatchRows>(batch, model_.config().vocab, group_ ? group_->size() : 1,
+                                         group_ ? group_->rank() : 0);
+    s.attention = s.rows->attention(group_, cp_);
+    s.n = s.rows->local_tokens();
+    const Device dev = model_.device();
+    s.targets = Tensor::empty({s.n}, DType::I32, dev);
+    copy(s.targets,
+         contiguous_view(const_cast<int32_t*>(s.rows->targets().data()), DType::I32, Device::cpu(), {s.n}));
+    s.hidden = model_.forward(s.rows->tokens().data(), s.rows->positions().data(), s.rows->batch(),
+                              s.rows->row_len(), *s.attention, for_backward);
+    s.local = Tensor::empty({with_entropy ? 2 * s.n : s.n}, DType::F32, dev);
+    return s;
+  }
+
+  // Every rank's results per sequence: logprobs then entropy, next to each other, so one gather under CP, straight
+  // from device memory.
+  TokenScores gather(const Scoring& s, bool with_entropy) {
+    const int64_t per_rank = s.local.numel();
+    const int world = group_ ? group_->size() : 1;
+    Tensor all = s.local;
+    if (group_) {
+      all = Tensor::empty({world * per_rank}, DType::F32, model_.device());
+      group_->all_gather(s.local.data(), all.data(), static_cast<size_t>(per_rank), DType::F32);
+    }
+    std::vector<float> host(static_cast<size_t>(world * per_rank));
+    copy(contiguous_view(host.data(), DType::F32, Device::cpu(), {world * per_rank}), all);
+    TokenScores scores;
+    scores.logprobs = s.rows->to_tokens(host.data(), per_rank);
+    if (with_entropy) scores.entropy = s.rows->to_tokens(host.data() + s.n, per_rank);
+    return scores;
+  }
+
   cuda::GpuModel model_;
   int64_t chunk_;
   comm::Communicator* group_;
