@@ -2,11 +2,13 @@
 // world) against a reference built from the same GPU policy's own pieces: the whole batch scored at once, the loss
 // of losses.h, its backward, and trainmath's host AdamW in fp64 on the gradients read back. Skips without a GPU.
 //
-// Tolerances: with RINGTRAIN_GEMM_AUTOTUNE=0 both runs take the same GEMM algorithms, so their forwards are the same
-// and their gradients differ only by the order of the backward's fp32 atomic sums (norm weights, embedding), ~1e-6;
-// the update (new − start master weights) is smooth in the gradient (AdamW's eps of the gradients' order) and the
-// reference's AdamW runs in fp64 against the trainer's fp32: 2e-3 on the update and 1e-2 on the norm leave room for
-// bf16 roundings that flip, 1e-4 on the loss. A wrong shard, dtype or missing clip moves them by O(1).
+// Tolerances: the reference scores the 6 sequences as one batch padded to the longest, the trainer in microbatches
+// of 2 padded to their own longest, so GEMM and attention shapes differ and so can bf16 roundings of activations
+// (RINGTRAIN_GEMM_AUTOTUNE=0 keeps each shape's algorithm fixed, not the same across shapes); gradients also differ
+// by the order of fp32 atomic sums. The update (new − start master weights) is smooth in the gradient (AdamW's eps
+// of the gradients' order) and the reference's AdamW runs in fp64 against the trainer's fp32: measured relative
+// update errors 0.3e-3 to 5.5e-3 over 6 runs on an H200, so 1e-2 on the update; 1e-2 on the norm, 1e-4 on the loss.
+// A wrong shard, dtype, missed microbatch or missing clip moves them by O(1).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,7 +80,7 @@ TEST(TrainerGpu, OneGpuStepMatchesTheHostReference) {
     EXPECT_NEAR(got.loss, want_loss, 1e-4 * std::abs(want_loss));
     EXPECT_NEAR(got.grad_norm, want_norm, 1e-2 * want_norm);
 
-    EXPECT_LE(shard_update_error(*policy, trainer.shard(), start, want), 2e-3)
+    EXPECT_LE(shard_update_error(*policy, trainer.shard(), start, want), 1e-2)
         << (kind == LossKind::NLL ? "nll" : "pg");
     std::vector<float> master(static_cast<size_t>(trainer.shard().master.numel()));
     copy(contiguous_view(master.data(), DType::F32, Device::cpu(), {trainer.shard().master.numel()}),
