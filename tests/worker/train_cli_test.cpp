@@ -218,13 +218,34 @@ TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
   };
   const auto start = score("start.jsonl", "");
   const auto mesh = score("mesh.jsonl", "--set parallel.dp=2 parallel.cp=2 policy.sequence_packing.enabled=true");
-  const auto reference =
-      score("reference.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string() + " --reference");
+  const auto reference = score("reference.jsonl", "--reference");
   const auto trained = score("trained.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string());
   ASSERT_EQ(start.size(), 8u);
   EXPECT_LE(max_diff(mesh, start), 1e-4);  // fp32 rounding of other shards and batchings (policy_worker_test)
   EXPECT_EQ(max_diff(reference, start), 0.0);
   EXPECT_GT(max_diff(trained, start), 1e-3);  // three steps at lr 1e-3 move the scores
+
+  // Options the chosen mode would not read are refused, naming them (never silently ignored).
+  const std::string ckpt = " --checkpoint " + (dir.path / "ckpt" / "step_3").string();
+  const std::string model = "logprobs --model " + (dir.path / "ckpt" / "step_3").string() + " --data " + data.string();
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {base + ckpt + " --reference", "--checkpoint and --reference name two different weights"},
+      {base + " --cp 2", "with --config, --cp is the config's parallel.cp"},
+      {base + " --cp-comm a2a", "with --config, --cp-comm is the config's parallel.cp_comm"},
+      {base + " --device cpu", "with --config, --device is the config's device"},
+      {base + " --backends math", "with --config, --backends is the config's attention.backends"},
+      {base + " --model-backends math", "with --config, --model-backends is the config's attention.backends"},
+      {base + " --chunk 64", "with --config, --chunk is the config's policy.logprob_chunk_size"},
+      {model + " --reference", "--reference needs --config"},
+      {model + ckpt, "--checkpoint needs --config"},
+      {model + " --set parallel.cp=2", "--set needs --config"},
+      {model + " --cp-comm a2a", "with --cp 1 there is none"},
+  };
+  for (const auto& [args, message] : refused) {
+    const testing::CliResult r = run_cli(args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
 }
 
 TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {
