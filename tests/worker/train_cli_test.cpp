@@ -93,7 +93,15 @@ std::string train_args(const std::string& loss, const fs::path& data, const fs::
          extra;
 }
 
-// step -> loss of metrics.jsonl; a step written twice (a resumed run repeating it) keeps its last value.
+// The steps of metrics.jsonl, in file order.
+std::vector<int64_t> logged_steps(const fs::path& metrics_dir) {
+  std::vector<int64_t> out;
+  std::ifstream in(metrics_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  return out;
+}
+
+// step -> loss of metrics.jsonl; a step written twice keeps its last value.
 std::map<int64_t, double> losses(const fs::path& metrics_dir) {
   std::map<int64_t, double> out;
   std::ifstream in(metrics_dir / "metrics.jsonl");
@@ -167,14 +175,27 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   ASSERT_TRUE(fs::exists(killed / "ckpt" / "step_2" / "trainer_state.json"));
   ASSERT_FALSE(fs::exists(killed / "ckpt" / "step_8")) << "the run ended before the kill: nothing was resumed";
 
+  // Without --resume the killed run's folders are refused, naming what is there.
+  const testing::CliResult fresh = run_cli(train_args("pg", data, killed, 2, 1, extra));
+  EXPECT_NE(fresh.code, 0);
+  EXPECT_NE(fresh.output.find((killed / "metrics" / "metrics.jsonl").string() + " holds the metrics of an earlier run"),
+            std::string::npos) << fresh.output;
+  const testing::CliResult overwrite = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --overwrite-metrics");
+  EXPECT_NE(overwrite.code, 0);
+  EXPECT_NE(overwrite.output.find("is a checkpoint of an earlier run"), std::string::npos) << overwrite.output;
+
   const testing::CliResult resumed = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_EQ(losses(killed / "metrics"), want);  // bit for bit, every step
+  // Each step once: the steps the killed run wrote after its checkpoint were dropped, not repeated.
+  const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(logged_steps(killed / "metrics"), once);
 
   // A resumed run that has nothing left to do, then export of the last checkpoint.
   const testing::CliResult again = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --resume");
   ASSERT_EQ(again.code, 0) << again.output;
   EXPECT_EQ(losses(killed / "metrics"), want);
+  EXPECT_EQ(logged_steps(killed / "metrics"), once);
   const fs::path hf = dir.path / "hf";
   const testing::CliResult ex = run_cli("export " + (killed / "ckpt" / "step_8").string() + " --out " + hf.string());
   ASSERT_EQ(ex.code, 0) << ex.output;

@@ -198,10 +198,20 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
   RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "
            "choose another train.checkpoint_dir");
+  // An earlier run's metrics: refused by the lead rank's MetricsWriter (fresh), opened before any weight is loaded
+  // when there is no checkpoint (a fresh run with one was refused above). Not checked on the other ranks: the lead
+  // may already have made its files when they would look.
   const bool lead = world.rank() == 0;
   std::unique_ptr<worker::MetricsWriter> metrics;
-  if (lead && !config.train.metrics_dir.empty())
-    metrics = std::make_unique<worker::MetricsWriter>(config.train.metrics_dir);
+  // Resuming from GRPO step N keeps the warm-up's records and GRPO's first N (warm-up + 1 ... warm-up + N); without
+  // a checkpoint the run starts again from its first step (the warm-up's).
+  const auto open_metrics = [&](int64_t resumed_records) {
+    if (lead && !config.train.metrics_dir.empty())
+      metrics = std::make_unique<worker::MetricsWriter>(
+          config.train.metrics_dir, true,
+          worker::metrics_start(options.resume, options.overwrite_metrics, resumed_records));
+  };
+  if (!from) open_metrics(0);
 
   GrpoSummary summary;
   worker::Config grpo_config = config;
@@ -224,6 +234,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     RT_CHECK(start == policy_worker.trainer().steps_taken() && start <= config.train.steps, from->string(),
              ": resumes at GRPO step ", start, " after ", policy_worker.trainer().steps_taken(),
              " trainer steps; train.steps = ", config.train.steps);
+    open_metrics(g.sft_warmup_steps + start);
     if (lead && options.progress)
       std::fprintf(stderr, "resuming from %s (GRPO step %lld)\n", from->string().c_str(),
                    static_cast<long long>(start));

@@ -71,6 +71,7 @@ struct GrpoStepLog {
 
 struct GrpoOptions {
   bool resume = false;
+  bool overwrite_metrics = false;  // replace an earlier run's metrics in train.metrics_dir (else a fresh run refuses)
   bool progress = true;  // the progress line on stderr (rank 0)
   // Called on every rank after each GRPO step.
   std::function<void(const GrpoStepLog&)> on_step;
