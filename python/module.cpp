@@ -177,7 +177,7 @@ class Worker {
   int world_size() const { return group_->world_size(); }
   int local_ranks() const { return group_->local_ranks(); }
   std::string device() const { return device_name(config_.device); }
-  int64_t steps_taken() const { return group_->lead().trainer().steps_taken(); }
+  int64_t steps_taken() const { return group_->lead().steps_taken(); }
 
  private:
   worker::Config config_;

@@ -18,6 +18,7 @@
 #include "ringtrain/rl/grpo.h"
 #include "ringtrain/worker/config.h"
 #include "ringtrain/worker/metrics.h"
+#include "ringtrain/worker/policy_worker.h"
 #include "ringtrain/worker/plot.h"
 #include "ringtrain/worker/train_loop.h"
 
@@ -92,6 +93,8 @@ void add_grpo_command(CLI::App& app) {
       summary = rl::run_grpo(c, *comm, options);
     } else {
       announce();
+      worker::StartingWeights shared;  // one copy of the starting weights for all ranks of this process
+      options.starting_weights = &shared;
       comm::run_ranks(world, timeout, [&](comm::Communicator& rank) {
         rl::GrpoSummary mine = rl::run_grpo(c, rank, options);
         if (rank.rank() == 0) summary = std::move(mine);

@@ -175,8 +175,8 @@ void add_logprobs_command(CLI::App& app) {
       po.device = comm->device(), po.cp_group = comm.get();
       results = score_samples(*load_policy(o->model, po), samples);
       if (comm->rank() != 0) return;
-    } else {  // ranks are threads of this process, each with its own policy over the same weights
-      const std::vector<float> params = load_checkpoint_params(o->model, config);
+    } else {  // ranks are threads of this process, each with its own policy reading one copy of the weights
+      const auto params = std::make_shared<const std::vector<float>>(load_checkpoint_params(o->model, config));
       comm::run_ranks(o->cp, timeout, [&](comm::Communicator& comm) {
         PolicyOptions rank_options = po;
         rank_options.cp_group = &comm;

@@ -59,6 +59,8 @@ void add_train_command(CLI::App& app) {
       const auto comm = nccl_from_environment(timeout);
       worker::run_training(c, *comm, data, ro);
     } else {
+      worker::StartingWeights shared;  // one copy of the reference weights for all ranks of this process
+      ro.starting_weights = &shared;
       comm::run_ranks(world, timeout, [&](comm::Communicator& comm) { worker::run_training(c, comm, data, ro); });
     }
   });

@@ -47,7 +47,7 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
   w.train.steps = config.grpo.sft_warmup_steps;
   if (config.grpo.sft_warmup_lr > 0) w.policy.optimizer.lr = config.grpo.sft_warmup_lr;
   w.policy.scheduler = worker::SchedulerConfig{};
-  worker::PolicyWorker policy_worker(w, world);
+  worker::PolicyWorker policy_worker(w, world, options.starting_weights);
   const bool lead = world.rank() == 0;
   const int64_t batch = config.policy.train_global_batch_size, steps = w.train.steps;
   std::unique_ptr<worker::ProgressLine> progress;
@@ -227,7 +227,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   }
 
   const auto t_start = Clock::now();
-  worker::PolicyWorker policy_worker(grpo_config, world);
+  worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights);
   int64_t start = 0;
   if (from) {
     start = policy_worker.load(*from).index;

@@ -84,7 +84,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   // the PolicyWorker's mesh is formed (a collective), so no rank can see them here.
   check_fresh_run(c, o);
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
-  PolicyWorker worker(c, world);
+  PolicyWorker worker(c, world, o.starting_weights);
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());
   const fs::path ckpt_dir = c.train.checkpoint_dir;

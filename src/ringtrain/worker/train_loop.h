@@ -19,11 +19,15 @@
 
 namespace ringtrain::worker {
 
+class StartingWeights;  // policy_worker.h
+
 struct TrainRunOptions {
   bool resume = false;   // continue from the newest complete checkpoint in train.checkpoint_dir (none: start)
   bool progress = true;  // the progress line on stderr (rank 0)
   // Replace the metrics an earlier run left in train.metrics_dir (a fresh run refuses them otherwise).
   bool overwrite_metrics = false;
+  // Shared by the ranks of this process (one copy of the starting weights); null: each rank loads its own.
+  StartingWeights* starting_weights = nullptr;
 };
 
 // What a fresh run (neither resume nor overwrite) that finds an earlier run's files is told to do.
