@@ -88,9 +88,24 @@ double element(const char* p, Elem e) {
   return 0;
 }
 
-// Reads a strided array (strides in bytes) into C order.
-HostArray gather(const std::string& key, const char* base, Elem e, const std::vector<int64_t>& shape,
-                 const std::vector<int64_t>& byte_strides) {
+std::string element_text(const char* p, Elem e) {
+  const auto load = [p](auto v) {
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  switch (e) {
+    case Elem::I64: return std::to_string(load(int64_t{}));
+    case Elem::U64: return std::to_string(load(uint64_t{}));
+    case Elem::Bool: case Elem::I8: case Elem::I16: case Elem::I32: case Elem::U8: case Elem::U16: case Elem::U32:
+      return std::to_string(static_cast<int64_t>(element(p, e)));
+    default: return cat(element(p, e));
+  }
+}
+
+// A strided array (strides in bytes) read in place; `owner` keeps its memory alive. Only the shape's product is
+// computed here (checked: a shape whose product overflows is refused), nothing of its size is allocated.
+HostArray view(const std::string& key, const char* base, Elem e, const std::vector<int64_t>& shape,
+               const std::vector<int64_t>& byte_strides, std::shared_ptr<const void> owner) {
   HostArray a;
   a.key = key;
   a.dtype = elem_name(e);
@@ -99,20 +114,15 @@ HostArray gather(const std::string& key, const char* base, Elem e, const std::ve
   a.integer = !a.boolean && !a.floating;
   a.shape = shape;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  a.values.resize(static_cast<size_t>(n));
-  if (n == 0) return a;
-  const size_t nd = shape.size();
-  std::vector<int64_t> idx(nd, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t off = 0;
-    for (size_t d = 0; d < nd; ++d) off += idx[d] * byte_strides[d];
-    a.values[static_cast<size_t>(i)] = element(base + off, e);
-    for (size_t d = nd; d-- > 0;) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d))
+      throw py::value_error(cat(key, ": shape ", d < 0 ? "with a negative dimension" : "of more than 2^63 elements"));
+    n *= d;
   }
+  a.base = base;
+  a.byte_strides = byte_strides;
+  a.elem = static_cast<int>(e);
+  a.owner = std::move(owner);
   return a;
 }
 
@@ -166,6 +176,7 @@ std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).
 
 // nullopt: the producer could not export this array (NumPy's bool arrays), and the buffer protocol is there instead.
 std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
+  using Managed = std::shared_ptr<dl::ManagedTensor>;
   const py::tuple dev = obj.attr("__dlpack_device__")();
   const int device_type = dev[0].cast<int>(), device_id = dev[1].cast<int>();
   if (device_type != dl::kCPU && device_type != dl::kCUDAHost && device_type != dl::kCUDA)
@@ -186,12 +197,9 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
     throw py::value_error(cat(key, ": __dlpack__() did not return a 'dltensor' capsule"));
   }
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // consumed: the deleter is ours to call
-  struct Release {
-    dl::ManagedTensor* m;
-    ~Release() {
-      if (m->deleter) m->deleter(m);
-    }
-  } release{managed};
+  const Managed release(managed, [](dl::ManagedTensor* m) {
+    if (m->deleter) m->deleter(m);
+  });
   const dl::Tensor& t = managed->dl_tensor;
   const std::optional<Elem> elem = dlpack_elem(t.dtype);
   if (!elem)
@@ -207,7 +215,7 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
     }
   }
   const char* base = static_cast<const char*>(t.data) + t.byte_offset;
-  if (device_type != dl::kCUDA) return gather(key, base, *elem, shape, strides);
+  if (device_type != dl::kCUDA) return view(key, base, *elem, shape, strides, release);
 #ifdef RINGTRAIN_WITH_CUDA
   // The worker takes host vectors: a CUDA tensor is copied to host memory here (a device-to-host copy).
   const std::optional<DType> dtype = ringtrain_dtype(*elem);
@@ -215,26 +223,27 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
     throw py::value_error(cat(key, ": a CUDA tensor of dtype ", elem_name(*elem),
                               " (CUDA tensors must be float16/bfloat16/float32/float64/int32/int64; or pass .cpu())"));
   if (t.ndim > kMaxDims) throw py::value_error(cat(key, ": ", t.ndim, " dimensions"));
-  TensorView src, dst;
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<char> host(static_cast<size_t>(n) * static_cast<size_t>(size));
-  if (n == 0) return gather(key, host.data(), *elem, shape, std::vector<int64_t>(shape.size(), size));
-  src.data = const_cast<char*>(base), src.dtype = *dtype, src.device = Device::cuda(device_id), src.ndim = t.ndim;
-  dst.data = host.data(), dst.dtype = *dtype, dst.device = Device::cpu(), dst.ndim = t.ndim;
-  std::vector<int64_t> compact(shape.size());
-  for (int d = t.ndim - 1; d >= 0; --d) {
-    const size_t u = static_cast<size_t>(d);
-    src.shape[u] = dst.shape[u] = shape[u];
-    src.stride[u] = strides[u] / size;
-    dst.stride[u] = d == t.ndim - 1 ? 1 : dst.stride[u + 1] * shape[u + 1];
-    compact[u] = dst.stride[u] * size;
+  HostArray shaped = view(key, base, *elem, shape, strides, nullptr);  // the shape checked before any copy
+  // The bytes the strides reach, [lo, hi) around base: for a broadcast (stride 0) only the stored ones.
+  int64_t lo = 0, hi = size;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0) return shaped;
+    (strides[d] < 0 ? lo : hi) += (shape[d] - 1) * strides[d];
   }
+  const int64_t count = (hi - lo) / size;
+  auto host = std::make_shared<std::vector<char>>(static_cast<size_t>(hi - lo));
+  TensorView src, dst;
+  src.data = const_cast<char*>(base + lo), src.dtype = *dtype, src.device = Device::cuda(device_id), src.ndim = 1;
+  dst.data = host->data(), dst.dtype = *dtype, dst.device = Device::cpu(), dst.ndim = 1;
+  src.shape[0] = dst.shape[0] = count;
+  src.stride[0] = dst.stride[0] = 1;
   {
     py::gil_scoped_release unlocked;
     copy(dst, src);
   }
-  return gather(key, host.data(), *elem, shape, compact);
+  shaped.base = host->data() - lo;
+  shaped.owner = std::move(host);
+  return shaped;
 #else
   (void)device_id;
   throw py::value_error(cat(key, ": a CUDA tensor, but this build of ringtrain has no CUDA (pass .cpu() tensors)"));
@@ -242,7 +251,7 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
 }
 
 HostArray read_buffer(py::handle obj, const std::string& key) {
-  const py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
+  py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
   std::string format = info.format;
   if (!format.empty() && (format[0] == '<' || format[0] == '=' || format[0] == '@')) format.erase(0, 1);
   std::optional<Elem> elem;
@@ -266,7 +275,8 @@ HostArray read_buffer(py::handle obj, const std::string& key) {
   if (!elem || elem_size(*elem) != static_cast<size_t>(info.itemsize))
     throw py::value_error(cat(key, ": unsupported element format '", info.format, "' (", info.itemsize, " bytes)"));
   std::vector<int64_t> shape(info.shape.begin(), info.shape.end()), strides(info.strides.begin(), info.strides.end());
-  return gather(key, static_cast<const char*>(info.ptr), *elem, shape, strides);
+  const char* base = static_cast<const char*>(info.ptr);
+  return view(key, base, *elem, shape, strides, std::make_shared<py::buffer_info>(std::move(info)));
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -285,6 +295,20 @@ std::string known_keys() {
 }
 
 }  // namespace
+
+namespace {
+const char* element_at(const HostArray& a, int64_t i) {
+  int64_t off = 0;
+  for (size_t d = a.shape.size(); d-- > 0;) {
+    off += (i % a.shape[d]) * a.byte_strides[d];
+    i /= a.shape[d];
+  }
+  return a.base + off;
+}
+}  // namespace
+
+double HostArray::at(int64_t i) const { return element(element_at(*this, i), static_cast<Elem>(elem)); }
+std::string HostArray::text(int64_t i) const { return element_text(element_at(*this, i), static_cast<Elem>(elem)); }
 
 HostArray read_array(py::handle obj, const std::string& key) {
   if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
@@ -325,6 +349,13 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
   if (ids.shape.size() != 2) fail(ids, cat("expected shape [B, S], got ", shape_str(ids.shape)));
   const int64_t B = ids.shape[0], S = ids.shape[1];
   if (B < 1 || S < 1) fail(ids, cat("the batch is empty (shape ", shape_str(ids.shape), ")"));
+  const int64_t max_length = config.policy.max_total_sequence_length;
+  // Before anything of the batch's size is allocated: without input_lengths every row is S long.
+  if (S > max_length && !arrays.count("input_lengths"))
+    fail(ids, cat("sample 0 has ", S, " tokens; policy.max_total_sequence_length allows 1 to ", max_length));
+  if (B > kMaxBatchElements / S)
+    fail(ids, cat("shape ", shape_str(ids.shape), ": more than ", kMaxBatchElements,
+                  " elements in one batch (split it into several calls)"));
 
   const auto check_shape = [&](const HostArray& a, bool per_token, bool per_sequence) {
     const bool token_shape = a.shape == std::vector<int64_t>{B, S}, seq_shape = a.shape == std::vector<int64_t>{B};
@@ -345,13 +376,12 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
     if (!get->integer) fail(*get, cat("expected an integer dtype, got ", get->dtype));
     check_shape(*get, false, true);
     for (int64_t b = 0; b < B; ++b) {
-      const double l = get->values[static_cast<size_t>(b)];
+      const double l = get->at(b);
       if (l < 1 || l > static_cast<double>(S))
-        fail(*get, cat("input_lengths[", b, "] = ", l, " is not in [1, S = ", S, "]"));
+        fail(*get, cat("input_lengths[", b, "] = ", get->text(b), " is not in [1, S = ", S, "]"));
       lengths[static_cast<size_t>(b)] = static_cast<int64_t>(l);
     }
   }
-  const int64_t max_length = config.policy.max_total_sequence_length;
   Batch out;
   out.columns = S;
   out.samples.resize(static_cast<size_t>(B));
@@ -362,10 +392,9 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
     worker::Sample& s = out.samples[static_cast<size_t>(b)];
     s.input_ids.resize(static_cast<size_t>(len));
     for (int64_t p = 0; p < len; ++p) {
-      const double t = ids.values[static_cast<size_t>(b * S + p)];
+      const double t = ids.at(b * S + p);
       if (!(t >= 0 && t < static_cast<double>(vocab)))
-        fail(ids, cat("input_ids[", b, ", ", p, "] = ", static_cast<int64_t>(t), " is not a token id in [0, ", vocab,
-                      ")"));
+        fail(ids, cat("input_ids[", b, ", ", p, "] = ", ids.text(b * S + p), " is not a token id in [0, ", vocab, ")"));
       s.input_ids[static_cast<size_t>(p)] = static_cast<int32_t>(t);
     }
     s.token_mask.assign(static_cast<size_t>(len), 1.0f);
@@ -380,13 +409,13 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
     for (int64_t b = 0; b < B; ++b)
       for (int64_t p = 0; p < lengths[static_cast<size_t>(b)]; ++p)
         out.samples[static_cast<size_t>(b)].token_mask[static_cast<size_t>(p)] =
-            zero_one(*get, get->values[static_cast<size_t>(b * S + p)], cat("[", b, ", ", p, "]"));
+            zero_one(*get, get->at(b * S + p), cat("[", b, ", ", p, "]"));
   }
   if ((get = field("sample_mask"))) {
     check_shape(*get, false, true);
     for (int64_t b = 0; b < B; ++b)
       out.samples[static_cast<size_t>(b)].sample_mask =
-          zero_one(*get, get->values[static_cast<size_t>(b)], cat("[", b, "]"));
+          zero_one(*get, get->at(b), cat("[", b, "]"));
   }
   const auto finite = [&](const HostArray& a, double v, const std::string& at) {
     if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max())
@@ -409,12 +438,12 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
       std::vector<float>& v = out.samples[static_cast<size_t>(b)].*member;
       v.resize(static_cast<size_t>(len));
       if (per_sequence) {
-        const float a = finite(*get, get->values[static_cast<size_t>(b)], cat("[", b, "]"));
+        const float a = finite(*get, get->at(b), cat("[", b, "]"));
         std::fill(v.begin(), v.end(), a);
       } else {
         for (int64_t p = 0; p < len; ++p)
           v[static_cast<size_t>(p)] =
-              finite(*get, get->values[static_cast<size_t>(b * S + p)], cat("[", b, ", ", p, "]"));
+              finite(*get, get->at(b * S + p), cat("[", b, ", ", p, "]"));
       }
     }
   }

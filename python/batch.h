@@ -10,9 +10,12 @@
 //   advantages           [B, S] per token, or [B] one number per sequence (floating)
 //   generation_logprobs, prev_logprobs, reference_logprobs   [B, S] floating, entry 0 unused
 // CUDA tensors are copied to host memory (the worker takes host vectors): there is no zero-copy path.
+// Sizes are checked before anything of the batch's size is allocated: S beyond policy.max_total_sequence_length
+// (without input_lengths) and B x S beyond kMaxBatchElements are errors naming input_ids.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,17 +29,31 @@ namespace ringtrain::python {
 
 namespace py = pybind11;
 
-// One array as the module read it: C-order values widened to double (exact for every integer a token id can be).
+// One array as the module found it: read in place, element by element, never copied whole (a broadcast view of
+// 2^40 elements costs nothing until the checks of read_batch have refused it). A CUDA tensor's storage is copied to
+// host memory (only the bytes its strides reach). Holds the source alive; needs the GIL, also to be destroyed.
 struct HostArray {
   std::string key;
   std::string dtype;  // "int64", "float32", "bool", ...
   bool integer = false, floating = false, boolean = false;
   std::vector<int64_t> shape;
-  std::vector<double> values;
+
+  // Element i in C order widened to double: exact for every value a batch key accepts (integers up to 2^53).
+  double at(int64_t i) const;
+  // Element i as written (an integer in full, a uint64 above 2^63 included), for messages.
+  std::string text(int64_t i) const;
+
+  const char* base = nullptr;
+  std::vector<int64_t> byte_strides;
+  int elem = 0;  // batch.cpp's element type
+  std::shared_ptr<const void> owner;
 };
 
 // Reads any array-like object; errors (ValueError / TypeError) name `key`. Needs the GIL.
 HostArray read_array(py::handle obj, const std::string& key);
+
+// The most elements ([B, S]) of one batch: its results alone are B x S float32.
+constexpr int64_t kMaxBatchElements = int64_t{1} << 32;
 
 struct Batch {
   std::vector<worker::Sample> samples;

@@ -177,7 +177,7 @@ class Worker {
   int world_size() const { return group_->world_size(); }
   int local_ranks() const { return group_->local_ranks(); }
   std::string device() const { return device_name(config_.device); }
-  int64_t steps_taken() const { return group_->lead().trainer().steps_taken(); }
+  int64_t steps_taken() const { return group_->lead().steps_taken(); }
 
  private:
   worker::Config config_;
@@ -200,7 +200,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Worker>(m, "PolicyWorker")
       .def(py::init<const std::string&, bool, const std::string&, const std::vector<std::string>&, double>(),
            py::arg("config"), py::arg("is_text"), py::arg("source"), py::arg("overrides"), py::arg("timeout_s"))
-      .def("get_logprobs", &Worker::get_logprobs, py::arg("batch"), py::arg("with_entropy") = false)
+      .def("get_logprobs", &Worker::get_logprobs, py::arg("batch"), py::arg("with_entropy").noconvert() = false)
       .def("get_reference_logprobs", &Worker::get_reference_logprobs, py::arg("batch"))
       .def("train", &Worker::train, py::arg("batch"))
       .def("save", &Worker::save, py::arg("dir"), py::arg("epoch"), py::arg("index"), py::arg("rng"))

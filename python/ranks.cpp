@@ -46,8 +46,10 @@ WorkerGroup::WorkerGroup(const worker::Config& config, std::chrono::milliseconds
     comms_ = comm::make_in_process_group(world, timeout);
   }
   workers_.resize(comms_.size());
+  worker::StartingWeights shared;  // this process's ranks hold one copy of the reference weights
   run_ranks([&](int r) {
-    workers_[static_cast<size_t>(r)] = std::make_unique<worker::PolicyWorker>(config, *comms_[static_cast<size_t>(r)]);
+    workers_[static_cast<size_t>(r)] =
+        std::make_unique<worker::PolicyWorker>(config, *comms_[static_cast<size_t>(r)], &shared);
   });
 }
 

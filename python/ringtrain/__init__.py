@@ -67,6 +67,16 @@ def load_config(config, overrides=None):
     return _core.resolve_config(*_config_args(config, overrides))
 
 
+def _flag(value, name):
+    """value as a bool when it is one (Python's or NumPy's); anything else (a string, a number, None) is a TypeError
+    rather than its truth value: with_entropy="no" must not mean True."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
+        return bool(value)
+    raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r:.40}")
+
+
 def _torch_device(batch):
     """The device of the batch's PyTorch tensors (input_ids' first), or None when it holds none."""
     if not isinstance(batch, _Mapping):
@@ -101,7 +111,7 @@ class PolicyWorker:
 
     def get_logprobs(self, batch, with_entropy=False):
         """{'logprobs': [B, S] float32} (and 'entropy' with with_entropy): entry p = log p(token p | tokens < p)."""
-        return _results(self._w.get_logprobs(batch, bool(with_entropy)), _torch_device(batch))
+        return _results(self._w.get_logprobs(batch, _flag(with_entropy, "with_entropy")), _torch_device(batch))
 
     def get_reference_logprobs(self, batch):
         """{'reference_logprobs': [B, S] float32} under the reference weights (the config's model as loaded)."""

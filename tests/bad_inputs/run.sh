@@ -202,6 +202,28 @@ expect_error train-incomplete-step 'ckpt_partial/step_3 is not a complete checkp
 mkdir -p metrics_fifo && mkfifo metrics_fifo/metrics.jsonl
 expect_error train-metrics-fifo 'metrics.jsonl: not a regular file' "$bin" train --config run.yaml \
   train.metrics_dir=metrics_fifo
+mkdir -p earlier_run && printf '{"step":1,"loss":2.5}\n' > earlier_run/metrics.jsonl
+expect_error train-fresh-over-metrics 'earlier_run/metrics.jsonl holds the metrics of an earlier run; pass --resume' \
+  "$bin" train --config run.yaml train.metrics_dir=earlier_run
+expect_error grpo-fresh-over-metrics 'earlier_run/metrics.jsonl holds the metrics of an earlier run' \
+  "$bin" grpo --config run.yaml grpo.prompts=builtin:reverse_digits train.metrics_dir=earlier_run \
+  policy.train_global_batch_size=2 grpo.num_prompts_per_step=1 grpo.num_generations_per_prompt=2 loss_fn.type=clipped_pg
+mkdir -p earlier_events && : > earlier_events/events.out.tfevents.1.host
+expect_error train-fresh-over-events 'earlier_events/events.out.tfevents.1.host is the TensorBoard event file of an' \
+  "$bin" train --config run.yaml train.metrics_dir=earlier_events
+grep -q '"loss":2.5' earlier_run/metrics.jsonl || { echo "FAIL train-fresh-over-metrics: the metrics were changed"; failures=$((failures + 1)); }
+printf '{"step":1}\nnot a record\n' > earlier_run/metrics.jsonl
+expect_error train-resume-foreign-metrics 'earlier_run/metrics.jsonl:2: ' \
+  "$bin" train --config run.yaml train.metrics_dir=earlier_run train.checkpoint_dir=ckpt_new --resume
+# logprobs option pairs where one would be ignored
+expect_error logprobs-checkpoint-and-reference '--checkpoint and --reference name two different weights' \
+  "$bin" logprobs --config run.yaml --data good.jsonl --checkpoint ck --reference
+expect_error logprobs-config-and-cp "with --config, --cp is the config's parallel.cp" \
+  "$bin" logprobs --config run.yaml --data good.jsonl --cp 2
+expect_error logprobs-model-and-reference '--reference needs --config' "$bin" logprobs --model ck --data good.jsonl --reference
+mkdir -p ckpt_earlier/step_1 && echo '{}' > ckpt_earlier/step_1/trainer_state.json
+expect_error train-fresh-over-checkpoint 'ckpt_earlier/step_1 is a checkpoint of an earlier run: pass --resume' \
+  "$bin" train --config run.yaml train.checkpoint_dir=ckpt_earlier
 
 expect_error rollouts-model-and-shape 'bench rollouts: --model names the model; drop --layers' \
   "$bin" bench rollouts --device cpu --model builtin:tiny --layers 3

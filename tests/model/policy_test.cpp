@@ -458,6 +458,44 @@ TEST(PolicyParams, RoundTripAndNames) {
   }
 }
 
+// Policies over one shared, read-only weight buffer (in-process ranks that score): they read it in place, score as
+// a policy owning a copy does (bit for bit), and a write to one policy's weights goes to its own copy, never to the
+// shared buffer or the other policies.
+TEST(PolicyParams, SharedWeightsAreReadInPlaceAndCopiedOnWrite) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = testing::tiny_config(Arch::Llama);
+  const auto shared = std::make_shared<const std::vector<float>>(testing::tiny_params(c, rng));
+  const std::vector<float> original = *shared;
+
+  const Model<float> model(c, shared);
+  EXPECT_TRUE(model.shares_params());
+  EXPECT_EQ(model.params().data(), shared->data());  // no copy
+  Model<float> writer(c, shared);
+  writer.params()[0] += 1.0f;
+  EXPECT_FALSE(writer.shares_params());
+  EXPECT_NE(writer.params().data(), shared->data());
+  EXPECT_EQ(*shared, original);
+  const Model<double> wide(c, shared);  // converts: nothing to share with fp64
+  EXPECT_FALSE(wide.shares_params());
+
+  const TokenBatch batch{{testing::random_ids(9, c.vocab, rng), testing::random_ids(4, c.vocab, rng)}};
+  const auto owning = model::make_policy(c, original, cpu_options(DType::F32));
+  const auto a = model::make_policy(c, shared, cpu_options(DType::F32));
+  const auto b = model::make_policy(c, shared, cpu_options(DType::F32));
+  const auto want = owning->score(batch, false).logprobs;
+  EXPECT_EQ(a->score(batch, false).logprobs, want);
+  EXPECT_EQ(shared.use_count(), 4);  // `shared`, `model`, `a` and `b`: all read it in place
+  std::vector<float> moved = original;
+  for (float& x : moved) x *= 0.5f;
+  a->set_params(moved);
+  EXPECT_EQ(*shared, original);
+  EXPECT_EQ(b->score(batch, false).logprobs, want);
+  EXPECT_NE(a->score(batch, false).logprobs, want);
+  static_cast<float*>(b->weights().data)[1] = 3.0f;  // a writable view: b's own copy from here on
+  EXPECT_EQ(*shared, original);
+  EXPECT_EQ(model::make_policy(c, shared, cpu_options(DType::F64))->score(batch, false).logprobs.size(), 2u);
+}
+
 TEST(PolicyErrors, BadBatchesAndBackwardOrder) {
   std::mt19937_64 rng(testing::fresh_seed());
   const ModelConfig c = testing::tiny_config(Arch::Llama);

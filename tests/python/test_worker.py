@@ -234,6 +234,37 @@ class TestBadInputs(unittest.TestCase):
         self.bad({"input_ids": ids.astype(np.float64)}, r"get_reference_logprobs: input_ids: expected an integer",
                  method="get_reference_logprobs")
 
+    def test_hostile_sizes_values_and_flags_are_named_before_any_large_allocation(self):
+        ids = self.ids
+        # uint64 above 2^63 (and int64 beyond what a double holds exactly): the value as written, not a wrapped one.
+        big = ids.astype(np.uint64)
+        big[0, 1] = np.uint64(2**64 - 1)
+        self.bad({"input_ids": big}, r"input_ids\[0, 1\] = 18446744073709551615 is not a token id")
+        big[0, 1] = np.uint64(2**63 + 5)
+        self.bad({"input_ids": big}, r"input_ids\[0, 1\] = 9223372036854775813 is not a token id")
+        huge = ids.copy()
+        huge[1, 0] = 2**62 + 1
+        self.bad({"input_ids": huge}, r"input_ids\[1, 0\] = 4611686018427387905 is not a token id")
+        self.bad({"input_ids": ids, "input_lengths": np.array([2**64 - 1, 2], np.uint64)},
+                 r"input_lengths\[0\] = 18446744073709551615 is not in \[1, S = 6\]")
+        # Broadcast views of 2^40 and more elements: refused by their shape, nothing of their size allocated.
+        one = np.ones((1, 1), np.int64)
+        self.bad({"input_ids": np.broadcast_to(one, (1, 2**40))},
+                 r"input_ids: sample 0 has 1099511627776 tokens; policy.max_total_sequence_length allows 1 to 48")
+        self.bad({"input_ids": np.broadcast_to(one, (2**40, 4))}, r"input_ids: shape \(1099511627776, 4\): more than")
+        self.bad({"input_ids": np.broadcast_to(one.astype(np.int8), (2**30, 2**32)), "input_lengths": [1]},
+                 r"input_ids: shape \(1073741824, 4294967296\): more than")
+        self.bad({"input_ids": ids, "token_mask": np.broadcast_to(np.ones((1, 1), bool), (2**31, 2**31))},
+                 r"token_mask: shape \(2147483648, 2147483648\) does not match input_ids")
+        # A broadcast of a legal shape reads in place.
+        self.bad({"input_ids": np.broadcast_to(ids[:1], (2, 6))}, None)
+        # with_entropy is a flag: True or False (NumPy's bool too), not any object's truth value.
+        for flag in ("no", 1, None, [], 0.0):
+            with self.assertRaisesRegex(TypeError, r"with_entropy: expected True or False"):
+                self.worker.get_logprobs({"input_ids": ids}, with_entropy=flag)
+        self.assertIn("entropy", self.worker.get_logprobs({"input_ids": ids}, with_entropy=np.bool_(True)))
+        self.assertNotIn("entropy", self.worker.get_logprobs({"input_ids": ids}, with_entropy=False))
+
     def test_train_checks_the_batch_against_the_config(self):
         self.bad({"input_ids": self.ids[:1]}, r"train: input_ids: the batch holds 1 sequences; "
                  r"policy.train_global_batch_size = 2", method="train")

@@ -166,7 +166,10 @@ std::vector<rl::GrpoStepLog> run_small(const worker::Config& c, bool resume = fa
 TEST(GrpoLoop, ContextParallelFirstStepMatchesOneRank) {
   const fs::path d1 = fresh_dir("cp1"), d2 = fresh_dir("cp2");
   const auto one = run_small(worker::parse_config(small_config(d1, 1, 2), "cp1.yaml"));
-  const auto two = run_small(worker::parse_config(small_config(d2, 2, 2), "cp2.yaml"));
+  // With metrics (written by rank 0 only; no rank may take rank 0's new files for an earlier run's).
+  const auto two = run_small(
+      worker::parse_config(small_config(d2, 2, 2) + "  metrics_dir: " + (d2 / "m").string() + "\n", "cp2.yaml"));
+  EXPECT_TRUE(fs::is_regular_file(d2 / "m" / "metrics.jsonl"));
   ASSERT_EQ(one.size(), 2u);
   ASSERT_EQ(two.size(), 2u);
   // The warm-up leaves the weights within fp32 rounding of each other, and the sampler draws with the same uniforms:
@@ -291,6 +294,21 @@ TEST(GrpoCli, SmokeRunWritesFiniteMetrics) {
   }
   EXPECT_EQ(warmup, 3);
   EXPECT_EQ(grpo, 3);
+
+  // A second run in the same folders: refused without --resume, naming the metrics file. Resumed from the step-2
+  // checkpoint, the records of step 3 (written as step 6) are dropped and written again: every step once.
+  const std::string again = "grpo --config " + cfg.string() + " train.metrics_dir=" + (d / "m").string();
+  const testing::CliResult fresh = testing::run_cli(again + " 2>&1");
+  EXPECT_NE(fresh.code, 0);
+  EXPECT_NE(fresh.output.find((d / "m" / "metrics.jsonl").string() + " holds the metrics of an earlier run"),
+            std::string::npos) << fresh.output;
+  fs::remove_all(d / "ck" / "step_3");
+  const testing::CliResult resumed = testing::run_cli(again + " --resume 2>&1");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  std::vector<int64_t> steps;
+  std::ifstream reread(d / "m" / "metrics.jsonl");
+  while (std::getline(reread, line)) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -139,17 +140,79 @@ TEST(WorkerMetrics, EventFileAndJsonlReadBack) {
   }
   EXPECT_FALSE(std::getline(jsonl, line));
 
-  // A second writer appends to metrics.jsonl and starts its own event file.
-  {
-    MetricsWriter again(dir / "run");
-    again.write(6, {{"loss", 1.0}});
-    EXPECT_NE(again.events()->path(), events_path);
-  }
-  std::ifstream reread(dir / "run" / "metrics.jsonl");
-  int lines = 0;
-  while (std::getline(reread, line)) ++lines;
-  EXPECT_EQ(lines, 6);
   fs::remove_all(dir);
+}
+
+// The steps of metrics.jsonl in file order.
+std::vector<int64_t> jsonl_steps(const fs::path& file) {
+  std::vector<int64_t> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  return out;
+}
+
+// The steps of the summary records of every event file in DIR, files in name order (as TensorBoard reads them).
+std::vector<int64_t> event_steps(const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::vector<int64_t> out;
+  for (const fs::path& f : files) {
+    for (const std::string& r : read_records(f)) {
+      tb::Event e;
+      EXPECT_TRUE(e.ParseFromString(r));
+      if (e.has_summary()) out.push_back(e.step());
+    }
+  }
+  return out;
+}
+
+// A fresh writer refuses an earlier run's metrics (naming the file); overwrite replaces them; continuing after step N
+// keeps steps 1..N of both the JSONL and the event file and drops the later ones (a killed run's cut-off last line
+// and last record included), so a resumed run writes every step once.
+TEST(WorkerMetrics, EarlierRunIsRefusedReplacedOrContinued) {
+  const fs::path dir = temp_dir("earlier") / "run";
+  const auto run = [&](MetricsStart start, int64_t first, int64_t last) {
+    MetricsWriter w(dir, true, start);
+    for (int64_t step = first; step <= last; ++step) w.write(step, {{"loss", static_cast<double>(step)}});
+    return w.events()->path();
+  };
+  const fs::path first_events = run(MetricsStart::fresh(), 1, 6);
+  try {
+    MetricsWriter w(dir, true);
+    ADD_FAILURE() << "a fresh writer took an earlier run's metrics";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "metrics.jsonl").string() + " holds the metrics of an earlier run"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(jsonl_steps(dir / "metrics.jsonl"), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+
+  // A run killed while writing: half a line, half a record.
+  { std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": 7, \"lo"; }
+  {
+    std::ofstream(first_events, std::ios::app | std::ios::binary) << std::string("\x20\x00\x00", 3);
+  }
+  run(MetricsStart::continue_after(4), 5, 8);
+  EXPECT_EQ(jsonl_steps(dir / "metrics.jsonl"), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(event_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+
+  // Resuming with nothing kept (no checkpoint yet) starts the records again.
+  run(MetricsStart::continue_after(0), 1, 2);
+  EXPECT_EQ(jsonl_steps(dir / "metrics.jsonl"), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(event_steps(dir), (std::vector<int64_t>{1, 2}));
+
+  // An event file alone is an earlier run too; overwrite removes both kinds.
+  fs::remove(dir / "metrics.jsonl");
+  EXPECT_THROW(MetricsWriter(dir, false), Error);
+  run(MetricsStart::overwrite(), 1, 3);
+  EXPECT_EQ(jsonl_steps(dir / "metrics.jsonl"), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(event_steps(dir), (std::vector<int64_t>{1, 2, 3}));
+
+  // A line that is not ours, or a damaged record, is named rather than rewritten away.
+  { std::ofstream(dir / "metrics.jsonl", std::ios::app) << "not json\n"; }
+  EXPECT_THROW(MetricsWriter(dir, true, MetricsStart::continue_after(1)), Error);
+  fs::remove_all(dir.parent_path());
 }
 
 TEST(WorkerMetrics, RefusesSymlinksAndNonDirectories) {

@@ -62,12 +62,14 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
                      {"reward/mean", std::normal_distribution<double>()(rng)}});
     }
   }
-  // A run resumed from step 30 writes steps 31-37 again: the later values replace the earlier ones.
+  // Steps 31-37 written again (a file from a writer that appended a resumed run, which MetricsWriter no longer does):
+  // the later values replace the earlier ones.
   {
-    MetricsWriter resumed(dir, false);
+    std::ofstream again(dir / "metrics.jsonl", std::ios::app);
+    again.precision(17);
     for (int64_t step = 31; step <= 37; ++step) {
       loss[static_cast<size_t>(step - 1)] = 0.01 * static_cast<double>(step);
-      resumed.write(step, {{"loss", loss[static_cast<size_t>(step - 1)]}});
+      again << "{\"step\": " << step << ", \"loss\": " << loss[static_cast<size_t>(step - 1)] << "}\n";
     }
   }
   // A torn last line (the run stopped while writing it) is ignored.

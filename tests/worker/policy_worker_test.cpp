@@ -183,6 +183,42 @@ TEST(PolicyWorker, ReferenceLogprobsEqualBeforeTrainingDifferAfterAndSwapBackExa
   });
 }
 
+// In-process ranks given one StartingWeights hold one copy of the starting (reference) weights between them, and a
+// worker that only scores reads it in place; fp32 scores the reference with a second policy over it, fp64 swaps it
+// into the policy's buffer: either way the reference scores stay the starting weights' after a step, and the
+// trained weights are untouched by the reference call.
+TEST(PolicyWorker, InProcessRanksShareOneCopyOfTheStartingWeights) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<Sample> samples = random_samples(rng, 4, 256);
+  for (const char* precision : {"float32", "float64"}) {
+    SCOPED_TRACE(precision);
+    const Config c = tiny_config(2, 2, {std::string("policy.precision=") + precision});
+    const model::ModelConfig m = resolve_model_config(c.policy);
+    StartingWeights shared;
+    const std::shared_ptr<const std::vector<float>> held = shared.get(c, m);
+    long holders = 0;
+    comm::run_ranks(4, kTimeout, [&](comm::Communicator& world) {
+      PolicyWorker w(c, world, &shared);
+      world.barrier();
+      if (world.rank() == 0) holders = held.use_count();  // every worker's reference (and scoring policy) is `held`
+      world.barrier();
+      const LogprobResult before = w.get_logprobs(samples), ref0 = w.get_reference_logprobs(samples);
+      EXPECT_EQ(max_ragged_diff(ref0.logprobs, before.logprobs), 0.0);
+      EXPECT_TRUE(std::isfinite(w.train(samples).step.loss));
+      const std::vector<float> trained = w.policy().params();
+      EXPECT_EQ(max_ragged_diff(w.get_reference_logprobs(samples).logprobs, ref0.logprobs), 0.0);
+      EXPECT_EQ(w.policy().params(), trained);
+      EXPECT_GT(max_ragged_diff(w.get_logprobs(samples).logprobs, before.logprobs), 1e-4);
+    });
+    EXPECT_GE(holders, 5);  // `held` and the four workers: none loaded a copy of its own
+    EXPECT_EQ(held.use_count(), 1);
+    EXPECT_EQ(shared.get(c, m).get(), held.get());
+    Config other = c;
+    other.train.seed += 1;  // a builtin model's weights depend on the seed
+    EXPECT_NE(*shared.get(other, m), *held);
+  }
+}
+
 // Clipped PG without prev_logprobs or reference_logprobs: the worker computes both from the weights of the step, so
 // on the first step every ratio is 1 and the KL to the reference 0, and the token-level loss is -Σ A / counted
 // tokens (positions >= 1 with mask 1), whatever the mesh: a hand-computed value the computed logprobs must meet.

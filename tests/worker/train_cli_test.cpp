@@ -93,7 +93,15 @@ std::string train_args(const std::string& loss, const fs::path& data, const fs::
          extra;
 }
 
-// step -> loss of metrics.jsonl; a step written twice (a resumed run repeating it) keeps its last value.
+// The steps of metrics.jsonl, in file order.
+std::vector<int64_t> logged_steps(const fs::path& metrics_dir) {
+  std::vector<int64_t> out;
+  std::ifstream in(metrics_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  return out;
+}
+
+// step -> loss of metrics.jsonl; a step written twice keeps its last value.
 std::map<int64_t, double> losses(const fs::path& metrics_dir) {
   std::map<int64_t, double> out;
   std::ifstream in(metrics_dir / "metrics.jsonl");
@@ -167,14 +175,27 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   ASSERT_TRUE(fs::exists(killed / "ckpt" / "step_2" / "trainer_state.json"));
   ASSERT_FALSE(fs::exists(killed / "ckpt" / "step_8")) << "the run ended before the kill: nothing was resumed";
 
+  // Without --resume the killed run's folders are refused, naming what is there.
+  const testing::CliResult fresh = run_cli(train_args("pg", data, killed, 2, 1, extra));
+  EXPECT_NE(fresh.code, 0);
+  EXPECT_NE(fresh.output.find((killed / "metrics" / "metrics.jsonl").string() + " holds the metrics of an earlier run"),
+            std::string::npos) << fresh.output;
+  const testing::CliResult overwrite = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --overwrite-metrics");
+  EXPECT_NE(overwrite.code, 0);
+  EXPECT_NE(overwrite.output.find("is a checkpoint of an earlier run"), std::string::npos) << overwrite.output;
+
   const testing::CliResult resumed = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_EQ(losses(killed / "metrics"), want);  // bit for bit, every step
+  // Each step once: the steps the killed run wrote after its checkpoint were dropped, not repeated.
+  const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(logged_steps(killed / "metrics"), once);
 
   // A resumed run that has nothing left to do, then export of the last checkpoint.
   const testing::CliResult again = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --resume");
   ASSERT_EQ(again.code, 0) << again.output;
   EXPECT_EQ(losses(killed / "metrics"), want);
+  EXPECT_EQ(logged_steps(killed / "metrics"), once);
   const fs::path hf = dir.path / "hf";
   const testing::CliResult ex = run_cli("export " + (killed / "ckpt" / "step_8").string() + " --out " + hf.string());
   ASSERT_EQ(ex.code, 0) << ex.output;
@@ -218,13 +239,34 @@ TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
   };
   const auto start = score("start.jsonl", "");
   const auto mesh = score("mesh.jsonl", "--set parallel.dp=2 parallel.cp=2 policy.sequence_packing.enabled=true");
-  const auto reference =
-      score("reference.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string() + " --reference");
+  const auto reference = score("reference.jsonl", "--reference");
   const auto trained = score("trained.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string());
   ASSERT_EQ(start.size(), 8u);
   EXPECT_LE(max_diff(mesh, start), 1e-4);  // fp32 rounding of other shards and batchings (policy_worker_test)
   EXPECT_EQ(max_diff(reference, start), 0.0);
   EXPECT_GT(max_diff(trained, start), 1e-3);  // three steps at lr 1e-3 move the scores
+
+  // Options the chosen mode would not read are refused, naming them (never silently ignored).
+  const std::string ckpt = " --checkpoint " + (dir.path / "ckpt" / "step_3").string();
+  const std::string model = "logprobs --model " + (dir.path / "ckpt" / "step_3").string() + " --data " + data.string();
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {base + ckpt + " --reference", "--checkpoint and --reference name two different weights"},
+      {base + " --cp 2", "with --config, --cp is the config's parallel.cp"},
+      {base + " --cp-comm a2a", "with --config, --cp-comm is the config's parallel.cp_comm"},
+      {base + " --device cpu", "with --config, --device is the config's device"},
+      {base + " --backends math", "with --config, --backends is the config's attention.backends"},
+      {base + " --model-backends math", "with --config, --model-backends is the config's attention.backends"},
+      {base + " --chunk 64", "with --config, --chunk is the config's policy.logprob_chunk_size"},
+      {model + " --reference", "--reference needs --config"},
+      {model + ckpt, "--checkpoint needs --config"},
+      {model + " --set parallel.cp=2", "--set needs --config"},
+      {model + " --cp-comm a2a", "with --cp 1 there is none"},
+  };
+  for (const auto& [args, message] : refused) {
+    const testing::CliResult r = run_cli(args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+  }
 }
 
 TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {

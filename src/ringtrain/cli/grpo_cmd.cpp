@@ -17,7 +17,10 @@
 #include "ringtrain/core/error.h"
 #include "ringtrain/rl/grpo.h"
 #include "ringtrain/worker/config.h"
+#include "ringtrain/worker/metrics.h"
+#include "ringtrain/worker/policy_worker.h"
 #include "ringtrain/worker/plot.h"
+#include "ringtrain/worker/train_loop.h"
 
 namespace ringtrain::cli {
 namespace {
@@ -41,7 +44,7 @@ void add_grpo_command(CLI::App& app) {
   struct Opts {
     std::string config, plot;
     std::vector<std::string> overrides;
-    bool resume = false;
+    bool resume = false, overwrite_metrics = false;
     int timeout_s = 600;
   };
   auto o = std::make_shared<Opts>();
@@ -49,11 +52,15 @@ void add_grpo_command(CLI::App& app) {
   cmd->add_option("--config", o->config, "YAML run config with a grpo: section (configs/grpo_tiny.yaml)")->required();
   cmd->add_option("overrides", o->overrides, "KEY=VALUE overrides, e.g. train.seed=3");
   cmd->add_flag("--resume", o->resume, "continue from the newest checkpoint in train.checkpoint_dir (none: start)");
+  cmd->add_flag("--overwrite-metrics", o->overwrite_metrics,
+                "replace the metrics an earlier run left in train.metrics_dir (without it a fresh run refuses them)");
   cmd->add_option("--plot", o->plot, "SVG of the reward curves (default: METRICS_DIR/reward.svg)");
   cmd->add_option("--timeout", o->timeout_s, "seconds a rank waits for the others")->capture_default_str();
   cmd->callback([o] {
     const worker::Config c = worker::load_config(o->config, o->overrides);
     RT_CHECK(!c.grpo.prompts.empty(), o->config, ": grpo.prompts is required (builtin:reverse_digits or a JSONL file)");
+    if (!o->resume && !o->overwrite_metrics && !c.train.metrics_dir.empty())  // once, before GPU ranks are started
+      worker::check_no_earlier_metrics(c.train.metrics_dir, cat(worker::kEarlierRunHint, " (train.metrics_dir)"));
     const int world = static_cast<int>(c.parallel.world());
     if (c.device.is_cuda()) {
       if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
@@ -65,6 +72,7 @@ void add_grpo_command(CLI::App& app) {
     c.validate_against(worker::resolve_model_config(c.policy));
     rl::GrpoOptions options;
     options.resume = o->resume;
+    options.overwrite_metrics = o->overwrite_metrics;
     rl::GrpoSummary summary;
     bool lead = true;
     const auto timeout = std::chrono::seconds(o->timeout_s);
@@ -85,6 +93,8 @@ void add_grpo_command(CLI::App& app) {
       summary = rl::run_grpo(c, *comm, options);
     } else {
       announce();
+      worker::StartingWeights shared;  // one copy of the starting weights for all ranks of this process
+      options.starting_weights = &shared;
       comm::run_ranks(world, timeout, [&](comm::Communicator& rank) {
         rl::GrpoSummary mine = rl::run_grpo(c, rank, options);
         if (rank.rank() == 0) summary = std::move(mine);

@@ -92,7 +92,8 @@ void add_logprobs_command(CLI::App& app) {
   cmd->add_option("--config", o->with_config.config, "run config: model, device, mesh and batching from it");
   cmd->add_option("--set", o->with_config.overrides, "with --config: KEY=VALUE overrides");
   cmd->add_option("--checkpoint", o->with_config.checkpoint, "with --config: a training checkpoint's weights");
-  cmd->add_flag("--reference", o->with_config.reference, "with --config: the config's starting (reference) weights");
+  cmd->add_flag("--reference", o->with_config.reference,
+                "with --config: the config's starting (reference) weights (not with --checkpoint)");
   cmd->add_option("--data", o->data, "JSONL file, one {\"input_ids\": [...]} per line")->required();
   add_bounded(*cmd, "--cp", o->cp, "context-parallel size (CPU: ranks are threads of this process)", 1, kMaxRanks)
       ->capture_default_str();
@@ -111,16 +112,34 @@ void add_logprobs_command(CLI::App& app) {
       ->check(backend_list_check());
   add_bounded(*cmd, "--chunk", o->chunk, "tokens per LM-head chunk (default: 1024 on the CPU, within 896 MiB on a GPU)",
               int64_t{1}, kMaxSeq);
-  cmd->callback([o] {
+  cmd->callback([o, cmd] {
     using namespace model;
     check_out_is_not_input(o->out, o->data, "--data");
+    // No option is ignored: one that the chosen mode does not read is an error naming it and what to use instead.
+    const auto given = [&](const char* name) { return cmd->count(name) > 0; };
     if (!o->with_config.config.empty()) {
       RT_CHECK(o->model.empty(), "logprobs: --config names the model; drop --model (or --config)");
+      // The run config decides these; the option beside it would silently lose.
+      const std::pair<const char*, const char*> from_config[] = {
+          {"--cp", "parallel.cp"},           {"--cp-comm", "parallel.cp_comm"},
+          {"--device", "device"},            {"--backends", "attention.backends"},
+          {"--model-backends", "attention.backends"}, {"--chunk", "policy.logprob_chunk_size"}};
+      for (const auto& [option, key] : from_config)
+        RT_CHECK(!given(option), "logprobs: with --config, ", option, " is the config's ", key,
+                 "; set it with --set ", key, "=... (or drop --config)");
+      RT_CHECK(o->with_config.checkpoint.empty() || !o->with_config.reference,
+               "logprobs: --checkpoint and --reference name two different weights (a training checkpoint's, the "
+               "config's starting ones); give one of them");
       o->with_config.data = o->data, o->with_config.out = o->out, o->with_config.timeout_s = o->timeout_s;
       if (const auto results = run_config_logprobs(o->with_config)) write_results(*results, o->out);
       return;
     }
     RT_CHECK(!o->model.empty(), "logprobs: --model or --config is required");
+    RT_CHECK(!given("--set"), "logprobs: --set needs --config (it overrides a run config's keys)");
+    for (const char* option : {"--checkpoint", "--reference"})
+      RT_CHECK(!given(option), "logprobs: ", option, " needs --config (with --model the weights are the folder's)");
+    RT_CHECK(o->cp > 1 || !given("--cp-comm"), "logprobs: --cp-comm chooses how --cp ranks exchange keys and values; "
+             "with --cp 1 there is none (drop it, or give --cp N)");
     const Device device = parse_device(o->device);
     const RootBackends root(o->backends, "--backends");
     ModelOptions opts;
@@ -156,8 +175,8 @@ void add_logprobs_command(CLI::App& app) {
       po.device = comm->device(), po.cp_group = comm.get();
       results = score_samples(*load_policy(o->model, po), samples);
       if (comm->rank() != 0) return;
-    } else {  // ranks are threads of this process, each with its own policy over the same weights
-      const std::vector<float> params = load_checkpoint_params(o->model, config);
+    } else {  // ranks are threads of this process, each with its own policy reading one copy of the weights
+      const auto params = std::make_shared<const std::vector<float>>(load_checkpoint_params(o->model, config));
       comm::run_ranks(o->cp, timeout, [&](comm::Communicator& comm) {
         PolicyOptions rank_options = po;
         rank_options.cp_group = &comm;

@@ -33,8 +33,9 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
   spec.max_length = c.policy.max_total_sequence_length;
   const std::vector<worker::Sample> samples = worker::load_dataset(o.data, spec).samples;
   std::vector<std::vector<float>> results;
+  worker::StartingWeights shared;  // CPU ranks: one copy of the starting weights, read in place by ranks that score
   const auto score = [&](comm::Communicator& comm) {
-    worker::PolicyWorker w(c, comm);
+    worker::PolicyWorker w(c, comm, &shared);
     if (!o.checkpoint.empty()) w.load(o.checkpoint);
     worker::LogprobResult r = o.reference ? w.get_reference_logprobs(samples) : w.get_logprobs(samples);
     if (comm.rank() == 0) results = std::move(r.logprobs);

@@ -22,7 +22,7 @@ void add_train_command(CLI::App& app) {
   struct Opts {
     std::string config;
     std::vector<std::string> overrides;
-    bool resume = false, no_progress = false;
+    bool resume = false, no_progress = false, overwrite_metrics = false;
     int timeout_s = 600;
   };
   auto o = std::make_shared<Opts>();
@@ -30,10 +30,17 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config", o->config, "YAML run config (configs/*.yaml)")->required();
   cmd->add_option("overrides", o->overrides, "KEY=VALUE overrides, e.g. train.steps=100");
   cmd->add_flag("--resume", o->resume, "continue from the newest complete checkpoint in train.checkpoint_dir");
+  cmd->add_flag("--overwrite-metrics", o->overwrite_metrics,
+                "replace the metrics an earlier run left in train.metrics_dir (without it a fresh run refuses them)");
   cmd->add_flag("--no-progress", o->no_progress, "no progress line on stderr");
   cmd->add_option("--timeout", o->timeout_s, "seconds a rank waits for the others")->capture_default_str();
   cmd->callback([o] {
     const worker::Config c = worker::load_config(o->config, o->overrides);
+    worker::TrainRunOptions ro;
+    ro.resume = o->resume;
+    ro.progress = !o->no_progress;
+    ro.overwrite_metrics = o->overwrite_metrics;
+    worker::check_fresh_run(c, ro);  // once, before GPU ranks are started
     const int world = static_cast<int>(c.parallel.world());
     if (c.device.is_cuda()) {
       if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
@@ -47,14 +54,13 @@ void add_train_command(CLI::App& app) {
     c.validate_against(m);
     RT_CHECK(!c.train.data.empty(), "train.data: no data file given");
     const worker::Dataset data = worker::load_dataset(c.train.data, worker::data_spec(c, m));
-    worker::TrainRunOptions ro;
-    ro.resume = o->resume;
-    ro.progress = !o->no_progress;
     const auto timeout = std::chrono::seconds(o->timeout_s);
     if (c.device.is_cuda()) {
       const auto comm = nccl_from_environment(timeout);
       worker::run_training(c, *comm, data, ro);
     } else {
+      worker::StartingWeights shared;  // one copy of the reference weights for all ranks of this process
+      ro.starting_weights = &shared;
       comm::run_ranks(world, timeout, [&](comm::Communicator& comm) { worker::run_training(c, comm, data, ro); });
     }
   });

@@ -24,6 +24,26 @@ Model<T>::Model(ModelConfig config, std::vector<float> params, ModelOptions opti
 }
 
 template <typename T>
+Model<T>::Model(ModelConfig config, std::shared_ptr<const std::vector<float>> params, ModelOptions options)
+    : config_(std::move(config)), layout_(config_), options_(std::move(options)) {
+  RT_CHECK(params != nullptr, "model: no weights");
+  RT_CHECK(static_cast<int64_t>(params->size()) == layout_.total(), "model: ", params->size(),
+           " parameter values for a layout of ", layout_.total());
+  inv_freq_ = rope_inv_freq(config_.rope, config_.head_dim);
+  if constexpr (std::is_same_v<T, float>) shared_ = std::move(params);
+  else params_.assign(params->begin(), params->end());
+}
+
+template <typename T>
+std::vector<T>& Model<T>::params() {
+  if (shared_) {
+    params_.assign(shared_->begin(), shared_->end());
+    shared_.reset();
+  }
+  return params_;
+}
+
+template <typename T>
 Model<T> Model<T>::load(const std::filesystem::path& dir, ModelOptions options) {
   ModelConfig c = load_config(dir);
   std::vector<float> values = load_checkpoint_params(dir, c);
@@ -32,7 +52,7 @@ Model<T> Model<T>::load(const std::filesystem::path& dir, ModelOptions options) 
 
 template <typename T>
 void Model<T>::zero_grads() {
-  grads_.assign(params_.size(), T(0));
+  grads_.assign(static_cast<size_t>(layout_.total()), T(0));
 }
 
 template <typename T>
@@ -57,17 +77,17 @@ const std::vector<T>& Model<T>::forward(const int32_t* tokens, const int32_t* po
   attention::BackendScope scope("model", options_.allowed_backends());
 
   std::vector<T> x(N * H);
-  embedding_forward(x.data(), tokens, params_.data() + layout_.embed, N, H, config_.vocab);
+  embedding_forward(x.data(), tokens, weights() + layout_.embed, N, H, config_.vocab);
   for (size_t l = 0; l < static_cast<size_t>(config_.layers); ++l) {
     LayerActs<T>& a = acts_[for_backward ? l : 0];
     a.x_in = std::move(x);
     x.assign(N * H, T(0));
-    decoder_layer_forward(layer_call(l, attention), params_.data(), a, x.data());
+    decoder_layer_forward(layer_call(l, attention), weights(), a, x.data());
     if (!for_backward || checkpointed(l)) a.release_all_but_input();
   }
   final_in_ = std::move(x);
   hidden_.resize(N * H), final_rstd_.resize(N);
-  rmsnorm_forward(hidden_.data(), final_rstd_.data(), final_in_.data(), params_.data() + layout_.final_norm, N, H,
+  rmsnorm_forward(hidden_.data(), final_rstd_.data(), final_in_.data(), weights() + layout_.final_norm, N, H,
                   config_.rms_eps);
   have_activations_ = for_backward;
   return hidden_;
@@ -82,15 +102,15 @@ void Model<T>::backward(const T* d_hidden, SequenceAttention& attention) {
   attention::BackendScope scope("model", options_.allowed_backends());
   std::vector<T> dx(N * H, T(0));
   rmsnorm_backward(dx.data(), grads_.data() + layout_.final_norm, d_hidden, final_in_.data(),
-                   params_.data() + layout_.final_norm, final_rstd_.data(), N, H);
+                   weights() + layout_.final_norm, final_rstd_.data(), N, H);
   for (size_t l = acts_.size(); l-- > 0;) {
     LayerActs<T>& a = acts_[l];
     const LayerCall call = layer_call(l, attention);
     if (checkpointed(l)) {  // recompute this layer's activations from its saved input
       std::vector<T> unused(N * H);
-      decoder_layer_forward(call, params_.data(), a, unused.data());
+      decoder_layer_forward(call, weights(), a, unused.data());
     }
-    decoder_layer_backward(call, params_.data(), grads_.data(), a, dx.data());
+    decoder_layer_backward(call, weights(), grads_.data(), a, dx.data());
     a.release_all_but_input();
   }
   embedding_backward(grads_.data() + layout_.embed, tokens_.data(), dx.data(), N, H);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
 #include "ringtrain/attention/backend.h"
@@ -33,18 +34,24 @@ template <typename T>
 class Model {
  public:
   Model(ModelConfig config, std::vector<float> params, ModelOptions options = {});
+  // Over weights shared read-only with other models (in-process ranks scoring with the same weights): a Model<float>
+  // reads them in place until something asks for writable params(), which copies them first (copy on write); a
+  // Model<double> converts them into its own buffer.
+  Model(ModelConfig config, std::shared_ptr<const std::vector<float>> params, ModelOptions options = {});
   // config.json + safetensors from a checkpoint folder.
   static Model load(const std::filesystem::path& dir, ModelOptions options = {});
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
-  std::vector<T>& params() { return params_; }
-  const std::vector<T>& params() const { return params_; }
+  // Writable weights (a model over shared weights takes its own copy here).
+  std::vector<T>& params();
+  const std::vector<T>& params() const { return shared_ ? *shared_ : params_; }
+  bool shares_params() const { return shared_ != nullptr; }
   // Allocated (zeroed) by zero_grads() or the first backward(); empty before, so scoring-only models pay nothing.
   std::vector<T>& grads() { return grads_; }
   const std::vector<T>& grads() const { return grads_; }
   void zero_grads();
-  const T* lm_head() const { return params_.data() + layout_.lm_head; }
+  const T* lm_head() const { return weights() + layout_.lm_head; }
   T* lm_head_grad() {
     if (grads_.empty()) zero_grads();
     return grads_.data() + layout_.lm_head;
@@ -61,6 +68,7 @@ class Model {
 
  private:
   LayerCall layer_call(size_t layer, SequenceAttention& attention) const;
+  const T* weights() const { return shared_ ? shared_->data() : params_.data(); }
   bool checkpointed(size_t layer) const;
 
   ModelConfig config_;
@@ -68,6 +76,7 @@ class Model {
   ModelOptions options_;
   std::vector<float> inv_freq_;
   std::vector<T> params_, grads_;
+  std::shared_ptr<const std::vector<T>> shared_;  // when set, the weights (params_ is empty)
   // Saved by forward for backward.
   std::vector<int32_t> tokens_, positions_;
   int64_t batch_ = 0, seqlen_ = 0;

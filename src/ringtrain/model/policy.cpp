@@ -28,8 +28,10 @@ class CpuPolicy final : public Policy {
  public:
   static constexpr DType kDType = std::is_same_v<T, double> ? DType::F64 : DType::F32;
 
-  CpuPolicy(const ModelConfig& config, const std::vector<float>& params, const PolicyOptions& options)
-      : model_(config, params, options.model),
+  // Params: the weights, owned (std::vector<float>) or shared (std::shared_ptr<const std::vector<float>>).
+  template <typename Params>
+  CpuPolicy(const ModelConfig& config, Params params, const PolicyOptions& options)
+      : model_(config, std::move(params), options.model),
         chunk_(options.logprob_chunk > 0 ? options.logprob_chunk : kDefaultLogprobChunk),
         group_(options.cp_group && options.cp_group->size() > 1 ? options.cp_group : nullptr), cp_(options.cp) {
     RT_CHECK(options.logprob_chunk >= 0, "policy: LM-head chunk ", options.logprob_chunk, " must not be negative");
@@ -89,7 +91,7 @@ class CpuPolicy final : public Policy {
   void set_params(const std::vector<float>& values) override {
     RT_CHECK(static_cast<int64_t>(values.size()) == layout().total(), "policy: ", values.size(),
              " parameter values for a layout of ", layout().total());
-    model_.params().assign(values.begin(), values.end());
+    model_.params().assign(values.begin(), values.end());  // a policy over shared weights takes its own copy
   }
   std::vector<float> grads_by_layout() const override {
     const std::vector<T>& g = model_.grads();
@@ -137,15 +139,24 @@ TokenScores Policy::score_and_backward(const TokenBatch& batch, const TokenGradi
 std::unique_ptr<Policy> make_policy(const ModelConfig& config, const std::vector<float>& params,
                                     const PolicyOptions& options) {
   if (!options.device.is_cpu()) return make_gpu_policy(config, params, options);
-  if (options.dtype == DType::F64) return std::make_unique<CpuPolicy<double>>(config, params, options);
+  if (options.dtype == DType::F64)
+    return std::make_unique<CpuPolicy<double>>(config, std::vector<float>(params), options);
   RT_CHECK(options.dtype == DType::F32, "policy: the CPU model computes in f32 or f64, not ",
            dtype_name(options.dtype));
-  return std::make_unique<CpuPolicy<float>>(config, params, options);
+  return std::make_unique<CpuPolicy<float>>(config, std::vector<float>(params), options);
+}
+
+std::unique_ptr<Policy> make_policy(const ModelConfig& config, std::shared_ptr<const std::vector<float>> params,
+                                    const PolicyOptions& options) {
+  RT_CHECK(params != nullptr, "policy: no weights");
+  if (!options.device.is_cpu() || options.dtype != DType::F32) return make_policy(config, *params, options);
+  return std::make_unique<CpuPolicy<float>>(config, std::move(params), options);
 }
 
 std::unique_ptr<Policy> load_policy(const std::filesystem::path& dir, const PolicyOptions& options) {
   const ModelConfig config = load_config(dir);
-  return make_policy(config, load_checkpoint_params(dir, config), options);
+  // Shared by this policy alone: an fp32 CPU policy keeps the loaded buffer instead of a copy of it.
+  return make_policy(config, std::make_shared<const std::vector<float>>(load_checkpoint_params(dir, config)), options);
 }
 
 }  // namespace ringtrain::model

@@ -104,6 +104,11 @@ class Policy {
 
 std::unique_ptr<Policy> make_policy(const ModelConfig& config, const std::vector<float>& params,
                                     const PolicyOptions& options);
+// The same over weights shared read-only with other policies of this process (in-process ranks): an fp32 CPU policy
+// reads them in place until its weights are written (weights(), set_params(): then it takes its own copy), so ranks
+// that only score hold one copy between them. Other policies copy them as above.
+std::unique_ptr<Policy> make_policy(const ModelConfig& config, std::shared_ptr<const std::vector<float>> params,
+                                    const PolicyOptions& options);
 // config.json + safetensors from a checkpoint folder.
 std::unique_ptr<Policy> load_policy(const std::filesystem::path& dir, const PolicyOptions& options);
 

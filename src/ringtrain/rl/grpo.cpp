@@ -47,7 +47,7 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
   w.train.steps = config.grpo.sft_warmup_steps;
   if (config.grpo.sft_warmup_lr > 0) w.policy.optimizer.lr = config.grpo.sft_warmup_lr;
   w.policy.scheduler = worker::SchedulerConfig{};
-  worker::PolicyWorker policy_worker(w, world);
+  worker::PolicyWorker policy_worker(w, world, options.starting_weights);
   const bool lead = world.rank() == 0;
   const int64_t batch = config.policy.train_global_batch_size, steps = w.train.steps;
   std::unique_ptr<worker::ProgressLine> progress;
@@ -198,10 +198,20 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
   RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "
            "choose another train.checkpoint_dir");
+  // An earlier run's metrics: refused by the lead rank's MetricsWriter (fresh), opened before any weight is loaded
+  // when there is no checkpoint (a fresh run with one was refused above). Not checked on the other ranks: the lead
+  // may already have made its files when they would look.
   const bool lead = world.rank() == 0;
   std::unique_ptr<worker::MetricsWriter> metrics;
-  if (lead && !config.train.metrics_dir.empty())
-    metrics = std::make_unique<worker::MetricsWriter>(config.train.metrics_dir);
+  // Resuming from GRPO step N keeps the warm-up's records and GRPO's first N (warm-up + 1 ... warm-up + N); without
+  // a checkpoint the run starts again from its first step (the warm-up's).
+  const auto open_metrics = [&](int64_t resumed_records) {
+    if (lead && !config.train.metrics_dir.empty())
+      metrics = std::make_unique<worker::MetricsWriter>(
+          config.train.metrics_dir, true,
+          worker::metrics_start(options.resume, options.overwrite_metrics, resumed_records));
+  };
+  if (!from) open_metrics(0);
 
   GrpoSummary summary;
   worker::Config grpo_config = config;
@@ -217,13 +227,14 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   }
 
   const auto t_start = Clock::now();
-  worker::PolicyWorker policy_worker(grpo_config, world);
+  worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights);
   int64_t start = 0;
   if (from) {
     start = policy_worker.load(*from).index;
     RT_CHECK(start == policy_worker.trainer().steps_taken() && start <= config.train.steps, from->string(),
              ": resumes at GRPO step ", start, " after ", policy_worker.trainer().steps_taken(),
              " trainer steps; train.steps = ", config.train.steps);
+    open_metrics(g.sft_warmup_steps + start);
     if (lead && options.progress)
       std::fprintf(stderr, "resuming from %s (GRPO step %lld)\n", from->string().c_str(),
                    static_cast<long long>(start));

@@ -29,6 +29,7 @@
 #include "ringtrain/train/checkpoint.h"
 #include "ringtrain/worker/config.h"
 #include "ringtrain/worker/data.h"
+#include "ringtrain/worker/policy_worker.h"
 
 namespace ringtrain::rl {
 
@@ -71,6 +72,9 @@ struct GrpoStepLog {
 
 struct GrpoOptions {
   bool resume = false;
+  bool overwrite_metrics = false;  // replace an earlier run's metrics in train.metrics_dir (else a fresh run refuses)
+  // Shared by the ranks of this process (one copy of each starting weights); null: each rank loads its own.
+  worker::StartingWeights* starting_weights = nullptr;
   bool progress = true;  // the progress line on stderr (rank 0)
   // Called on every rank after each GRPO step.
   std::function<void(const GrpoStepLog&)> on_step;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cerrno>
@@ -14,10 +15,17 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
+#include "ringtrain/model/file_io.h"
 #include "ringtrain/worker/tensorboard_event.pb.h"
 
 namespace ringtrain::worker {
 namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kEventPrefix = "events.out.tfevents.";
+constexpr const char* kJsonlName = "metrics.jsonl";
 
 constexpr std::array<uint32_t, 256> make_crc32c_table() {
   std::array<uint32_t, 256> table{};
@@ -87,7 +95,102 @@ std::string host_name() {
   return h.empty() ? "localhost" : h;
 }
 
+// The event files of DIR (what TensorBoard would read from it), sorted by name; one that is not a regular file is
+// an error (a link could make two runs' files one).
+std::vector<fs::path> event_files(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    if (!e.path().filename().string().starts_with(kEventPrefix)) continue;
+    RT_CHECK(e.symlink_status().type() == fs::file_type::regular, e.path().string(),
+             ": an event file that is not a regular file");
+    out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+uint64_t load_le64(const std::string& s, size_t at) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<size_t>(i)]);
+  return v;
+}
+uint32_t load_le32(const std::string& s, size_t at) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<size_t>(i)]);
+  return v;
+}
+
+// Keeps the lines of metrics.jsonl whose step is at most after_step. A last line without its newline was cut off by
+// a run that died while writing it, and goes too. Rewritten (atomically) only when something is dropped.
+void keep_jsonl_steps(const fs::path& path, int64_t after_step) {
+  std::error_code ec;
+  if (fs::symlink_status(path, ec).type() != fs::file_type::regular) return;  // absent; other kinds: refused at open
+  const std::string text = model::read_file(path);
+  std::string kept;
+  bool dropped = false;
+  size_t pos = 0;
+  for (int64_t lineno = 1; pos < text.size(); ++lineno) {
+    const size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) {
+      dropped = true;
+      break;
+    }
+    const std::string where = cat(path.string(), ":", lineno);
+    const nlohmann::json j = parse_json(std::string_view(text).substr(pos, eol - pos), where);
+    RT_CHECK(j.is_object() && j.contains("step") && j["step"].is_number_integer(), where,
+             ": not a metrics record (an object with an integer \"step\"); refusing to rewrite the file");
+    if (j["step"].get<int64_t>() <= after_step) kept.append(text, pos, eol + 1 - pos);
+    else dropped = true;
+    pos = eol + 1;
+  }
+  if (dropped) model::write_file_atomic(path, kept);
+}
+
+// The same for an event file: summary records of steps after after_step are dropped, a record cut off at the end
+// too; a checksum that does not match is an error naming the file and the record's offset.
+void keep_event_steps(const fs::path& path, int64_t after_step) {
+  const std::string bytes = model::read_file(path);
+  std::string kept;
+  bool dropped = false;
+  for (size_t at = 0; at < bytes.size();) {
+    const size_t left = bytes.size() - at;
+    if (left < 12) {
+      dropped = true;
+      break;
+    }
+    const std::string where = cat(path.string(), ": the record at byte ", at);
+    RT_CHECK(load_le32(bytes, at + 8) == masked_crc32c(bytes.data() + at, 8), where,
+             ": its length's checksum does not match (not an intact event file)");
+    const uint64_t length = load_le64(bytes, at);
+    if (length > left - 12 || left - 12 - length < 4) {
+      dropped = true;
+      break;
+    }
+    const size_t n = static_cast<size_t>(length);
+    RT_CHECK(load_le32(bytes, at + 12 + n) == masked_crc32c(bytes.data() + at + 12, n), where,
+             ": its payload's checksum does not match (not an intact event file)");
+    tb::Event e;
+    RT_CHECK(e.ParseFromArray(bytes.data() + at + 12, static_cast<int>(n)), where, ": not an Event message");
+    if (e.what_case() == tb::Event::kSummary && e.step() > after_step) dropped = true;
+    else kept.append(bytes, at, 12 + n + 4);
+    at += 12 + n + 4;
+  }
+  if (dropped) model::write_file_atomic(path, kept);
+}
+
 }  // namespace
+
+void check_no_earlier_metrics(const fs::path& dir, const std::string& hint) {
+  const fs::path jsonl = dir / kJsonlName;
+  std::error_code ec;
+  if (fs::symlink_status(jsonl, ec).type() == fs::file_type::regular && fs::file_size(jsonl, ec) > 0 && !ec)
+    throw Error(cat(jsonl.string(), " holds the metrics of an earlier run; ", hint));
+  const std::vector<fs::path> events = event_files(dir);
+  if (!events.empty())
+    throw Error(cat(events.front().string(), " is the TensorBoard event file of an earlier run; ", hint));
+}
 
 uint32_t crc32c(const void* data, size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -153,10 +256,29 @@ void EventFileWriter::write_scalars(int64_t step, double wall_time, const Scalar
   write_record(e.SerializeAsString());
 }
 
-MetricsWriter::MetricsWriter(const std::filesystem::path& dir, bool tensorboard) {
+MetricsWriter::MetricsWriter(const std::filesystem::path& dir, bool tensorboard, MetricsStart start) {
   ensure_directory(dir);
-  jsonl_path_ = dir / "metrics.jsonl";
-  jsonl_ = open_for_writing(jsonl_path_, O_APPEND);
+  jsonl_path_ = dir / kJsonlName;
+  int flags = O_APPEND;
+  switch (start.mode) {
+    case MetricsStart::Mode::Fresh:
+      check_no_earlier_metrics(dir, "continue that run (--resume), replace its metrics (--overwrite-metrics), or "
+                                    "choose another train.metrics_dir");
+      break;
+    case MetricsStart::Mode::Overwrite:
+      model::check_replaceable(jsonl_path_);  // O_TRUNC only on a regular file
+      for (const fs::path& e : event_files(dir)) {
+        std::error_code ec;
+        RT_CHECK(fs::remove(e, ec) && !ec, "cannot remove ", e.string(), ": ", ec.message());
+      }
+      flags |= O_TRUNC;
+      break;
+    case MetricsStart::Mode::Continue:
+      keep_jsonl_steps(jsonl_path_, start.after_step);
+      for (const fs::path& e : event_files(dir)) keep_event_steps(e, start.after_step);
+      break;
+  }
+  jsonl_ = open_for_writing(jsonl_path_, flags);
   if (tensorboard) events_ = std::make_unique<EventFileWriter>(dir);
 }
 

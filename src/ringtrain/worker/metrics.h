@@ -43,10 +43,28 @@ class EventFileWriter {
   FilePtr file_;
 };
 
-// metrics.jsonl (appended: a resumed run continues it) and, unless disabled, an event file.
+// What a run does with the metrics an earlier run left in its folder (metrics.jsonl, event files): a fresh run
+// refuses them (two runs' steps in one file cannot be told apart), an explicit overwrite removes them, and a resumed
+// run keeps the steps up to its checkpoint's and drops the later ones, which it is about to write again.
+struct MetricsStart {
+  enum class Mode : uint8_t { Fresh, Overwrite, Continue };
+  Mode mode = Mode::Fresh;
+  int64_t after_step = 0;  // Continue: records of steps > after_step are dropped
+
+  static MetricsStart fresh() { return {}; }
+  static MetricsStart overwrite() { return {Mode::Overwrite, 0}; }
+  static MetricsStart continue_after(int64_t step) { return {Mode::Continue, step}; }
+};
+
+// An error naming the file when DIR holds metrics of an earlier run (a non-empty metrics.jsonl, an event file), for
+// a fresh run to refuse before it loads any weight. `hint` ends the message (which options avoid the refusal).
+void check_no_earlier_metrics(const std::filesystem::path& dir, const std::string& hint);
+
+// metrics.jsonl (appended to what `start` keeps of an earlier run's) and, unless disabled, a new event file.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::filesystem::path& dir, bool tensorboard = true);
+  explicit MetricsWriter(const std::filesystem::path& dir, bool tensorboard = true,
+                         MetricsStart start = MetricsStart::fresh());
 
   // {"step": step, "wall_time": seconds since the epoch, name: value, ...}; a non-finite value is written as null
   // (JSON has no NaN) and in the event file as the float it is.

@@ -141,9 +141,19 @@ struct PolicyWorker::State {
   model::ModelConfig model;
   comm::Communicator* world = nullptr;
   std::unique_ptr<train::Mesh> mesh;
+  model::PolicyOptions policy_options;
   std::unique_ptr<model::Policy> policy;
-  std::unique_ptr<train::Trainer> trainer;
-  std::vector<float> reference;  // the starting weights, fp32 in layout order, in host memory
+  // Made at the first use that needs it (train, save, load, trainer()): a worker that only scores holds no
+  // gradients, no optimizer state and no copy of the weights of its own.
+  std::unique_ptr<train::Trainer> trainer_;
+  train::TrainerConfig trainer_config;
+  // The starting weights, fp32 in layout order, in host memory, read-only (shared with this process's other ranks).
+  std::shared_ptr<const std::vector<float>> reference;
+
+  train::Trainer& trainer() {
+    if (!trainer_) trainer_ = std::make_unique<train::Trainer>(trainer_config, *policy, *mesh);
+    return *trainer_;
+  }
 
   // This dp rank's contiguous share [first, last) of n sequences.
   std::pair<size_t, size_t> share(size_t n) const {
@@ -152,6 +162,9 @@ struct PolicyWorker::State {
   }
 
   LogprobResult score(const std::vector<Sample>& samples, bool with_entropy) {
+    return score(*policy, samples, with_entropy);
+  }
+  LogprobResult score(model::Policy& scorer, const std::vector<Sample>& samples, bool with_entropy) {
     check_samples(samples, model, config.policy.max_total_sequence_length, "get_logprobs");
     const auto [first, last] = share(samples.size());
     std::vector<int64_t> lengths;
@@ -168,7 +181,7 @@ struct PolicyWorker::State {
         model::TokenBatch batch;
         batch.packed = config.policy.sequence_packing.enabled;
         for (int64_t k : mb.sequences) batch.sequences.push_back(mine[static_cast<size_t>(k)]);
-        model::TokenScores s = policy->score(batch, /*for_backward=*/false, with_entropy);
+        model::TokenScores s = scorer.score(batch, /*for_backward=*/false, with_entropy);
         for (size_t k = 0; k < mb.sequences.size(); ++k) {
           const size_t at = static_cast<size_t>(start[first + static_cast<size_t>(mb.sequences[k])]);
           std::copy(s.logprobs[k].begin(), s.logprobs[k].end(), flat_lp.begin() + static_cast<ptrdiff_t>(at));
@@ -202,7 +215,20 @@ struct PolicyWorker::State {
   }
 };
 
-PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world) : state_(std::make_unique<State>()) {
+std::shared_ptr<const std::vector<float>> StartingWeights::get(const Config& c, const model::ModelConfig& m) {
+  const std::string key = is_builtin_model(c.policy.model_name) ? cat(c.policy.model_name, " seed ", c.train.seed)
+                                                                : c.policy.model_name;
+  const std::lock_guard<std::mutex> one_load(mu_);  // the other ranks wait for the first one's load
+  if (auto held = held_[key].lock()) return held;
+  auto loaded = std::make_shared<const std::vector<float>>(
+      is_builtin_model(c.policy.model_name) ? model::random_params(model::ParamLayout(m), c.train.seed)
+                                            : model::load_checkpoint_params(c.policy.model_name, m));
+  held_[key] = loaded;
+  return loaded;
+}
+
+PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world, StartingWeights* weights)
+    : state_(std::make_unique<State>()) {
   State& s = *state_;
   config.validate(ConfigUse::Worker);
   RT_CHECK(world.size() == config.parallel.world(), "parallel.dp x parallel.cp = ", config.parallel.dp, " x ",
@@ -219,12 +245,11 @@ PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world) : st
 
   s.mesh = std::make_unique<train::Mesh>(
       world, train::MeshShape{static_cast<int>(config.parallel.dp), static_cast<int>(config.parallel.cp)});
-  const model::PolicyOptions po = policy_options(config, s.model, world, s.mesh->cp_group());
-  s.reference = is_builtin_model(config.policy.model_name)
-                    ? model::random_params(model::ParamLayout(s.model), config.train.seed)
-                    : model::load_checkpoint_params(config.policy.model_name, s.model);
-  s.policy = model::make_policy(s.model, s.reference, po);
-  s.trainer = std::make_unique<train::Trainer>(tcfg, *s.policy, *s.mesh);
+  s.policy_options = policy_options(config, s.model, world, s.mesh->cp_group());
+  StartingWeights own;
+  s.reference = (weights ? weights : &own)->get(config, s.model);
+  s.policy = model::make_policy(s.model, s.reference, s.policy_options);
+  s.trainer_config = tcfg;
 }
 
 PolicyWorker::~PolicyWorker() = default;
@@ -232,7 +257,8 @@ PolicyWorker::~PolicyWorker() = default;
 const Config& PolicyWorker::config() const { return state_->config; }
 const model::ModelConfig& PolicyWorker::model_config() const { return state_->model; }
 model::Policy& PolicyWorker::policy() { return *state_->policy; }
-train::Trainer& PolicyWorker::trainer() { return *state_->trainer; }
+train::Trainer& PolicyWorker::trainer() { return state_->trainer(); }
+int64_t PolicyWorker::steps_taken() const { return state_->trainer_ ? state_->trainer_->steps_taken() : 0; }
 const train::Mesh& PolicyWorker::mesh() const { return *state_->mesh; }
 
 LogprobResult PolicyWorker::get_logprobs(const std::vector<Sample>& samples, bool with_entropy) {
@@ -241,8 +267,14 @@ LogprobResult PolicyWorker::get_logprobs(const std::vector<Sample>& samples, boo
 
 LogprobResult PolicyWorker::get_reference_logprobs(const std::vector<Sample>& samples) {
   State& s = *state_;
+  if (s.policy->device().is_cpu() && s.policy->dtype() == DType::F32) {
+    // A policy over the shared reference weights, read in place; made per call (no copy of weights to make) so that
+    // the buffers of its forward do not outlive the call.
+    const std::unique_ptr<model::Policy> reference = model::make_policy(s.model, s.reference, s.policy_options);
+    return s.score(*reference, samples, false);
+  }
   std::vector<char> current = s.weights_to_host();
-  s.policy->set_params(s.reference);
+  s.policy->set_params(*s.reference);
   LogprobResult out;
   try {
     out = s.score(samples, false);
@@ -308,7 +340,7 @@ TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
   if (dpo) batch.ref_logprobs = gather(&Sample::reference_logprobs, true);
 
   TrainResult out;
-  out.step = s.trainer->step(batch);
+  out.step = s.trainer().step(batch);
   if (c.device.is_cuda()) cuda_synchronize(s.policy->device().index);
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   int64_t tokens = 0;
@@ -318,11 +350,11 @@ TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
 }
 
 void PolicyWorker::save(const fs::path& dir, const train::TrainingProgress& position) {
-  train::save_training_checkpoint(dir, *state_->trainer, position);
+  train::save_training_checkpoint(dir, state_->trainer(), position);
 }
 
 train::TrainingProgress PolicyWorker::load(const fs::path& dir) {
-  return train::load_training_checkpoint(dir, *state_->trainer);
+  return train::load_training_checkpoint(dir, state_->trainer());
 }
 
 namespace {

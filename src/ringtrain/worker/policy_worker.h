@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,17 +43,32 @@ struct RefitEntry {
   DType dtype;
 };
 
+// The starting weights of the workers of one process (fp32, layout order), loaded once and shared read-only by the
+// in-process ranks that ask while an earlier copy is still held: N CPU ranks hold one copy of the reference weights,
+// not N, and ranks that only score read it in place (make_policy over shared weights). Thread-safe.
+class StartingWeights {
+ public:
+  // policy.model_name's weights (a builtin model's from train.seed) for the config's model.
+  std::shared_ptr<const std::vector<float>> get(const Config& c, const model::ModelConfig& m);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::weak_ptr<const std::vector<float>>> held_;
+};
+
 class PolicyWorker {
  public:
   // world: this rank's communicator over all dp · cp ranks (in-process or NCCL); its size must equal
-  // config.parallel.world(). Not owned; it must outlive the worker.
-  PolicyWorker(const Config& config, comm::Communicator& world);
+  // config.parallel.world(). Not owned; it must outlive the worker. weights: shared by this process's ranks (not
+  // owned; it must outlive the constructor), or null to load the starting weights for this worker alone.
+  PolicyWorker(const Config& config, comm::Communicator& world, StartingWeights* weights = nullptr);
   ~PolicyWorker();
 
   const Config& config() const;
   const model::ModelConfig& model_config() const;
   model::Policy& policy();
-  train::Trainer& trainer();  // step counters, the optimizer shard
+  train::Trainer& trainer();  // step counters, the optimizer shard (made here when no step or load made it yet)
+  int64_t steps_taken() const;  // the trainer's steps; 0 before any (never makes the trainer)
   const train::Mesh& mesh() const;
 
   // Scores the samples: each dp rank its contiguous share, in the microbatches of plan_microbatches(Pass::Score)
@@ -59,8 +76,10 @@ class PolicyWorker {
   // the whole batch in input order. Checks every sample first (lengths within max_total_sequence_length, token
   // ids, field lengths).
   LogprobResult get_logprobs(const std::vector<Sample>& samples, bool with_entropy = false);
-  // The same under the frozen reference weights (the weights the worker started from), kept in host memory and
-  // swapped into the policy's buffers for the call: never a second copy on the GPU.
+  // The same under the frozen reference weights (the weights the worker started from), kept in host memory (one
+  // copy for the in-process ranks sharing StartingWeights). On a GPU, or in fp64, they are swapped into the
+  // policy's buffers for the call (never a second copy on the GPU); an fp32 CPU policy scores with a second policy
+  // that reads them in place.
   LogprobResult get_reference_logprobs(const std::vector<Sample>& samples);
   // One optimizer step on the global batch (exactly train_global_batch_size sequences, DPO: pairs as consecutive
   // chosen, rejected) with the configured loss. prev_logprobs (clipped_pg) and reference_logprobs (dpo, or clipped_pg

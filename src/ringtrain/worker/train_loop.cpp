@@ -11,7 +11,6 @@
 #include <string>
 
 #include "ringtrain/core/error.h"
-#include "ringtrain/worker/metrics.h"
 #include "ringtrain/worker/policy_worker.h"
 
 namespace ringtrain::worker {
@@ -64,10 +63,28 @@ void prepare_checkpoint_dir(const fs::path& dir) {
            std::strerror(errno));
 }
 
+MetricsStart metrics_start(bool resume, bool overwrite_metrics, int64_t resumed_step) {
+  if (overwrite_metrics) return MetricsStart::overwrite();
+  return resume ? MetricsStart::continue_after(resumed_step) : MetricsStart::fresh();
+}
+
+void check_fresh_run(const Config& c, const TrainRunOptions& o) {
+  if (o.resume) return;
+  if (!o.overwrite_metrics && !c.train.metrics_dir.empty())
+    check_no_earlier_metrics(c.train.metrics_dir, cat(kEarlierRunHint, " (train.metrics_dir)"));
+  if (c.train.checkpoint_dir.empty()) return;
+  const std::optional<fs::path> earlier = newest_checkpoint(c.train.checkpoint_dir);
+  RT_CHECK(!earlier, earlier ? earlier->string() : "", " is a checkpoint of an earlier run: pass --resume to continue "
+           "that run, or choose another train.checkpoint_dir");
+}
+
 int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& data, const TrainRunOptions& o) {
   const bool lead = world.rank() == 0;
+  // On every rank, so that all of them stop before any weight is loaded; the lead makes its metrics files only after
+  // the PolicyWorker's mesh is formed (a collective), so no rank can see them here.
+  check_fresh_run(c, o);
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
-  PolicyWorker worker(c, world);
+  PolicyWorker worker(c, world, o.starting_weights);
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());
   const fs::path ckpt_dir = c.train.checkpoint_dir;
@@ -90,7 +107,9 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
 
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<ProgressLine> progress;
-  if (lead && !c.train.metrics_dir.empty()) metrics = std::make_unique<MetricsWriter>(c.train.metrics_dir);
+  if (lead && !c.train.metrics_dir.empty())
+    metrics = std::make_unique<MetricsWriter>(c.train.metrics_dir, true,
+                                              metrics_start(o.resume, o.overwrite_metrics, step));
   if (lead && o.progress) progress = std::make_unique<ProgressLine>(total);
 
   const auto checkpoint = [&](int64_t done) {

@@ -15,13 +15,33 @@
 #include "ringtrain/comm/communicator.h"
 #include "ringtrain/worker/config.h"
 #include "ringtrain/worker/data.h"
+#include "ringtrain/worker/metrics.h"
 
 namespace ringtrain::worker {
+
+class StartingWeights;  // policy_worker.h
 
 struct TrainRunOptions {
   bool resume = false;   // continue from the newest complete checkpoint in train.checkpoint_dir (none: start)
   bool progress = true;  // the progress line on stderr (rank 0)
+  // Replace the metrics an earlier run left in train.metrics_dir (a fresh run refuses them otherwise).
+  bool overwrite_metrics = false;
+  // Shared by the ranks of this process (one copy of the starting weights); null: each rank loads its own.
+  StartingWeights* starting_weights = nullptr;
 };
+
+// What a fresh run (neither resume nor overwrite) that finds an earlier run's files is told to do.
+constexpr const char* kEarlierRunHint =
+    "pass --resume to continue that run, --overwrite-metrics to replace its metrics, or choose another folder";
+
+// The metrics an earlier run left in train.metrics_dir: refused for a fresh run; overwritten; or, resuming after
+// `resumed_step` steps, kept up to that step (the later ones are written again).
+MetricsStart metrics_start(bool resume, bool overwrite_metrics, int64_t resumed_step);
+
+// The checks of a run's folders that need no weights, for a run that neither resumes nor overwrites: metrics of an
+// earlier run in train.metrics_dir, a checkpoint step_N in train.checkpoint_dir (a later --resume would mix the
+// two runs). Errors name the file or folder.
+void check_fresh_run(const Config& c, const TrainRunOptions& o);
 
 // The steps the run takes in all (train.steps and train.epochs over `units` batches' worth of data).
 int64_t total_train_steps(const Config& c, int64_t units);
