@@ -26,6 +26,17 @@ struct DeviceCache {
   bf16* at(int64_t layer, int kv) const { return data.ptr<bf16>() + (layer * 2 + kv) * prompts * capacity * row; }
 };
 
+// Page-locked host memory, for downloads that the host reads while the device works on.
+struct PinnedBuffer {
+  explicit PinnedBuffer(size_t bytes) {
+    RT_CUDA_CHECK(cudaMallocHost(&ptr, bytes), "allocating ", bytes, " bytes of pinned host memory");
+  }
+  ~PinnedBuffer() { cudaFreeHost(ptr); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* ptr = nullptr;
+};
+
 Tensor upload_i32(const std::vector<int32_t>& host, Device device) {
   const int64_t n = static_cast<int64_t>(host.size());
   Tensor t = Tensor::empty({n}, DType::I32, device);
@@ -81,11 +92,15 @@ class DecodeAttention final : public SequenceAttention {
     a.kv_used = contiguous_view(const_cast<int32_t*>(used_), DType::I32, q.device, {B});
     attention::AttnParams p = attention::params_for(a.q, a.k, attention::MaskType::CausalBottomRight);
     p.kv_cache = true;
-    if (const attention::Selection s = attention::explain(p); s.backend) {
+    if (cache_calls_ < 0) {  // the same for every layer and step of the call: decided once
+      const attention::Selection s = attention::explain(p);
+      cache_calls_ = s.backend != nullptr;
+      if (!cache_calls_)
+        RT_LOG(Warn, "generation: attending per sequence, since no backend serves KV-cache calls\n", s.report());
+    }
+    if (cache_calls_) {
       attention::forward(p, a);
     } else {
-      if (!said_) RT_LOG(Warn, "generation: attending per sequence, since no backend serves KV-cache calls\n", s.report());
-      said_ = true;
       for (int64_t b = 0; b < B; ++b) {
         const int64_t offset = b * cache_.capacity * cache_.row, n = used_host_[b];
         attention::AttnForwardArgs one;
@@ -106,7 +121,7 @@ class DecodeAttention final : public SequenceAttention {
   const DeviceCache& cache_;
   const int32_t *slots_, *used_, *used_host_;
   int64_t layer_ = 0;
-  bool said_ = false;
+  int cache_calls_ = -1;  // whether a backend serves the KV-cache calls (-1: not asked yet)
 };
 
 }  // namespace
@@ -200,14 +215,18 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
   }
   RT_CUDA_CHECK(cudaEventRecord(ev(1), st), "recording the end of the prefill");
 
+  // Decoding. Step s draws token s of every row, queues its download, then queues the forward of step s + 1 (fed
+  // from the drawn tokens on the device) before it reads the draws: the GPU never waits for the host. Every row
+  // advances each step; a finished row's key and value go to a slot past its used prefix, never read.
   std::vector<Generation> out(static_cast<size_t>(B));
-  std::vector<int64_t> length(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) length[static_cast<size_t>(b)] = static_cast<int64_t>(prompts[static_cast<size_t>(b)].size());
   std::vector<uint8_t> done(static_cast<size_t>(B), 0);
-  std::vector<int32_t> host(static_cast<size_t>(4 * B)), feed(static_cast<size_t>(B)), positions(static_cast<size_t>(B)),
-      slots(static_cast<size_t>(2 * B));
-  const Tensor slots_dev = Tensor::empty({2 * B}, DType::I32, dev);  // cache rows, then used lengths
-  DecodeAttention attention(cache, slots_dev.ptr<int32_t>(), slots_dev.ptr<int32_t>() + B, slots.data() + B);
+  std::vector<int32_t> prompt_len(static_cast<size_t>(B)), used(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) prompt_len[static_cast<size_t>(b)] = static_cast<int32_t>(prompts[static_cast<size_t>(b)].size());
+  const Tensor prompt_len_dev = upload_i32(prompt_len, dev);
+  const Tensor rows = Tensor::empty({3 * B}, DType::I32, dev);  // positions, cache rows, used lengths
+  int32_t* const d_positions = rows.ptr<int32_t>();
+  DecodeAttention attention(cache, d_positions + B, d_positions + 2 * B, used.data());
+  const PinnedBuffer drawn_host(static_cast<size_t>(2 * 4 * B) * sizeof(int32_t));  // two steps' draws
   SampleArgs a;
   a.logits = logits.ptr<float>(), a.rows = B, a.vocab = V;
   a.temperature = static_cast<float>(sampling.temperature), a.top_k = sampling.top_k;
@@ -218,21 +237,36 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
   for (int64_t step = 0;; ++step) {
     a.step = step;
     sample_rows(st, a);
-    copy(contiguous_view(host.data(), DType::I32, Device::cpu(), {4 * B}), drawn.view());
+    const int32_t* host = static_cast<const int32_t*>(drawn_host.ptr) + (step % 2) * 4 * B;
+    const cudaEvent_t copied = ev(3 + static_cast<int>(step % 2));
+    RT_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(host), drawn.data(), static_cast<size_t>(4 * B) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, st),
+                  "downloading the draws");
+    RT_CUDA_CHECK(cudaEventRecord(copied, st), "recording the draws' download");
+    if (step + 1 < sampling.max_new_tokens) {
+      decode_step_rows(st, d_positions, d_positions + B, d_positions + 2 * B, prompt_len_dev.ptr<int32_t>(), B, step,
+                       capacity);
+      for (int64_t b = 0; b < B; ++b)
+        used[static_cast<size_t>(b)] = prompt_len[static_cast<size_t>(b)] + static_cast<int32_t>(step) + 1;
+      attention.start_step();
+      const bf16* hidden = model_.forward_on_device(drawn.ptr<int32_t>(), d_positions, B, 1, attention);
+      gemm.linear_forward_f32(logits.ptr<float>(), hidden, model_.lm_head(), B, H, V);
+      ++timing_.decode_steps;
+    }
+    RT_CUDA_CHECK(cudaEventSynchronize(copied), "waiting for the draws");
     bool running = false;
     for (int64_t b = 0; b < B; ++b) {
       const size_t i = static_cast<size_t>(b);
       if (done[i]) continue;
-      const int32_t status = host[static_cast<size_t>(3 * B + b)];
+      const int32_t status = host[3 * B + b];
       RT_CHECK(status == 0, "generation: prompt ", b, ", new token ", step, ": ",
                status == 1 ? "a logit is NaN" : "no logit is finite");
-      const int32_t token = host[i];
+      const int32_t token = host[b];
       float lp = 0, slp = 0;
-      std::memcpy(&lp, &host[static_cast<size_t>(B + b)], sizeof lp);
-      std::memcpy(&slp, &host[static_cast<size_t>(2 * B + b)], sizeof slp);
+      std::memcpy(&lp, &host[B + b], sizeof lp);
+      std::memcpy(&slp, &host[2 * B + b], sizeof slp);
       Generation& g = out[i];
       g.tokens.push_back(token), g.logprobs.push_back(lp), g.sampling_logprobs.push_back(slp);
-      feed[i] = token;
       if (std::find(sampling.stop_tokens.begin(), sampling.stop_tokens.end(), token) != sampling.stop_tokens.end()) {
         g.finish = FinishReason::Stop, done[i] = 1;
       } else if (step + 1 >= sampling.max_new_tokens) {
@@ -242,20 +276,6 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
       }
     }
     if (!running) break;
-    // A finished row feeds its last token at its next unused slot, which no later step reads.
-    for (int64_t b = 0; b < B; ++b) {
-      const size_t i = static_cast<size_t>(b);
-      positions[i] = static_cast<int32_t>(length[i]);
-      slots[i] = static_cast<int32_t>(b * capacity + length[i]);
-      slots[static_cast<size_t>(B + b)] = static_cast<int32_t>(length[i] + 1);
-    }
-    copy(slots_dev, contiguous_view(slots.data(), DType::I32, Device::cpu(), {2 * B}));
-    attention.start_step();
-    const bf16* hidden = model_.forward(feed.data(), positions.data(), B, 1, attention, false);
-    gemm.linear_forward_f32(logits.ptr<float>(), hidden, model_.lm_head(), B, H, V);
-    for (int64_t b = 0; b < B; ++b)
-      if (!done[static_cast<size_t>(b)]) ++length[static_cast<size_t>(b)];
-    ++timing_.decode_steps;
   }
   RT_CUDA_CHECK(cudaEventRecord(ev(2), st), "recording the sampler's end");
   RT_CUDA_CHECK(cudaEventSynchronize(ev(2)), "waiting for the sampler");

@@ -7,12 +7,14 @@
 //  - prefill: the prompts packed back to back (up to kPrefillTokens tokens per forward, a longer prompt alone) through
 //    GpuModel::forward with packed causal attention; each layer's keys and values are also copied into the cache.
 //    The last row of each prompt goes through the LM head (fp32 logits);
-//  - decoding: one forward of one row per prompt per step (positions per row), whose attention appends the row's key
-//    and value to its sequence's cache and attends over the cache through attention::forward with a KV-cache call
-//    (AttnParams::kv_cache: the decode backend; when the allow-lists exclude it, one ordinary bottom-right call per
-//    sequence on its used prefix, slower, with a warning that shows the selection); a finished sequence rides along with its last token (its cache row
-//    is rewritten at its unused next slot) until every sequence is done, so the step's shapes never change;
-//  - sampling on the GPU (sample_kernels.h): only the chosen tokens, their logprobs and a status come back per step.
+//  - decoding: one forward of one row per prompt per step (GpuModel::forward_on_device, positions per row), whose
+//    attention appends the row's key and value to its sequence's cache and attends over the cache through
+//    attention::forward with a KV-cache call (AttnParams::kv_cache: the decode backend; when the allow-lists exclude
+//    it, one ordinary bottom-right call per sequence on its used prefix, slower, with a warning that shows the
+//    selection); a finished sequence rides along (its key and value go to a slot past its used prefix, never read)
+//    until every sequence is done, so the step's shapes never change and its positions are known in advance;
+//  - sampling on the GPU (sample_kernels.h): only the chosen tokens, their logprobs and a status come back per step,
+//    read by the host while the device already runs the next step (fed from the drawn tokens on the device).
 // Everything runs inside BackendScope("sampler", options.attention_backends) and the model's own scope.
 #pragma once
 
@@ -49,7 +51,7 @@ class GpuSampler final : public DeviceSampler {
   GpuModel& model_;
   SamplerOptions options_;
   GenerateTiming timing_;
-  void* events_[3] = {};  // cudaEvent_t: start, end of prefill, end
+  void* events_[5] = {};  // cudaEvent_t: start, end of prefill, end, two steps' downloads
 };
 
 }  // namespace ringtrain::model::cuda

@@ -16,6 +16,12 @@ using bf16 = __nv_bfloat16;
 void copy_rows(cudaStream_t s, bf16* dst, const int32_t* dst_index, const bf16* src, const int32_t* src_index, int64_t n,
                int64_t row_elems);
 
+// The rows of decoding step `step` (feeding the token drawn at that step) for prompts of prompt_len[b] tokens, each
+// owning `capacity` cache rows: positions[b] = prompt_len[b] + step, slots[b] = b * capacity + positions[b] (the cache
+// row its key and value go to), used[b] = positions[b] + 1 (the keys it attends to).
+void decode_step_rows(cudaStream_t s, int32_t* positions, int32_t* slots, int32_t* used, const int32_t* prompt_len,
+                      int64_t rows, int64_t step, int64_t capacity);
+
 // One draw per row of logits [rows, vocab] (fp32), one block per row:
 //  - the policy's log-softmax lp = logits - logsumexp (fp32), before any processing;
 //  - greedy (temperature 0, or top_k = 1): the most likely token, the lowest id on a tie; sampling logprob 0;
