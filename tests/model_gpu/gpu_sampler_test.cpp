@@ -289,7 +289,8 @@ Drawn draw(const std::vector<float>& logits, int64_t rows, int64_t vocab, const 
   a.temperature = static_cast<float>(s.temperature), a.top_k = s.top_k, a.top_p = static_cast<float>(s.top_p);
   a.seed = s.seed, a.sample_ids = reinterpret_cast<const uint64_t*>(id.ptr<int64_t>()), a.step = step;
   a.token = out.ptr<int32_t>(), a.logprob = reinterpret_cast<float*>(out.ptr<int32_t>() + rows);
-  a.sampling_logprob = reinterpret_cast<float*>(out.ptr<int32_t>() + 2 * rows), a.status = out.ptr<int32_t>() + 3 * rows;
+  a.sampling_logprob = reinterpret_cast<float*>(out.ptr<int32_t>() + 2 * rows);
+  a.status = out.ptr<int32_t>() + 3 * rows;
   model::cuda::sample_rows(nullptr, a);
   std::vector<int32_t> host(static_cast<size_t>(4 * rows));
   copy(contiguous_view(host.data(), DType::I32, Device::cpu(), {4 * rows}), out.view());
@@ -344,7 +345,8 @@ void check_draws() {
     double temperature, top_p;
     int64_t top_k;
   };
-  for (const Setting& set : {Setting{1.0, 1.0, 0}, Setting{0.7, 1.0, 20}, Setting{1.3, 0.8, 0}, Setting{1.0, 0.5, 50}}) {
+  for (const Setting& set :
+       {Setting{1.0, 1.0, 0}, Setting{0.7, 1.0, 20}, Setting{1.3, 0.8, 0}, Setting{1.0, 0.5, 50}}) {
     model::SamplingParams s;
     s.temperature = set.temperature, s.top_p = set.top_p, s.top_k = set.top_k, s.seed = rng();
     const std::vector<double> q = processed(lp, s);

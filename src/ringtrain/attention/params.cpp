@@ -30,7 +30,8 @@ float AttnParams::scale() const {
 
 std::string AttnParams::key() const {
   return cat(device_name(device), '|', dtype_name(dtype), '|', batch, '|', heads_q, '|', heads_kv, '|', head_dim, '|',
-             seqlen_q, '|', seqlen_kv, '|', static_cast<int>(mask), '|', packed, '|', deterministic, '|', has_bias, '|', kv_cache);
+             seqlen_q, '|', seqlen_kv, '|', static_cast<int>(mask), '|', packed, '|', deterministic, '|', has_bias, '|',
+             kv_cache);
 }
 
 std::string AttnParams::describe() const {

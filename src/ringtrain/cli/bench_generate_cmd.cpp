@@ -31,9 +31,9 @@ void run(BenchGenerateOpts& o) {
   b.ffn = o.shape.ffn > 0 ? o.shape.ffn : 4 * o.shape.hidden, b.vocab = o.shape.vocab;
   const RootBackends root(o.backends, "--backends");
   const nlohmann::json r = check::run_generate_bench(b);
-  std::printf("generate benchmark on %s: %s L=%lld hidden=%lld heads=%lld/%lld head_dim=%lld ffn=%lld vocab=%lld, bf16, "
-              "batch %lld x prompt %lld + %lld new tokens, temperature %g top_k %lld top_p %g, warm-up %d, median of "
-              "%d\n",
+  std::printf("generate benchmark on %s: %s L=%lld hidden=%lld heads=%lld/%lld head_dim=%lld ffn=%lld vocab=%lld, "
+              "bf16, batch %lld x prompt %lld + %lld new tokens, temperature %g top_k %lld top_p %g, warm-up %d, "
+              "median of %d\n",
               r["gpu"].get<std::string>().c_str(), b.arch.c_str(), static_cast<long long>(b.layers),
               static_cast<long long>(b.hidden), static_cast<long long>(b.heads), static_cast<long long>(b.kv_heads),
               static_cast<long long>(b.head_dim), static_cast<long long>(b.ffn), static_cast<long long>(b.vocab),

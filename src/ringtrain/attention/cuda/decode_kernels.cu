@@ -1,12 +1,12 @@
 // Flash-decoding over a padded KV cache: one block per (key split, kv head, sequence) serves every query row of the
 // kv head's group (Hq / Hkv heads x Sq rows, at most kDecodeMaxRows), so each key and value is read once per group
 // (GQA), not once per query head. Each block takes kSplitKeys keys: long caches spread over many blocks
-// (flash-decoding) even when the batch is small. Per tile of kTile keys the block copies K (rows padded by 16 bytes: conflict-free
-// row reads) and V into shared memory, one thread per key computes that key's scores for all rows, one warp per row
-// does the online softmax (exp2 on scores pre-scaled by log2 e), and one thread per pair of output dimensions
-// accumulates P V for its rows in fp32. With one split the block writes O and LSE; with several, each writes its
-// normalised partial O and LSE (fp32) to scratch and decode_merge_kernel combines them (the LSE merge of ring
-// attention). Masked keys never enter: a sequence reads only its first kv_used[b] keys.
+// (flash-decoding) even when the batch is small. Per tile of kTile keys the block copies K (rows padded by 16 bytes:
+// conflict-free row reads) and V into shared memory, one thread per key computes that key's scores for all rows, one
+// warp per row does the online softmax (exp2 on scores pre-scaled by log2 e), and one thread per pair of output
+// dimensions accumulates P V for its rows in fp32. With one split the block writes O and LSE; with several, each
+// writes its normalised partial O and LSE (fp32) to scratch and decode_merge_kernel combines them (the LSE merge of
+// ring attention). Masked keys never enter: a sequence reads only its first kv_used[b] keys.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

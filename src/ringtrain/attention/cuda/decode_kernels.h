@@ -25,7 +25,8 @@ struct DecodeCall {
 };
 
 // Keys are split over blocks of a fixed number of keys per (sequence, kv head); with more than one split the partial
-// results (fp32) are merged in a second kernel. A row's result does not depend on the rest of the batch. Throws ringtrain::Error on a launch failure.
+// results (fp32) are merged in a second kernel. A row's result does not depend on the rest of the batch. Throws
+// ringtrain::Error on a launch failure.
 void decode_forward(const DecodeCall& c, cudaStream_t stream);
 // Head dims the kernels are built for: 16, 32, 64, 128.
 bool decode_head_dim_supported(int64_t head_dim);

@@ -221,7 +221,7 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
   std::vector<Generation> out(static_cast<size_t>(B));
   std::vector<uint8_t> done(static_cast<size_t>(B), 0);
   std::vector<int32_t> prompt_len(static_cast<size_t>(B)), used(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) prompt_len[static_cast<size_t>(b)] = static_cast<int32_t>(prompts[static_cast<size_t>(b)].size());
+  for (size_t b = 0; b < prompts.size(); ++b) prompt_len[b] = static_cast<int32_t>(prompts[b].size());
   const Tensor prompt_len_dev = upload_i32(prompt_len, dev);
   const Tensor rows = Tensor::empty({3 * B}, DType::I32, dev);  // positions, cache rows, used lengths
   int32_t* const d_positions = rows.ptr<int32_t>();
@@ -239,8 +239,8 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
     sample_rows(st, a);
     const int32_t* host = static_cast<const int32_t*>(drawn_host.ptr) + (step % 2) * 4 * B;
     const cudaEvent_t copied = ev(3 + static_cast<int>(step % 2));
-    RT_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(host), drawn.data(), static_cast<size_t>(4 * B) * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, st),
+    const size_t bytes = static_cast<size_t>(4 * B) * sizeof(int32_t);
+    RT_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(host), drawn.data(), bytes, cudaMemcpyDeviceToHost, st),
                   "downloading the draws");
     RT_CUDA_CHECK(cudaEventRecord(copied, st), "recording the draws' download");
     if (step + 1 < sampling.max_new_tokens) {

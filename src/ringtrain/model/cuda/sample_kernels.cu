@@ -46,7 +46,8 @@ __device__ inline ArgMax better(ArgMax a, ArgMax b) { return b.v > a.v || (b.v =
 __device__ ArgMax block_argmax(ArgMax x, ArgMax* sm) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) x = better(x, {__shfl_xor_sync(0xffffffffu, x.v, off), __shfl_xor_sync(0xffffffffu, x.i, off)});
+  for (int off = 16; off > 0; off /= 2)
+    x = better(x, {__shfl_xor_sync(0xffffffffu, x.v, off), __shfl_xor_sync(0xffffffffu, x.i, off)});
   if (lane == 0) sm[warp] = x;
   __syncthreads();
   if (warp == 0) {
@@ -197,8 +198,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
 
 }  // namespace
 
-void copy_rows(cudaStream_t s, bf16* dst, const int32_t* dst_index, const bf16* src, const int32_t* src_index, int64_t n,
-               int64_t row_elems) {
+void copy_rows(cudaStream_t s, bf16* dst, const int32_t* dst_index, const bf16* src, const int32_t* src_index,
+               int64_t n, int64_t row_elems) {
   if (n == 0 || row_elems == 0) return;
   constexpr int threads = 256;
   if (row_elems % 8 == 0 && all_aligned(16, dst, src)) {

@@ -13,8 +13,8 @@ using bf16 = __nv_bfloat16;
 
 // dst row (dst_index ? dst_index[i] : i) = src row (src_index ? src_index[i] : i), for i < n rows of row_elems bf16
 // each (indices on the device).
-void copy_rows(cudaStream_t s, bf16* dst, const int32_t* dst_index, const bf16* src, const int32_t* src_index, int64_t n,
-               int64_t row_elems);
+void copy_rows(cudaStream_t s, bf16* dst, const int32_t* dst_index, const bf16* src, const int32_t* src_index,
+               int64_t n, int64_t row_elems);
 
 // The rows of decoding step `step` (feeding the token drawn at that step) for prompts of prompt_len[b] tokens, each
 // owning `capacity` cache rows: positions[b] = prompt_len[b] + step, slots[b] = b * capacity + positions[b] (the cache
