@@ -3,6 +3,7 @@
 // caching and the dispatch counters.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "attention_test_util.h"
@@ -149,7 +150,49 @@ TEST_F(Selection, DecisionIsDeterministicAndCached) {
   EXPECT_NE(candidate(c, BackendId::Flash).reasons.at(0).find("fp64"), std::string::npos);
 }
 
+// A KV-cache call (the sampler's decoding step) on the CPU: every CPU backend rejects it with the KV-cache reason,
+// decode has no CPU implementation, so nothing serves it and the report says why for each.
+TEST_F(Selection, KvCacheCallsGoOnlyToDecode) {
+  AttnParams p = cpu_params();
+  p.seqlen_q = 1, p.seqlen_kv = 512, p.mask = MaskType::CausalBottomRight, p.kv_cache = true;
+  const auto s = explain(p);
+  EXPECT_EQ(s.backend, nullptr) << s.report();
+  for (BackendId id : {BackendId::Flash, BackendId::Math}) {
+    const auto& reasons = candidate(s, id).reasons;
+    EXPECT_NE(std::find(reasons.begin(), reasons.end(), kv_cache_reason()), reasons.end()) << s.report();
+  }
+  EXPECT_NE(candidate(s, BackendId::Decode).reasons.at(0).find("no cpu implementation"), std::string::npos)
+      << s.report();
+  EXPECT_NE(s.report().find("kv_cache"), std::string::npos) << s.report();
+  p.kv_cache = false;
+  EXPECT_NE(explain(p).backend, nullptr);  // the same shape without a cache is an ordinary call
+}
+
+TEST(AttentionValidation, KvCacheCallsNeedUsedLengthsAndHaveNoBackward) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  testing::AttnProblem pr = testing::make_problem(2, 4, 2, 16, 1, 10, MaskType::CausalBottomRight, DType::F32, rng);
+  Tensor o = Tensor::empty({2, 1, 4, 16}, DType::F32), lse = Tensor::empty({2, 4, 1}, DType::F32);
+  AttnParams p = pr.p;
+  p.kv_cache = true;
+  attention::AttnForwardArgs a{pr.q, pr.k, pr.v, o, lse};
+  try {
+    validate(p, a);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'kv_used' int32 [2]"), std::string::npos) << e.what();
+  }
+  Tensor used = Tensor::empty({2}, DType::I32);
+  a.kv_used = used;
+  validate(p, a);
+  p.kv_cache = false;
+  EXPECT_THROW(validate(p, a), Error);  // used lengths on an ordinary call
+  p.kv_cache = true;
+  Tensor d = Tensor::empty({2, 1, 4, 16}, DType::F32), dkv = Tensor::empty({2, 10, 2, 16}, DType::F32);
+  EXPECT_THROW(validate(p, attention::AttnBackwardArgs{pr.q, pr.k, pr.v, o, d, lse, d, dkv, dkv}), Error);
+}
+
 TEST(BackendList, ParsesAndRejectsClearly) {
+  EXPECT_EQ(parse_backend_list("decode,math"), (std::vector<BackendId>{BackendId::Decode, BackendId::Math}));
   EXPECT_EQ(parse_backend_list("cudnn, flash,math"),
             (std::vector<BackendId>{BackendId::Cudnn, BackendId::Flash, BackendId::Math}));
   EXPECT_THROW(

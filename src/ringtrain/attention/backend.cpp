@@ -12,6 +12,7 @@ std::string_view backend_name(BackendId id) {
     case BackendId::Flash: return "flash";
     case BackendId::Efficient: return "efficient";
     case BackendId::Math: return "math";
+    case BackendId::Decode: return "decode";
   }
   return "?";
 }
@@ -19,7 +20,7 @@ std::string_view backend_name(BackendId id) {
 BackendId parse_backend(std::string_view name) {
   for (BackendId id : kAllBackends)
     if (backend_name(id) == name) return id;
-  throw Error(cat("unknown attention backend '", name, "' (known: cudnn, flash, efficient, math)"));
+  throw Error(cat("unknown attention backend '", name, "' (known: cudnn, flash, efficient, decode, math)"));
 }
 
 std::vector<BackendId> parse_backend_list(std::string_view list) {

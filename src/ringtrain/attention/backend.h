@@ -1,6 +1,6 @@
 // The attention backend interface and the registry of implementations.
 //
-// A backend is a name (cudnn, flash, efficient, math) implemented on a device kind. It declares what it can
+// A backend is a name (cudnn, flash, efficient, decode, math) implemented on a device kind. It declares what it can
 // serve through one predicate, unsupported_reasons(), which returns every reason it cannot serve the params
 // (empty = can). Whether it may run under context parallelism is a separate declaration, cp_capable(): set
 // only for implementations whose results under CP are verified by tests.
@@ -15,10 +15,13 @@
 
 namespace ringtrain::attention {
 
-enum class BackendId : uint8_t { Cudnn, Flash, Efficient, Math };
-constexpr int kNumBackends = 4;
+// Decode serves only KV-cache calls (AttnParams::kv_cache: a few query rows per sequence against a padded cache with
+// per-sequence used lengths, the sampler's decoding steps); every other backend rejects those.
+enum class BackendId : uint8_t { Cudnn, Flash, Efficient, Math, Decode };
+constexpr int kNumBackends = 5;
+// In BackendId order (DispatchCounts index by it).
 constexpr BackendId kAllBackends[kNumBackends] = {BackendId::Cudnn, BackendId::Flash, BackendId::Efficient,
-                                                   BackendId::Math};
+                                                   BackendId::Math, BackendId::Decode};
 
 std::string_view backend_name(BackendId id);
 BackendId parse_backend(std::string_view name);  // throws naming the unknown name and the known ones

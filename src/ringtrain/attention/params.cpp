@@ -30,13 +30,15 @@ float AttnParams::scale() const {
 
 std::string AttnParams::key() const {
   return cat(device_name(device), '|', dtype_name(dtype), '|', batch, '|', heads_q, '|', heads_kv, '|', head_dim, '|',
-             seqlen_q, '|', seqlen_kv, '|', static_cast<int>(mask), '|', packed, '|', deterministic, '|', has_bias);
+             seqlen_q, '|', seqlen_kv, '|', static_cast<int>(mask), '|', packed, '|', deterministic, '|', has_bias, '|',
+             kv_cache);
 }
 
 std::string AttnParams::describe() const {
   return cat(device_name(device), ' ', dtype_name(dtype), " B=", batch, " Hq=", heads_q, " Hkv=", heads_kv,
              " D=", head_dim, " Sq=", seqlen_q, " Skv=", seqlen_kv, " mask=", mask_name(mask),
-             packed ? " packed" : "", deterministic ? " deterministic" : "", has_bias ? " bias" : "");
+             packed ? " packed" : "", deterministic ? " deterministic" : "", has_bias ? " bias" : "",
+             kv_cache ? " kv_cache" : "");
 }
 
 void validate_params(const AttnParams& p) {
@@ -112,6 +114,21 @@ void check_bias(const AttnParams& p, const TensorView& bias) {
            " or 1, ", p.seqlen_q, ", ", p.seqlen_kv, "]");
 }
 
+// kv_used int32 [B] on the params' device exactly for KV-cache calls (its values are the kernels' to trust: they are
+// on the device).
+void check_kv_used(const AttnParams& p, const TensorView& kv_used) {
+  if (!p.kv_cache) {
+    RT_CHECK(kv_used.data == nullptr, "attention: a 'kv_used' ", kv_used.shape_str(),
+             " was passed but the params do not say kv_cache (set AttnParams::kv_cache)");
+    return;
+  }
+  RT_CHECK(!p.packed, "attention: a KV-cache call takes dense BSHD tensors, not packed (THD) ones");
+  RT_CHECK(kv_used.data && kv_used.dtype == DType::I32 && kv_used.ndim == 1 && kv_used.shape[0] == p.batch &&
+               kv_used.device == p.device && kv_used.stride[0] == 1,
+           "attention: a KV-cache call needs 'kv_used' int32 [", p.batch, "] contiguous on ", device_name(p.device),
+           ", got ", kv_used.data ? kv_used.shape_str() : std::string("none"));
+}
+
 }  // namespace
 
 TensorView bias_broadcast_view(const TensorView& bias) {
@@ -134,10 +151,12 @@ void validate(const AttnParams& p, const AttnForwardArgs& a) {
   check_cu_seqlens(p, "cu_seqlens_q", a.cu_seqlens_q);
   check_cu_seqlens(p, "cu_seqlens_kv", a.cu_seqlens_kv);
   check_bias(p, a.bias);
+  check_kv_used(p, a.kv_used);
 }
 
 void validate(const AttnParams& p, const AttnBackwardArgs& a) {
   validate_params(p);
+  RT_CHECK(!p.kv_cache, "attention: a KV-cache call (", p.describe(), ") has no backward");
   check_tensor(p, "q", a.q, p.seqlen_q, p.heads_q, p.dtype);
   check_tensor(p, "k", a.k, p.seqlen_kv, p.heads_kv, p.dtype);
   check_tensor(p, "v", a.v, p.seqlen_kv, p.heads_kv, p.dtype);
@@ -151,6 +170,10 @@ void validate(const AttnParams& p, const AttnBackwardArgs& a) {
   check_cu_seqlens(p, "cu_seqlens_q", a.cu_seqlens_q);
   check_cu_seqlens(p, "cu_seqlens_kv", a.cu_seqlens_kv);
   check_bias(p, a.bias);
+}
+
+std::string kv_cache_reason() {
+  return "a KV-cache call (a padded cache with per-sequence used lengths; only decode serves it)";
 }
 
 AttnParams params_for(const TensorView& q, const TensorView& k, MaskType mask, float softmax_scale) {

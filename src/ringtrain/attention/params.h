@@ -13,6 +13,11 @@
 //    before the causal mask and the softmax; -inf entries hide keys. bias is [B or 1, Hq or 1, Sq, Skv] in any
 //    float dtype; a size-1 (or stride-0) batch/head dimension broadcasts. Dense (BSHD) calls only. The bias is a
 //    constant: no backend produces its gradient.
+//  - KV cache (kv_cache, forward only, dense BSHD, no bias): k/v are a padded cache [B, Skv = capacity, Hkv, D] of
+//    which sequence b uses its first kv_used[b] rows (AttnForwardArgs::kv_used, int32 [B] on the device, each in
+//    [0, Skv]). Causal masks align to the used length: query row i of Sq sees keys [0, kv_used[b] - Sq + i + 1)
+//    (bottom-right), or all kv_used[b] keys (none). The decode backend serves these calls; every other one rejects
+//    them.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +45,7 @@ struct AttnParams {
   bool packed = false;        // THD with cu_seqlens
   bool deterministic = false;
   bool has_bias = false;      // the call passes an additive bias tensor (see the conventions above)
+  bool kv_cache = false;      // k/v are a padded KV cache with per-sequence used lengths (see the conventions above)
 
   float scale() const;
   // Everything that can change which backend serves the call (the selection cache key).
@@ -63,6 +69,7 @@ struct AttnForwardArgs {
   TensorView cu_seqlens_q, cu_seqlens_kv;  // int32 [B + 1], packed only, on the tensors' device
   void* stream = nullptr;                  // cudaStream_t for GPU backends
   TensorView bias;                         // [B|1, Hq|1, Sq, Skv], any float dtype; only when params.has_bias
+  TensorView kv_used;                      // int32 [B] on the tensors' device; only when params.kv_cache
 };
 
 struct AttnBackwardArgs {
@@ -85,6 +92,9 @@ void validate(const AttnParams& p, const AttnBackwardArgs& a);
 // A validated bias with stride 0 in its size-1 batch/head dimensions, so that element (b, h, i, j) is at
 // b*stride[0] + h*stride[1] + i*stride[2] + j*stride[3] for every b < B and h < Hq.
 TensorView bias_broadcast_view(const TensorView& bias);
+
+// Every backend but decode rejects KV-cache calls with this reason.
+std::string kv_cache_reason();
 
 // Params describing dense BSHD tensors q [B,Sq,Hq,D] and k [B,Skv,Hkv,D].
 AttnParams params_for(const TensorView& q, const TensorView& k, MaskType mask, float softmax_scale = 0.f);

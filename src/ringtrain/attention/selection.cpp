@@ -163,7 +163,7 @@ BackendScope::~BackendScope() {
 }
 
 std::vector<BackendId> default_backends() {
-  return {BackendId::Cudnn, BackendId::Flash, BackendId::Efficient, BackendId::Math};
+  return {BackendId::Cudnn, BackendId::Flash, BackendId::Efficient, BackendId::Decode, BackendId::Math};
 }
 
 void set_root_backends(std::vector<BackendId> ids, std::string source) {

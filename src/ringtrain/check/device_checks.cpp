@@ -31,6 +31,7 @@ AttentionBenchRow bench_attention_backend(attention::BackendId id, const AttnPro
 void run_model_bench(const ModelBenchOptions& opt, comm::Communicator* comm, const ModelBenchReport& report) {
   cuda::run_model_bench(opt, comm, report);
 }
+nlohmann::json run_generate_bench(const GenerateBenchOptions& opt) { return cuda::run_generate_bench(opt); }
 #else
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
@@ -48,6 +49,7 @@ AttentionBenchRow bench_attention_backend(attention::BackendId, const AttnProble
 void run_model_bench(const ModelBenchOptions&, comm::Communicator*, const ModelBenchReport&) {
   no_cuda("the model benchmark");
 }
+nlohmann::json run_generate_bench(const GenerateBenchOptions&) { no_cuda("the generation benchmark"); }
 #endif
 
 }  // namespace ringtrain::check

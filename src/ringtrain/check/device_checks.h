@@ -79,4 +79,18 @@ constexpr double kPeakBf16Flops = 989e12;  // H200 dense bf16, the MFU reference
 // comm: the ranks of a CP run (nullptr: one GPU, device 0).
 void run_model_bench(const ModelBenchOptions& opt, comm::Communicator* comm, const ModelBenchReport& report);
 
+// Batched generation with the GPU sampler on GPU 0 (check/cuda/generate_bench.cpp says what is timed and counted):
+// random weights, `batch` random prompts of `prompt` tokens, exactly `new_tokens` new tokens each. Returns one JSON
+// object (prefill and decoding medians, decode tokens/s, bytes per decoding step, the attention calls made).
+struct GenerateBenchOptions {
+  std::string arch = "llama";
+  int64_t layers = 16, hidden = 2048, heads = 32, kv_heads = 8, head_dim = 64, ffn = 8192, vocab = 128256;
+  int64_t batch = 64, prompt = 512, new_tokens = 512;
+  double temperature = 1.0, top_p = 1.0;
+  int64_t top_k = 0;
+  int iters = 3, warmup = 1;
+  uint64_t seed = 1;
+};
+nlohmann::json run_generate_bench(const GenerateBenchOptions& opt);
+
 }  // namespace ringtrain::check

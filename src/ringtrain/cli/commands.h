@@ -20,6 +20,7 @@ struct Exit {
 void add_backends_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_bench_cp_command(CLI::App& app);  // adds `bench cp` to the `bench` command (after add_bench_command)
+void add_bench_generate_command(CLI::App& app);  // `bench generate` (after add_bench_command)
 void add_bench_model_command(CLI::App& app);  // adds `bench model` to the `bench` command (after add_bench_command)
 void add_bench_train_command(CLI::App& app);  // adds `bench train` to the `bench` command (after add_bench_command)
 void add_bench_rollouts_command(CLI::App& app);  // adds `bench rollouts` (after add_bench_command)

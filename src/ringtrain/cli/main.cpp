@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   ringtrain::cli::add_bench_command(app);
   ringtrain::cli::add_bench_cp_command(app);
   ringtrain::cli::add_bench_model_command(app);
+  ringtrain::cli::add_bench_generate_command(app);
   ringtrain::cli::add_bench_train_command(app);
   ringtrain::cli::add_bench_rollouts_command(app);
   ringtrain::cli::add_attention_check_command(app);

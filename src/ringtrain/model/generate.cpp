@@ -195,7 +195,8 @@ Sampler::Sampler(const Model<float>& model, SamplerOptions options)
 
 Sampler::Sampler(Policy& policy, SamplerOptions options)
     : config_(policy.config()), layout_(config_), options_(std::move(options)),
-      inv_freq_(rope_inv_freq(config_.rope, config_.head_dim)), policy_(&policy) {}
+      inv_freq_(rope_inv_freq(config_.rope, config_.head_dim)), policy_(&policy),
+      device_(policy.make_device_sampler(options_)) {}
 
 const float* Sampler::weights() {
   if (params_) return params_;
@@ -214,6 +215,19 @@ std::vector<Generation> Sampler::generate(const std::vector<std::vector<int32_t>
   RT_CHECK(batch > 0, "generation: no prompts");
   RT_CHECK(sample_ids.empty() || static_cast<int64_t>(sample_ids.size()) == batch, "generation: ", sample_ids.size(),
            " sample ids for ", batch, " prompts");
+  if (device_) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const std::vector<int32_t>& p = prompts[static_cast<size_t>(b)];
+      RT_CHECK(!p.empty(), "generation: prompt ", b, " is empty");
+      for (size_t i = 0; i < p.size(); ++i)
+        RT_CHECK(p[i] >= 0 && p[i] < vocab, "generation: prompt ", b, " token ", i, " = ", p[i],
+                 " is outside the vocabulary [0, ", vocab, ")");
+    }
+    std::vector<uint64_t> ids(sample_ids.begin(), sample_ids.end());
+    if (ids.empty())
+      for (int64_t b = 0; b < batch; ++b) ids.push_back(static_cast<uint64_t>(b));
+    return device_->generate(prompts, sampling, ids);
+  }
 
   KvCache cache;
   cache.row = config_.kv_heads * config_.head_dim;

@@ -14,17 +14,21 @@
 // them over:
 //   Sampler(config, params)  the flat host fp32 buffer in ParamLayout(config) order; kept alive by the caller.
 //   Sampler(model)           a Model<float>'s params().
-//   Sampler(policy)          a CPU fp32 Policy's weights() (its flat order is the layout's). Any other policy (a GPU
-//                            policy, or fp64) is read through params() into a host fp32 copy at the start of every
-//                            generate(): on a GPU that is one download per call, and decoding then runs on the host.
-//                            A sampler on the GPU is a later step.
+//   Sampler(policy)          a policy that decodes on its own device (Policy::make_device_sampler: the GPU policy,
+//                            model/cuda/gpu_sampler.h, bf16 on the GPU with the policy's weights in place) hands
+//                            generate() to that sampler. Otherwise a CPU fp32 Policy's weights() are read in place
+//                            (its flat order is the layout's), and any other policy (fp64) through params() into a
+//                            host fp32 copy at the start of every generate().
 //
 // Randomness is counter-based: the uniform that draws token t of a sequence is a hash of (seed, the sequence's
 // sample id, t). The same seed and sample ids give the same tokens whatever the batch composition, its order or
-// the number of threads (the fp32 forward of a row does not depend on the other rows of its batch).
+// the number of threads (the fp32 forward of a row does not depend on the other rows of its batch). The GPU sampler
+// keys its draws the same way (same seed and ids: same samples on the GPU), but its samples differ from the CPU's:
+// its arithmetic is bf16, and it draws by Gumbel-max rather than by inverse CDF.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -50,8 +54,9 @@ struct SamplingParams {
 struct SamplerOptions {
   // The sampler's attention allow-list (a BackendScope around its forwards); empty = every backend.
   std::vector<attention::BackendId> attention_backends;
-  // Upper bound on the one KV-cache allocation of a generate() call (sum over prompts of (prompt + max_new_tokens)
-  // × layers × kv_heads × head_dim × 2 × 4 bytes); a larger request is an error before anything is allocated.
+  // Upper bound on the one KV-cache allocation of a generate() call; a larger request is an error before anything is
+  // allocated. CPU: sum over prompts of (prompt + max_new_tokens - 1) × layers × kv_heads × head_dim × 2 × 4 bytes.
+  // GPU: prompts × (longest prompt + max_new_tokens - 1) × layers × kv_heads × head_dim × 2 × 2 bytes (bf16, padded).
   int64_t max_cache_bytes = int64_t{4} << 30;
 };
 
@@ -81,6 +86,15 @@ TokenChoice choose_token(std::span<const float> logprobs, const SamplingParams& 
 // The counter-based uniform in [0, 1) for token `step` of the sequence with id `sample_id`.
 double sampling_uniform(uint64_t seed, uint64_t sample_id, int64_t step);
 
+// A sampler that runs on a policy's own device (Policy::make_device_sampler). Sampler::generate checks the sampling
+// parameters, prompts and sample ids before it calls generate(); sample_ids then has one id per prompt.
+class DeviceSampler {
+ public:
+  virtual ~DeviceSampler() = default;
+  virtual std::vector<Generation> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                           const SamplingParams& sampling, std::span<const uint64_t> sample_ids) = 0;
+};
+
 class Sampler {
  public:
   Sampler(ModelConfig config, const float* params, SamplerOptions options = {});
@@ -104,6 +118,7 @@ class Sampler {
   std::vector<float> inv_freq_;
   const float* params_ = nullptr;  // in place (config/model constructors)
   Policy* policy_ = nullptr;       // else read from the policy at each generate()
+  std::unique_ptr<DeviceSampler> device_;  // the policy's own sampler, when it has one
   std::vector<float> host_copy_;   // a non-fp32-CPU policy's weights, downloaded per generate()
 };
 

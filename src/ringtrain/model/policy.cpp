@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/model/generate.h"
 #include "ringtrain/model/gpu_policy.h"
 #include "ringtrain/model/logprobs.h"
 #include "ringtrain/model/batch_rows.h"
@@ -118,6 +119,8 @@ int64_t TokenBatch::tokens() const {
   for (const auto& s : sequences) n += static_cast<int64_t>(s.size());
   return n;
 }
+
+std::unique_ptr<DeviceSampler> Policy::make_device_sampler(const SamplerOptions&) { return nullptr; }
 
 std::vector<float> Policy::param(const std::string& name) const { return slice(params(), spec_named(*this, name)); }
 std::vector<float> Policy::grad(const std::string& name) const {

@@ -24,6 +24,9 @@
 
 namespace ringtrain::model {
 
+struct SamplerOptions;  // generate.h
+class DeviceSampler;
+
 struct PolicyOptions {
   Device device = Device::cpu();
   // The compute dtype: F32 or F64 on the CPU (F64 for gradient checks), BF16 on a GPU.
@@ -100,6 +103,11 @@ class Policy {
   // One tensor by Hugging Face name; an unknown name is an error naming it.
   std::vector<float> param(const std::string& name) const;
   std::vector<float> grad(const std::string& name) const;
+
+  // A sampler that decodes on the policy's device with its weights read in place, for Sampler(policy) (generate.h);
+  // null when the policy has none (the CPU policies: Sampler decodes on the host). It is a view of the policy, valid
+  // while the policy lives; a generate() ends any score(..., for_backward = true) still waiting for its backward.
+  virtual std::unique_ptr<DeviceSampler> make_device_sampler(const SamplerOptions& options);
 };
 
 std::unique_ptr<Policy> make_policy(const ModelConfig& config, const std::vector<float>& params,

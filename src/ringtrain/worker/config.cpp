@@ -338,7 +338,8 @@ const std::vector<Field>& schema() {
     f.push_back(double_field(
         "loss_fn.sft_loss_weight", "dpo: weight of the chosen responses' NLL",
         [](auto& c) -> auto& { return c.loss_fn.sft_loss_weight; }, 0.0, 1e6));
-    f.push_back({"attention.backends", "allow-list, most preferred first (cudnn, flash, efficient, math); [] = all",
+    f.push_back({"attention.backends",
+                 "allow-list, most preferred first (cudnn, flash, efficient, decode, math); [] = all",
                  [](Config& c, const YAML::Node& n, const std::string& w) {
                    const std::string key = "attention.backends";
                    c.attention_backends.clear();

@@ -162,6 +162,7 @@ class FlashBackend final : public Backend {
 
   std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {
     std::vector<std::string> r;
+    if (p.kv_cache) r.push_back(kv_cache_reason());
     if (p.dtype == DType::F64) r.push_back("fp64 inputs: flash accumulates in fp32 (use math)");
     if (!is_float(p.dtype)) r.push_back(cat("dtype ", dtype_name(p.dtype), " is not a float type"));
     if (p.has_bias) r.push_back("additive bias (the CPU flash tiles take none; use math)");

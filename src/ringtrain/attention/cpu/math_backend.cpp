@@ -146,6 +146,7 @@ class MathBackend final : public Backend {
 
   std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {
     std::vector<std::string> r;
+    if (p.kv_cache) r.push_back(kv_cache_reason());
     if (!is_float(p.dtype)) r.push_back(cat("dtype ", dtype_name(p.dtype), " is not a float type"));
     return r;
   }

@@ -19,6 +19,8 @@ std::unique_ptr<Backend> make_cuda_flash_backend();
 std::unique_ptr<Backend> make_cuda_efficient_backend();
 // `math`: the GPU reference (materialised scores through cuBLASLt, fp32 softmax; cuda/math_backend.cu).
 std::unique_ptr<Backend> make_cuda_math_backend();
+// `decode`: new query rows against a padded KV cache with per-sequence lengths, for generation (cuda/decode_*).
+std::unique_ptr<Backend> make_cuda_decode_backend();
 // `cudnn`: cuDNN 9 SDPA through the frontend graph API (cudnn/); built only when the frontend headers are
 // found at configure time (RINGTRAIN_WITH_CUDNN).
 std::unique_ptr<Backend> make_cudnn_backend();

@@ -31,6 +31,7 @@ class FlashBackend final : public Backend {
 
   std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {
     std::vector<std::string> r;
+    if (p.kv_cache) r.push_back(kv_cache_reason());
     if (std::string why = hopper_unavailable_reason(p.device); !why.empty()) r.push_back(std::move(why));
     if (p.dtype != DType::BF16 && p.dtype != DType::F16)
       r.push_back(cat("dtype ", dtype_name(p.dtype), " (needs bf16 or fp16)"));

@@ -11,6 +11,7 @@ void register_cuda_backends(std::vector<std::unique_ptr<Backend>>& out) {
   out.push_back(make_cuda_flash_backend());
   out.push_back(make_cuda_efficient_backend());
   out.push_back(make_cuda_math_backend());
+  out.push_back(make_cuda_decode_backend());
 }
 
 }  // namespace ringtrain::attention

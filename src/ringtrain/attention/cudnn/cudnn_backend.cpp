@@ -171,6 +171,7 @@ class CudnnBackend final : public Backend {
 
   std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {
     std::vector<std::string> r;
+    if (p.kv_cache) r.push_back(kv_cache_reason());
     if (std::string why = hopper_unavailable_reason(p.device); !why.empty()) {
       r.push_back(std::move(why));
     } else if (const std::string& err = cudnn::load_error(); !err.empty()) {

@@ -10,5 +10,6 @@ std::string gpu_name(int device);
 DeviceRunResult run_cp_on_device(comm::Communicator& comm, const DeviceRunOptions& opt);
 AttentionBenchRow bench_attention_backend(attention::BackendId id, const AttnProblem& prob, int warmup, int iters);
 void run_model_bench(const ModelBenchOptions& opt, comm::Communicator* comm, const ModelBenchReport& report);
+nlohmann::json run_generate_bench(const GenerateBenchOptions& opt);
 
 }  // namespace ringtrain::check::cuda

@@ -274,7 +274,7 @@ const bf16* GpuModel::forward(const int32_t* tokens, const int32_t* positions, i
                               SequenceAttention& attention, bool for_backward) {
   RT_CHECK(batch > 0 && seqlen > 0, "gpu model: empty batch (", batch, " x ", seqlen, ")");
   check_sequence_supported(config_, attention.total_seqlen(seqlen));
-  const int64_t N = batch * seqlen, H = config_.hidden;
+  const int64_t N = batch * seqlen;
   for (int64_t i = 0; i < N; ++i)
     RT_CHECK(tokens[i] >= 0 && tokens[i] < config_.vocab, "gpu model: token id ", tokens[i], " at row ", i,
              " is outside the vocabulary [0, ", config_.vocab, ")");
@@ -282,6 +282,24 @@ const bf16* GpuModel::forward(const int32_t* tokens, const int32_t* positions, i
   prepare(batch, seqlen, for_backward);
   copy(tokens_, contiguous_view(const_cast<int32_t*>(tokens), DType::I32, Device::cpu(), {N}));
   copy(positions_, contiguous_view(const_cast<int32_t*>(positions), DType::I32, Device::cpu(), {N}));
+  return run_forward(attention, for_backward);
+}
+
+const bf16* GpuModel::forward_on_device(const int32_t* tokens, const int32_t* positions, int64_t batch, int64_t seqlen,
+                                        SequenceAttention& attention) {
+  RT_CHECK(batch > 0 && seqlen > 0, "gpu model: empty batch (", batch, " x ", seqlen, ")");
+  check_sequence_supported(config_, attention.total_seqlen(seqlen));
+  const size_t bytes = static_cast<size_t>(batch * seqlen) * sizeof(int32_t);
+  have_activations_ = false;
+  prepare(batch, seqlen, false);
+  RT_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens, bytes, cudaMemcpyDeviceToDevice, stream()), "copying tokens");
+  RT_CUDA_CHECK(cudaMemcpyAsync(positions_.data(), positions, bytes, cudaMemcpyDeviceToDevice, stream()),
+                "copying positions");
+  return run_forward(attention, false);
+}
+
+const bf16* GpuModel::run_forward(SequenceAttention& attention, bool for_backward) {
+  const int64_t N = batch_ * seqlen_, H = config_.hidden;
   attention::BackendScope scope("model", options_.allowed_backends());
 
   const bf16* W = weights_.ptr<bf16>();

@@ -118,6 +118,10 @@ class GpuModel {
   // layer. Enqueued on stream(); tokens are checked against the vocabulary on the host.
   const bf16* forward(const int32_t* tokens, const int32_t* positions, int64_t batch, int64_t seqlen,
                       SequenceAttention& attention, bool for_backward);
+  // The same forward (no backward) from device tokens and positions, which the caller guarantees to be inside the
+  // vocabulary: nothing waits for the device (the GPU sampler's decoding steps).
+  const bf16* forward_on_device(const int32_t* tokens, const int32_t* positions, int64_t batch, int64_t seqlen,
+                                SequenceAttention& attention);
   // d_hidden: device bf16 [batch * seqlen, hidden], d(loss)/d(forward's result). Adds every weight gradient.
   void backward(const bf16* d_hidden, SequenceAttention& attention);
   // The last forward's final-normed hidden states [tokens(), hidden] on the device.
@@ -128,6 +132,8 @@ class GpuModel {
   GpuModel(ModelConfig config, ModelOptions options, int device);
   bool checkpointed(size_t layer) const;
   void prepare(int64_t batch, int64_t seqlen, bool for_backward);
+  // The forward over tokens_ / positions_ (filled for the prepared shape).
+  const bf16* run_forward(SequenceAttention& attention, bool for_backward);
   bf16* layer_input(size_t layer);
   void layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf16* x_out, SequenceAttention& attention);
   void layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x_in, SequenceAttention& attention);

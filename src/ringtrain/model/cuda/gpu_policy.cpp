@@ -3,6 +3,7 @@
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/batch_rows.h"
 #include "ringtrain/model/cuda/gpu_logprobs.h"
+#include "ringtrain/model/cuda/gpu_sampler.h"
 #include "ringtrain/model/gpu_policy.h"
 
 namespace ringtrain::model {
@@ -85,6 +86,12 @@ class GpuPolicy final : public Policy {
   std::vector<float> params() const override { return model_.params(); }
   void set_params(const std::vector<float>& values) override { model_.set_params(values); }
   std::vector<float> grads_by_layout() const override { return model_.grads(); }
+
+  // Generation decodes on this GPU with these weights (model/cuda/gpu_sampler.h); its forwards replace the
+  // activations a score(..., for_backward = true) kept (the model's backward then says so).
+  std::unique_ptr<DeviceSampler> make_device_sampler(const SamplerOptions& options) override {
+    return std::make_unique<cuda::GpuSampler>(model_, options);
+  }
 
  private:
   // The forward of score(): rows laid out, targets uploaded, the model run, `local` allocated for the LM head.
