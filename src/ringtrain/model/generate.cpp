@@ -215,14 +215,14 @@ std::vector<Generation> Sampler::generate(const std::vector<std::vector<int32_t>
   RT_CHECK(batch > 0, "generation: no prompts");
   RT_CHECK(sample_ids.empty() || static_cast<int64_t>(sample_ids.size()) == batch, "generation: ", sample_ids.size(),
            " sample ids for ", batch, " prompts");
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int32_t>& p = prompts[static_cast<size_t>(b)];
+    RT_CHECK(!p.empty(), "generation: prompt ", b, " is empty");
+    for (size_t i = 0; i < p.size(); ++i)
+      RT_CHECK(p[i] >= 0 && p[i] < vocab, "generation: prompt ", b, " token ", i, " = ", p[i],
+               " is outside the vocabulary [0, ", vocab, ")");
+  }
   if (device_) {
-    for (int64_t b = 0; b < batch; ++b) {
-      const std::vector<int32_t>& p = prompts[static_cast<size_t>(b)];
-      RT_CHECK(!p.empty(), "generation: prompt ", b, " is empty");
-      for (size_t i = 0; i < p.size(); ++i)
-        RT_CHECK(p[i] >= 0 && p[i] < vocab, "generation: prompt ", b, " token ", i, " = ", p[i],
-                 " is outside the vocabulary [0, ", vocab, ")");
-    }
     std::vector<uint64_t> ids(sample_ids.begin(), sample_ids.end());
     if (ids.empty())
       for (int64_t b = 0; b < batch; ++b) ids.push_back(static_cast<uint64_t>(b));
@@ -234,10 +234,6 @@ std::vector<Generation> Sampler::generate(const std::vector<std::vector<int32_t>
   int64_t longest = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const std::vector<int32_t>& p = prompts[static_cast<size_t>(b)];
-    RT_CHECK(!p.empty(), "generation: prompt ", b, " is empty");
-    for (size_t i = 0; i < p.size(); ++i)
-      RT_CHECK(p[i] >= 0 && p[i] < vocab, "generation: prompt ", b, " token ", i, " = ", p[i],
-               " is outside the vocabulary [0, ", vocab, ")");
     // The last sampled token is never fed back: prompt + max_new - 1 slots.
     const int64_t capacity = static_cast<int64_t>(p.size()) + sampling.max_new_tokens - 1;
     RT_CHECK(capacity < std::numeric_limits<int32_t>::max(), "generation: prompt ", b, " (", p.size(),
