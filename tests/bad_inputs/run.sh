@@ -169,6 +169,9 @@ expect_error logprobs-cp-zero '--cp: Value 0 not in range 1 to' "$bin" logprobs 
 expect_error backends-negative-seq '--seq: Value -5 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --seq -5
 expect_error backends-zero-heads '--heads: Value 0 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --heads 0
 expect_error backends-zero-batch '--batch: Value 0 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --batch 0
+# A floating option's NaN is refused when parsed (it passes a range check), before the command needs a GPU.
+expect_error generate-nan-top-p '--top-p: Value nan is not a number' "$bin" bench generate --top-p nan
+expect_error generate-nan-temperature '--temperature: Value NaN is not a number' "$bin" bench generate --temperature NaN
 
 # --- run configs, overrides and the training run's folders ---
 cat > run.yaml <<'YAML'

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ringtrain/attention/selection.h"
@@ -27,10 +30,18 @@ constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int kMaxIters = 1000000;
 constexpr int64_t kMaxTimeoutMs = int64_t{7} * 24 * 3600 * 1000;  // a week
 
-// Adds an integer option that must lie in [lo, hi].
+// Adds a numeric option that must lie in [lo, hi]. A floating one must also be a number: NaN compares false with
+// both bounds, so CLI::Range alone lets it through.
 template <typename T>
 CLI::Option* add_bounded(CLI::App& cmd, const std::string& name, T& value, const std::string& help, T lo, T hi) {
-  return cmd.add_option(name, value, help)->check(CLI::Range(lo, hi));
+  CLI::Option* o = cmd.add_option(name, value, help);
+  if constexpr (std::is_floating_point_v<T>)
+    o->check(CLI::Validator(
+        [](std::string& s) {
+          return std::isnan(std::strtod(s.c_str(), nullptr)) ? "Value " + s + " is not a number" : std::string();
+        },
+        "", "NUMBER"));
+  return o->check(CLI::Range(lo, hi));
 }
 
 // The shape of an attention call or problem and where it runs. Each command sets the defaults it wants, then adds
