@@ -167,6 +167,7 @@ TEST(WorkerConfig, TypeAndRangeErrorsNameKeyValueAndLine) {
       {"policy: 5", "policy: expected a mapping of keys"},
       {"loss_fn: {ratio_clip_c: 1}", "loss_fn.ratio_clip_c = 1: out of range"},
       {"attention: {backends: [flash, warp]}", "attention.backends[1]"},
+      {"attention: {backends: [math, flash, math]}", "attention.backends[2] = math: listed twice"},
       {"parallel: {cp_comm: tree}", "expected one of ring, allgather, a2a"},
       {"train: {seed: -1}", "train.seed = '-1'"},
       {"device: tpu", "device = 'tpu'"},
@@ -209,6 +210,8 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
       {{"train.data=~"}, "train.data is required"},
       {{"policy.train_micro_batch_size"}, "expected KEY=VALUE"},
       {{"policy.train_micro_batch_size=[1"}, "the value is not YAML"},
+      // From Python a NUL can reach an override; the YAML parser would read only "1".
+      {{std::string("train.seed=1\0" "2", 14)}, "override 'train.seed=1\\x002': holds a NUL byte"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.overrides[0]);

@@ -347,11 +347,17 @@ const std::vector<Field>& schema() {
                    RT_CHECK(n.IsSequence(), w, ": ", key, ": expected a list of backend names, got a ", node_kind(n));
                    for (size_t i = 0; i < n.size(); ++i) {
                      const std::string item = cat(key, "[", i, "]");
+                     attention::BackendId id;
                      try {
-                       c.attention_backends.push_back(attention::parse_backend(scalar(n[i], item, w)));
+                       id = attention::parse_backend(scalar(n[i], item, w));
                      } catch (const Error& e) {
                        throw Error(cat(w, ": ", item, ": ", e.what()));
                      }
+                     // As the CLI's lists: a name given twice is a slip, not a preference order.
+                     for (attention::BackendId seen : c.attention_backends)
+                       RT_CHECK(seen != id, w, ": ", item, " = ", attention::backend_name(id), ": listed twice in ",
+                                key);
+                     c.attention_backends.push_back(id);
                    }
                  },
                  [](const Config& c, YAML::Emitter& e) {
@@ -518,6 +524,8 @@ void apply_map(Config& c, const YAML::Node& map, const std::string& prefix, cons
 // Returns the setting it assigned (two overrides naming one setting by its two keys are an error).
 std::string apply_override(Config& c, const std::string& text) {
   const std::string where = cat("override '", excerpt(text), "'");
+  // The YAML parser stops at a NUL (one can come from Python), which would cut the value short unseen.
+  RT_CHECK(text.find('\0') == std::string::npos, where, ": holds a NUL byte");
   const size_t eq = text.find('=');
   RT_CHECK(eq != std::string::npos && eq > 0, where, ": expected KEY=VALUE (e.g. policy.train_micro_batch_size=2)");
   const std::string key = text.substr(0, eq);
