@@ -52,6 +52,15 @@ const char* dtype_label(DType t) {
   return "?";
 }
 
+// timeout_s as the communicator's timeout: 1 ms to a week, as the CLI's --timeout-ms. Checked before converting:
+// a NaN, an infinity or 1e300 seconds does not fit the int64 count of milliseconds.
+std::chrono::milliseconds rank_timeout(double timeout_s) {
+  constexpr double kMaxSeconds = 7 * 24 * 3600.0;
+  if (!(timeout_s >= 1e-3 && timeout_s <= kMaxSeconds))
+    throw py::value_error(cat("timeout_s = ", timeout_s, ": expected seconds in [0.001, ", kMaxSeconds, "]"));
+  return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+}
+
 class Worker {
  public:
   Worker(const std::string& config, bool is_text, const std::string& source, const std::vector<std::string>& overrides,
@@ -62,7 +71,7 @@ class Worker {
       config_.validate_against(m);
       return m;
     });
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    const std::chrono::milliseconds timeout = rank_timeout(timeout_s);
     py::gil_scoped_release unlocked;
     group_ = std::make_unique<WorkerGroup>(config_, timeout);
   }

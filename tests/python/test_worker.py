@@ -77,6 +77,19 @@ class TestConfig(unittest.TestCase):
         with self.assertRaises(TypeError):
             ringtrain.PolicyWorker(42)
 
+    def test_hostile_timeouts_and_override_bytes_are_named(self):
+        # Refused before the seconds become an int64 of milliseconds (NaN, inf and 1e300 do not fit one).
+        for t in (float("nan"), float("inf"), 1e300, -1.0, 0.0, 1e-4):
+            with self.assertRaisesRegex(ValueError, r"timeout_s = .*: expected seconds in \[0.001, 604800\]"):
+                ringtrain.PolicyWorker(base_config(), timeout_s=t)
+        # A NUL would end the YAML value early: seed 1 instead of the 1<NUL>2 given.
+        with self.assertRaisesRegex(ValueError, r"override 'train.seed=1\\x002': holds a NUL byte"):
+            ringtrain.PolicyWorker(base_config(), ["train.seed=1\x002"])
+        cfg = base_config()
+        cfg["attention"] = {"backends": ["math", "math"]}
+        with self.assertRaisesRegex(ValueError, r"attention.backends\[1\] = math: listed twice"):
+            ringtrain.PolicyWorker(cfg)
+
 
 class TestLogprobs(unittest.TestCase):
     @classmethod
