@@ -172,6 +172,13 @@ expect_error backends-zero-batch '--batch: Value 0 not in range 1 to' "$bin" bac
 # A floating option's NaN is refused when parsed (it passes a range check), before the command needs a GPU.
 expect_error generate-nan-top-p '--top-p: Value nan is not a number' "$bin" bench generate --top-p nan
 expect_error generate-nan-temperature '--temperature: Value NaN is not a number' "$bin" bench generate --temperature NaN
+# Sizes the benchmark could never hold, refused before its prompts or model are allocated (and before a GPU is needed).
+expect_error generate-past-positions "--prompt 1048576 \\+ --new-tokens 2 is more than the benchmark model's 1048576 pos" \
+  "$bin" bench generate --prompt 1048576 --new-tokens 2
+expect_error generate-int32-rows '--batch 65535 x 100511 cache slots .* do not fit int32 row indices' \
+  "$bin" bench generate --batch 65535 --prompt 100000
+expect_error generate-cache-bytes 'the KV cache of --batch 65535 x 4607 slots .* more than the benchmark.s 68719476736' \
+  "$bin" bench generate --batch 65535 --prompt 4096
 
 # --- run configs, overrides and the training run's folders ---
 cat > run.yaml <<'YAML'

@@ -2,6 +2,10 @@
 // say why they cannot run in the others.
 #include "ringtrain/check/device_checks.h"
 
+#include <limits>
+#include <string>
+
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #ifdef RINGTRAIN_WITH_CUDA
 #include "ringtrain/check/cuda/cuda_checks.h"
@@ -17,6 +21,26 @@ ParityReport DeviceRunResult::parity(double tolerance) const {
             {"dK", err_dk, tolerance},
             {"dV", err_dv, tolerance}};
   return r;
+}
+
+void check_generate_bench_sizes(const GenerateBenchOptions& o) {
+  RT_CHECK(o.batch > 0 && o.prompt > 0 && o.new_tokens > 1 && o.iters >= 1 && o.warmup >= 0,
+           "bench generate: batch, prompt and iters must be positive, new tokens at least 2");
+  // The sampler's cache slots per prompt: the last draw is never fed back.
+  const int64_t slots = checked_add(o.prompt, o.new_tokens - 1, "bench generate: --prompt + --new-tokens");
+  RT_CHECK(slots < kGenerateBenchMaxPositions, "bench generate: --prompt ", o.prompt, " + --new-tokens ",
+           o.new_tokens, " is more than the benchmark model's ", kGenerateBenchMaxPositions, " positions");
+  const std::string what = "bench generate: the KV cache size";
+  const int64_t rows = checked_mul(o.batch, slots, what);
+  RT_CHECK(rows < std::numeric_limits<int32_t>::max(), "bench generate: --batch ", o.batch, " x ", slots,
+           " cache slots (--prompt + --new-tokens - 1) do not fit int32 row indices");
+  const int64_t bytes = checked_mul(
+      checked_mul(checked_mul(checked_mul(rows, checked_mul(o.kv_heads, o.head_dim, what), what), 2, what),
+                  o.layers, what),
+      2, what);
+  RT_CHECK(bytes <= kGenerateBenchMaxCacheBytes, "bench generate: the KV cache of --batch ", o.batch, " x ", slots,
+           " slots (bf16, ", o.layers, " layers x ", o.kv_heads, " kv heads x ", o.head_dim,
+           " dims, keys and values) needs ", bytes, " bytes, more than the benchmark's ", kGenerateBenchMaxCacheBytes);
 }
 
 #ifdef RINGTRAIN_WITH_CUDA

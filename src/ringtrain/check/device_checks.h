@@ -92,5 +92,11 @@ struct GenerateBenchOptions {
   uint64_t seed = 1;
 };
 nlohmann::json run_generate_bench(const GenerateBenchOptions& opt);
+// The benchmark model's positions and the bf16 KV cache its sampler may allocate.
+constexpr int64_t kGenerateBenchMaxPositions = int64_t{1} << 20;
+constexpr int64_t kGenerateBenchMaxCacheBytes = int64_t{64} << 30;
+// The sizes of a run, checked before anything is allocated (the host prompts alone are batch x prompt tokens) and
+// on any machine: the sequence within the positions, the cache within its bytes and int32 row indices.
+void check_generate_bench_sizes(const GenerateBenchOptions& opt);
 
 }  // namespace ringtrain::check

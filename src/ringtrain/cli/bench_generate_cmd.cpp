@@ -22,13 +22,20 @@ struct BenchGenerateOpts {
   std::string backends;
 };
 
-void run(BenchGenerateOpts& o) {
+// The shape options into the benchmark's options, whose sizes are then checked: before a GPU is looked for, so
+// that a run which could never fit is refused on any machine.
+void resolve(BenchGenerateOpts& o) {
   check::GenerateBenchOptions& b = o.bench;
   b.arch = o.shape.arch;
   b.layers = o.shape.layers, b.hidden = o.shape.hidden, b.heads = o.shape.heads;
   b.kv_heads = o.shape.kv_heads > 0 ? o.shape.kv_heads : o.shape.heads;
   b.head_dim = o.shape.head_dim > 0 ? o.shape.head_dim : o.shape.hidden / o.shape.heads;
   b.ffn = o.shape.ffn > 0 ? o.shape.ffn : 4 * o.shape.hidden, b.vocab = o.shape.vocab;
+  check::check_generate_bench_sizes(b);
+}
+
+void run(BenchGenerateOpts& o) {
+  const check::GenerateBenchOptions& b = o.bench;
   const RootBackends root(o.backends, "--backends");
   const nlohmann::json r = check::run_generate_bench(b);
   std::printf("generate benchmark on %s: %s L=%lld hidden=%lld heads=%lld/%lld head_dim=%lld ffn=%lld vocab=%lld, "
@@ -75,6 +82,7 @@ void add_bench_generate_command(CLI::App& app) {
   cmd->add_option("--backends", o->backends, "the root attention allow-list, e.g. decode,flash")
       ->check(backend_list_check());
   cmd->callback([o] {
+    resolve(*o);
     require_gpus(1, "bench generate");
     run(*o);
   });

@@ -17,6 +17,7 @@
 
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/check/cuda/cuda_checks.h"
+#include "ringtrain/check/device_checks.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/cuda/gpu_model.h"
 #include "ringtrain/model/cuda/gpu_sampler.h"
@@ -34,8 +35,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 nlohmann::json run_generate_bench(const GenerateBenchOptions& o) {
-  RT_CHECK(o.batch > 0 && o.prompt > 0 && o.new_tokens > 1 && o.iters >= 1 && o.warmup >= 0,
-           "bench generate: batch, prompt and iters must be positive, new tokens at least 2");
+  check_generate_bench_sizes(o);
   model::ModelConfig c;
   c.arch = model::parse_arch(o.arch);
   c.layers = o.layers, c.hidden = o.hidden, c.heads = o.heads, c.kv_heads = o.kv_heads, c.head_dim = o.head_dim;
@@ -45,10 +45,10 @@ nlohmann::json run_generate_bench(const GenerateBenchOptions& o) {
   c.qk_norm = c.arch == model::Arch::Qwen3;
   c.rope.theta = 500000.0;
   c.rms_eps = 1e-5;
-  c.max_positions = 1 << 20;
+  c.max_positions = kGenerateBenchMaxPositions;
   model::cuda::GpuModel m = model::cuda::GpuModel::random(c, o.seed, {}, 0);
   model::SamplerOptions so;
-  so.max_cache_bytes = int64_t{64} << 30;
+  so.max_cache_bytes = kGenerateBenchMaxCacheBytes;
   model::cuda::GpuSampler sampler(m, so);
 
   std::mt19937_64 rng(o.seed);
