@@ -168,6 +168,7 @@ TEST(WorkerConfig, TypeAndRangeErrorsNameKeyValueAndLine) {
       {"loss_fn: {ratio_clip_c: 1}", "loss_fn.ratio_clip_c = 1: out of range"},
       {"attention: {backends: [flash, warp]}", "attention.backends[1]"},
       {"attention: {backends: [math, flash, math]}", "attention.backends[2] = math: listed twice"},
+      {"attention: {backends: [decode]}", "attention.backends = [decode]: decode serves only the GPU sampler's"},
       {"parallel: {cp_comm: tree}", "expected one of ring, allgather, a2a"},
       {"train: {seed: -1}", "train.seed = '-1'"},
       {"device: tpu", "device = 'tpu'"},

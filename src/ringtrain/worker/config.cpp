@@ -359,6 +359,12 @@ const std::vector<Field>& schema() {
                                 key);
                      c.attention_backends.push_back(id);
                    }
+                   // Else the run loads its model and fails at its first attention call that is not the sampler's.
+                   bool other = c.attention_backends.empty();
+                   for (attention::BackendId id : c.attention_backends)
+                     other = other || id != attention::BackendId::Decode;
+                   RT_CHECK(other, w, ": ", key, " = [decode]: decode serves only the GPU sampler's KV-cache calls; "
+                            "list a backend for the model's other attention calls too (e.g. [flash, decode, math])");
                  },
                  [](const Config& c, YAML::Emitter& e) {
                    e << YAML::Flow << YAML::BeginSeq;
