@@ -220,6 +220,11 @@ expect_error train-fresh-over-metrics 'earlier_run/metrics.jsonl holds the metri
 expect_error grpo-fresh-over-metrics 'earlier_run/metrics.jsonl holds the metrics of an earlier run' \
   "$bin" grpo --config run.yaml grpo.prompts=builtin:reverse_digits train.metrics_dir=earlier_run \
   policy.train_global_batch_size=2 grpo.num_prompts_per_step=1 grpo.num_generations_per_prompt=2 loss_fn.type=clipped_pg
+expect_error grpo-response-past-length 'grpo.max_new_tokens = 100: prompt .* exceeds policy.max_total_sequence_length = 16' \
+  "$bin" grpo --config run.yaml grpo.prompts=builtin:reverse_digits policy.train_global_batch_size=2 \
+  grpo.num_prompts_per_step=1 grpo.num_generations_per_prompt=2 loss_fn.type=clipped_pg grpo.max_new_tokens=100 \
+  grpo.sft_warmup_steps=5 train.checkpoint_dir=long_ck train.metrics_dir=long_metrics
+[ ! -e long_ck ] && [ ! -e long_metrics ] || { echo "FAIL grpo-response-past-length: files made"; failures=$((failures + 1)); }
 mkdir -p earlier_events && : > earlier_events/events.out.tfevents.1.host
 expect_error train-fresh-over-events 'earlier_events/events.out.tfevents.1.host is the TensorBoard event file of an' \
   "$bin" train --config run.yaml train.metrics_dir=earlier_events

@@ -193,6 +193,11 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
            "grpo.sft_warmup_steps needs train.checkpoint_dir: the warm-up's weights (the reference policy) are kept "
            "there");
   RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
+  // The first step's prompts against grpo.max_new_tokens now, as each step's are before it samples: a length that
+  // cannot fit is refused before the warm-up's steps are spent and before its files are made.
+  for (int64_t i = 0; i < g.num_prompts_per_step; ++i)
+    checked_prompt(tok, prompts.example(static_cast<uint64_t>(i)), g.max_new_tokens,
+                   cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
   if (!root.empty()) worker::prepare_checkpoint_dir(root);
   // The checkpoint to continue from: the newest step_N (as `ringtrain train` writes them); none starts afresh.
   const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
