@@ -212,6 +212,18 @@ TEST(WorkerMetrics, EarlierRunIsRefusedReplacedOrContinued) {
   // A line that is not ours, or a damaged record, is named rather than rewritten away.
   { std::ofstream(dir / "metrics.jsonl", std::ios::app) << "not json\n"; }
   EXPECT_THROW(MetricsWriter(dir, true, MetricsStart::continue_after(1)), Error);
+  // Steps outside int64's non-negative range are not ours either (2^64 - 1 would wrap to -1 and be kept).
+  for (const char* step : {"18446744073709551615", "-1", "9223372036854775808"}) {
+    SCOPED_TRACE(step);
+    run(MetricsStart::overwrite(), 1, 2);
+    { std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": " << step << "}\n"; }
+    try {
+      MetricsWriter w(dir, true, MetricsStart::continue_after(1));
+      ADD_FAILURE() << "a record of step " << step << " was taken for ours";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("metrics.jsonl:3: not a metrics record"), std::string::npos) << e.what();
+    }
+  }
   fs::remove_all(dir.parent_path());
 }
 

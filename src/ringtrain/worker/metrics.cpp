@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -139,8 +140,11 @@ void keep_jsonl_steps(const fs::path& path, int64_t after_step) {
     }
     const std::string where = cat(path.string(), ":", lineno);
     const nlohmann::json j = parse_json(std::string_view(text).substr(pos, eol - pos), where);
-    RT_CHECK(j.is_object() && j.contains("step") && j["step"].is_number_integer(), where,
-             ": not a metrics record (an object with an integer \"step\"); refusing to rewrite the file");
+    // Our steps are non-negative int64 (parsed as unsigned); 2^64 - 1 or -1 would otherwise read as a kept step.
+    RT_CHECK(j.is_object() && j.contains("step") && j["step"].is_number_unsigned() &&
+                 j["step"].get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+             where, ": not a metrics record (an object with an integer \"step\" in [0, 2^63)); refusing to rewrite ",
+             "the file");
     if (j["step"].get<int64_t>() <= after_step) kept.append(text, pos, eol + 1 - pos);
     else dropped = true;
     pos = eol + 1;
