@@ -164,6 +164,10 @@ expect_error init-over-checkpoint 'ck already holds a checkpoint' "$bin" init-mo
 expect_error init-nan-theta "'rope_theta' = nan: must be finite" "$bin" init-model --out ck_nan --rope-theta nan
 expect_error init-huge-layers '--layers: Value 1000000000 not in range 1 to' "$bin" init-model --out ck_big --layers 1000000000
 expect_error init-huge-hidden '--hidden: Value 4611686018427387904 not in range' "$bin" init-model --out ck_big --hidden 4611686018427387904
+# An unsigned option read by strtoull would wrap -1 and saturate 2^64.
+expect_error init-negative-seed '--seed: Value -1 is not a whole number in \[0, 2\^64\)' "$bin" init-model --out ck_big --seed -1
+expect_error generate-seed-2-64 '--seed: Value 18446744073709551616 is not a whole number' "$bin" bench generate \
+  --seed 18446744073709551616
 [ ! -e ck_nan ] && [ ! -e ck_big ] || { echo "FAIL init-model left a folder behind"; failures=$((failures + 1)); }
 expect_error logprobs-cp-zero '--cp: Value 0 not in range 1 to' "$bin" logprobs --model ck --data good.jsonl --cp 0
 expect_error backends-negative-seq '--seq: Value -5 not in range 1 to' "$bin" backends --device cpu --dtype fp32 --seq -5

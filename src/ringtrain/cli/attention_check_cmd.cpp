@@ -51,6 +51,7 @@ void add_attention_check_command(CLI::App& app) {
                             AttnShapeOptions::kCausal | AttnShapeOptions::kDtype | AttnShapeOptions::kBackends);
   // The last --seed wins: the GPU ranks are started with the seed appended (gpu_cp_attention_check).
   cmd->add_option("--seed", o->seed, "random seed (default: a fresh one, printed)")
+      ->check(seed_check())
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   add_timeout_ms(*cmd, o->timeout_ms);
   cmd->footer("cpu: cp in-process ranks; cuda: --cp 1 on one GPU, --cp N on N GPUs (parity against one GPU). Any "

@@ -78,7 +78,7 @@ void add_bench_generate_command(CLI::App& app) {
   add_bounded(*cmd, "--iters", o->bench.iters, "timed generate() calls (median reported)", 1, kMaxIters)
       ->capture_default_str();
   add_bounded(*cmd, "--warmup", o->bench.warmup, "untimed calls first", 0, kMaxIters)->capture_default_str();
-  cmd->add_option("--seed", o->bench.seed)->capture_default_str();
+  cmd->add_option("--seed", o->bench.seed)->check(seed_check())->capture_default_str();
   cmd->add_option("--backends", o->backends, "the root attention allow-list, e.g. decode,flash")
       ->check(backend_list_check());
   cmd->callback([o] {

@@ -100,7 +100,7 @@ void add_bench_model_command(CLI::App& app) {
               int64_t{1}, kMaxSeq);
   add_bounded(*cmd, "--iters", o->bench.iters, "timed steps (median reported)", 1, kMaxIters)->capture_default_str();
   add_bounded(*cmd, "--warmup", o->bench.warmup, "untimed steps first", 0, kMaxIters)->capture_default_str();
-  cmd->add_option("--seed", o->bench.seed)->capture_default_str();
+  cmd->add_option("--seed", o->bench.seed)->check(seed_check())->capture_default_str();
   add_timeout_ms(*cmd, o->timeout_ms);
   cmd->callback([o] {
     require_gpus(o->cp, "bench model");

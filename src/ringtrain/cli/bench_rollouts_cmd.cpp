@@ -133,7 +133,7 @@ void add_bench_rollouts_command(CLI::App& app) {
   cmd->add_option("--sequences", b.sequences, "sequences of the mix")->capture_default_str();
   cmd->add_option("--min-len", b.min_len, "shortest length of the log-uniform mix")->capture_default_str();
   cmd->add_option("--max-len", b.max_len, "longest length of the log-uniform mix")->capture_default_str();
-  cmd->add_option("--seed", b.seed, "lengths, tokens and weights")->capture_default_str();
+  cmd->add_option("--seed", b.seed, "lengths, tokens and weights")->check(seed_check())->capture_default_str();
   cmd->add_option("--mb-tokens", b.mb_tokens, "tokens per packed row (logprob_mb_tokens = train_mb_tokens)")
       ->capture_default_str();
   cmd->add_option("--padded-batch", b.padded_batch,

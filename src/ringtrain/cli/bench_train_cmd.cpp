@@ -90,7 +90,7 @@ void add_bench_train_command(CLI::App& app) {
   cmd->add_flag("--untied", o->untied, "a separate lm_head (default: tied, as Llama-3.2-1B)");
   cmd->add_option("--backends", o->bench.backends, "the model's attention allow-list (default: all)");
   cmd->add_option("--chunk", o->bench.logprob_chunk, "tokens per LM-head chunk (default: the device's)");
-  cmd->add_option("--seed", o->bench.seed)->capture_default_str();
+  cmd->add_option("--seed", o->bench.seed)->check(seed_check())->capture_default_str();
   cmd->add_option("--timeout-ms", o->timeout_ms, "communicator timeout")->capture_default_str();
   cmd->callback([o] {
     RT_CHECK(o->cp >= 1, "bench train: --cp ", o->cp, ": must be at least 1");

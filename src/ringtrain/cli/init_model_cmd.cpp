@@ -21,7 +21,7 @@ void add_init_model_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("init-model", "Write a randomly initialised checkpoint");
   o->shape.add_to(*cmd);
-  cmd->add_option("--seed", o->seed)->capture_default_str();
+  cmd->add_option("--seed", o->seed)->check(seed_check())->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "storage dtype: fp32, bf16 or fp16")
       ->check(dtype_name_check())
       ->capture_default_str();

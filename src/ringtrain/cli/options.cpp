@@ -1,5 +1,6 @@
 #include "ringtrain/cli/options.h"
 
+#include <charconv>
 #include <filesystem>
 
 #include "ringtrain/core/checked.h"
@@ -34,6 +35,17 @@ CLI::Validator dtype_name_check() {
 }
 CLI::Validator backend_list_check() {
   return parser_check("LIST", [](const std::string& s) { attention::parse_backend_list(s); });
+}
+CLI::Validator seed_check() {
+  return CLI::Validator(
+      [](std::string& s) {
+        uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        return !s.empty() && ec == std::errc() && end == s.data() + s.size()
+                   ? std::string()
+                   : "Value " + s + " is not a whole number in [0, 2^64)";
+      },
+      "", "SEED");
 }
 CLI::Validator cp_comm_check() {
   return parser_check("COMM", [](const std::string& s) { cp::parse_cp_comm(s); });

@@ -100,6 +100,9 @@ CLI::Validator device_name_check();
 CLI::Validator dtype_name_check();
 CLI::Validator backend_list_check();
 CLI::Validator cp_comm_check();
+// A --seed: a whole number in [0, 2^64). CLI11 reads unsigned options with strtoull, which wraps "-1" to 2^64 - 1
+// and saturates past 2^64 - 1, so both would be taken without a word.
+CLI::Validator seed_check();
 
 // The shape of a transformer (init-model, bench model|train|rollouts).
 struct ModelShapeOptions {
