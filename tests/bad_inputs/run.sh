@@ -204,6 +204,8 @@ expect_error config-cp-two-overrides 'sets the same setting as the override of p
 { cat run.yaml; printf -- '---\nbogus: 1\n'; } > two_docs.yaml
 expect_error config-two-documents 'two_docs.yaml: 2 YAML documents' "$bin" config two_docs.yaml
 expect_error config-negative-device "unknown device 'cuda:-1'" "$bin" config run.yaml device=cuda:-1
+expect_error train-timeout-zero '--timeout: Value 0 not in range 1 to 604800' "$bin" train --config run.yaml --timeout 0
+expect_error grpo-timeout-negative '--timeout: Value -1 not in range 1 to 604800' "$bin" grpo --config run.yaml --timeout -1
 expect_error config-backend-twice 'attention.backends\[1\] = math: listed twice' "$bin" config run.yaml \
   'attention.backends=[math, math]'
 printf 'policy:\n  model_name: "builtin:tiny\\x00evil"\n' > nul_value.yaml

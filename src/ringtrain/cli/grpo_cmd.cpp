@@ -12,6 +12,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -55,7 +56,9 @@ void add_grpo_command(CLI::App& app) {
   cmd->add_flag("--overwrite-metrics", o->overwrite_metrics,
                 "replace the metrics an earlier run left in train.metrics_dir (without it a fresh run refuses them)");
   cmd->add_option("--plot", o->plot, "SVG of the reward curves (default: METRICS_DIR/reward.svg)");
-  cmd->add_option("--timeout", o->timeout_s, "seconds a rank waits for the others")->capture_default_str();
+  add_bounded(*cmd, "--timeout", o->timeout_s, "seconds a rank waits for the others", 1,
+              static_cast<int>(kMaxTimeoutMs / 1000))
+      ->capture_default_str();
   cmd->callback([o] {
     const worker::Config c = worker::load_config(o->config, o->overrides);
     RT_CHECK(!c.grpo.prompts.empty(), o->config, ": grpo.prompts is required (builtin:reverse_digits or a JSONL file)");

@@ -8,6 +8,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -33,7 +34,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--overwrite-metrics", o->overwrite_metrics,
                 "replace the metrics an earlier run left in train.metrics_dir (without it a fresh run refuses them)");
   cmd->add_flag("--no-progress", o->no_progress, "no progress line on stderr");
-  cmd->add_option("--timeout", o->timeout_s, "seconds a rank waits for the others")->capture_default_str();
+  add_bounded(*cmd, "--timeout", o->timeout_s, "seconds a rank waits for the others", 1,
+              static_cast<int>(kMaxTimeoutMs / 1000))
+      ->capture_default_str();
   cmd->callback([o] {
     const worker::Config c = worker::load_config(o->config, o->overrides);
     worker::TrainRunOptions ro;
