@@ -177,6 +177,8 @@ expect_error backends-zero-batch '--batch: Value 0 not in range 1 to' "$bin" bac
 expect_error generate-nan-top-p '--top-p: Value nan is not a number' "$bin" bench generate --top-p nan
 expect_error generate-nan-temperature '--temperature: Value NaN is not a number' "$bin" bench generate --temperature NaN
 # Sizes the benchmark could never hold, refused before its prompts or model are allocated (and before a GPU is needed).
+expect_error generate-decode-only '--backends decode: decode serves only the sampler.s KV-cache calls' \
+  "$bin" bench generate --backends decode
 expect_error generate-past-positions "--prompt 1048576 \\+ --new-tokens 2 is more than the benchmark model's 1048576 pos" \
   "$bin" bench generate --prompt 1048576 --new-tokens 2
 expect_error generate-int32-rows '--batch 65535 x 100511 cache slots .* do not fit int32 row indices' \

@@ -12,6 +12,7 @@
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
 #include "ringtrain/cli/options.h"
+#include "ringtrain/core/error.h"
 
 namespace ringtrain::cli {
 namespace {
@@ -32,6 +33,13 @@ void resolve(BenchGenerateOpts& o) {
   b.head_dim = o.shape.head_dim > 0 ? o.shape.head_dim : o.shape.hidden / o.shape.heads;
   b.ffn = o.shape.ffn > 0 ? o.shape.ffn : 4 * o.shape.hidden, b.vocab = o.shape.vocab;
   check::check_generate_bench_sizes(b);
+  // The prefill's attention calls are not KV-cache calls: decode alone would fail at the first one, on the GPU.
+  if (o.backends.empty()) return;
+  bool other = false;
+  for (attention::BackendId id : attention::parse_backend_list(o.backends))
+    other = other || id != attention::BackendId::Decode;
+  RT_CHECK(other, "bench generate: --backends ", o.backends, ": decode serves only the sampler's KV-cache calls; list "
+           "a backend for the prefill too (e.g. decode,flash)");
 }
 
 void run(BenchGenerateOpts& o) {
