@@ -17,10 +17,8 @@ the decoding are split by CUDA events inside one generate(); decode tokens/s = b
 """
 import argparse
 import json
-import subprocess
-import sys
 
-from compare_hf_model import add_shape_args, describe, hf_llama, shape_options
+from compare_hf_model import add_shape_args, describe, hf_llama, run_bench, shape_options
 
 
 def parse_args():
@@ -106,13 +104,9 @@ def run_ours(a):
     cmd = [a.bin, "bench", "generate"] + shape_options(a) + [
         "--batch", str(a.batch), "--prompt", str(a.prompt), "--new-tokens", str(a.new_tokens),
         "--iters", str(a.iters), "--warmup", str(a.warmup)]
-    print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(proc.stdout)
-    rows = [json.loads(line[len("BENCH_GENERATE "):]) for line in proc.stdout.splitlines()
-            if line.startswith("BENCH_GENERATE ")]
+    rows, returncode = run_bench(cmd, "BENCH_GENERATE")
     if not rows:
-        return {"side": "ringtrain", "status": "no result (exit code %d)" % proc.returncode}
+        return {"side": "ringtrain", "status": "no result (exit code %d)" % returncode}
     rows[0].update(side="ringtrain", status="ok")
     return rows[0]
 

@@ -138,21 +138,28 @@ def time_hf(a, seqs):
     return rows
 
 
+def run_bench(cmd, tag):
+    """Runs a ringtrain benchmark command, echoing its output; returns the JSON rows it printed after `tag` and
+    its exit code."""
+    print("$ " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sys.stdout.write(proc.stdout)
+    prefix = tag + " "
+    rows = [json.loads(line[len(prefix):]) for line in proc.stdout.splitlines() if line.startswith(prefix)]
+    return rows, proc.returncode
+
+
 def run_ours(a, seqs, cp):
     cmd = [a.bin, "bench", "model"] + shape_options(a) + ["--seq", ",".join(map(str, seqs)), "--cp", str(cp),
                                                           "--checkpoint", a.checkpoint, "--iters", str(a.iters),
                                                           "--warmup", str(a.warmup)]
     if a.backends:
         cmd += ["--backends", a.backends]
-    print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(proc.stdout)
-    rows = [json.loads(line[len("BENCH_MODEL "):]) for line in proc.stdout.splitlines()
-            if line.startswith("BENCH_MODEL ")]
+    rows, returncode = run_bench(cmd, "BENCH_MODEL")
     done = {r["seq"] for r in rows}
     for seq in seqs:  # a run that died (e.g. out of memory under CP) printed no row for its shape
         if seq not in done:
-            rows.append({"seq": seq, "cp": cp, "status": "no result (exit code %d)" % proc.returncode})
+            rows.append({"seq": seq, "cp": cp, "status": "no result (exit code %d)" % returncode})
     for r in rows:
         r["side"] = "ringtrain"
     return rows

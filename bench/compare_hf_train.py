@@ -16,10 +16,9 @@ FLOPs per step as bench/compare_hf_model.py counts them (6*N*S + 6*L*S^2*heads*h
 """
 import argparse
 import json
-import subprocess
-import sys
 
-from compare_hf_model import PEAK, add_shape_args, cuda_median_ms, describe, hf_llama, shape_options, step_flops
+from compare_hf_model import (PEAK, add_shape_args, cuda_median_ms, describe, hf_llama, run_bench, shape_options,
+                              step_flops)
 
 
 def parse_args():
@@ -75,13 +74,9 @@ def time_hf(a, seqs):
 def run_ours(a, seq, cp):
     cmd = [a.bin, "bench", "train"] + shape_options(a) + ["--seq", str(seq), "--cp", str(cp), "--loss", a.loss,
                                                           "--steps", str(a.steps), "--warmup", str(a.warmup)]
-    print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(proc.stdout)
-    rows = [json.loads(line[len("BENCH_TRAIN "):]) for line in proc.stdout.splitlines()
-            if line.startswith("BENCH_TRAIN ")]
+    rows, returncode = run_bench(cmd, "BENCH_TRAIN")
     if not rows:
-        return {"seq": seq, "cp": cp, "side": "ringtrain", "status": "no result (exit code %d)" % proc.returncode}
+        return {"seq": seq, "cp": cp, "side": "ringtrain", "status": "no result (exit code %d)" % returncode}
     rows[0].update(side="ringtrain", status="ok")
     return rows[0]
 

@@ -62,4 +62,13 @@ const Backend* find_backend(BackendId id, DeviceKind kind) {
   return nullptr;
 }
 
+void require_supported(const Backend& backend, const AttnParams& p) {
+  const std::vector<std::string> reasons = backend.unsupported_reasons(p);
+  if (reasons.empty()) return;
+  std::string all;
+  for (const std::string& why : reasons) all += (all.empty() ? "" : "; ") + why;
+  throw Error(cat(backend_name(backend.id()), " (", backend.device_kind() == DeviceKind::CUDA ? "cuda" : "cpu",
+                  ") cannot serve ", p.describe(), ": ", all));
+}
+
 }  // namespace ringtrain::attention

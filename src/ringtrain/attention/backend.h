@@ -40,6 +40,10 @@ class Backend {
   virtual void backward(const AttnParams& p, const AttnBackwardArgs& a) const = 0;
 };
 
+// For direct calls that bypass selection (tests, benchmarks), so that a kernel's geometry is never entered unchecked:
+// an error naming the backend, the params and every reason it cannot serve them.
+void require_supported(const Backend& backend, const AttnParams& p);
+
 // The implementation of `id` on `kind`, or nullptr when this build has none.
 const Backend* find_backend(BackendId id, DeviceKind kind);
 

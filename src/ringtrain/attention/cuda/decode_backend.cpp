@@ -48,7 +48,7 @@ class DecodeBackend final : public Backend {
   }
 
   void forward(const AttnParams& p, const AttnForwardArgs& a) const override {
-    check_supported(p);
+    require_supported(*this, p);
     validate(p, a);
     RT_CHECK(cuda::rows_aligned(p, a.k, 16) && cuda::rows_aligned(p, a.v, 16), "decode (cuda): 'k' ",
              a.k.shape_str(), " and 'v' ", a.v.shape_str(), " need 16-byte aligned rows");
@@ -73,15 +73,6 @@ class DecodeBackend final : public Backend {
 
   void backward(const AttnParams& p, const AttnBackwardArgs&) const override {
     throw Error(cat("decode (cuda) has no backward (", p.describe(), "): it serves generation only"));
-  }
-
- private:
-  void check_supported(const AttnParams& p) const {
-    const std::vector<std::string> r = unsupported_reasons(p);
-    if (r.empty()) return;
-    std::string all;
-    for (const std::string& why : r) all += (all.empty() ? "" : "; ") + why;
-    throw Error(cat("decode (cuda) cannot serve ", p.describe(), ": ", all));
   }
 };
 

@@ -80,7 +80,7 @@ class EfficientBackend final : public Backend {
   }
 
   void forward(const AttnParams& p, const AttnForwardArgs& a) const override {
-    check_supported(p);
+    require_supported(*this, p);
     validate(p, a);
     check_output_dtype(p, a.o, "o");
     cuda::DeviceGuard guard(p.device.index);
@@ -99,7 +99,7 @@ class EfficientBackend final : public Backend {
   }
 
   void backward(const AttnParams& p, const AttnBackwardArgs& a) const override {
-    check_supported(p);
+    require_supported(*this, p);
     validate(p, a);
     RT_CHECK(a.dout.dtype == p.dtype, "efficient (cuda): 'dout' is ", a.dout.shape_str(), "; expected ",
              dtype_name(p.dtype));
@@ -128,16 +128,6 @@ class EfficientBackend final : public Backend {
       cuda::efficient_backward_tc(c, stream);
     else
       cuda::efficient_backward_simt(c, stream);
-  }
-
- private:
-  // Direct calls (tests, benchmarks) bypass selection: the kernels' int32 geometry must not be entered unchecked.
-  void check_supported(const AttnParams& p) const {
-    const std::vector<std::string> r = unsupported_reasons(p);
-    if (r.empty()) return;
-    std::string all;
-    for (const std::string& why : r) all += (all.empty() ? "" : "; ") + why;
-    throw Error(cat("efficient (cuda) cannot serve ", p.describe(), ": ", all));
   }
 };
 

@@ -45,9 +45,19 @@ void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_h
   }
 }
 
-void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, const float* d_logprobs,
-                             const bf16* hidden, const bf16* lm_head, const int32_t* targets, int64_t n,
-                             int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* logprobs) {
+namespace {
+
+// d(loss)/d(logprob) of one chunk on the device: from its first row c0, its m rows and their logprobs (device, just
+// written by the chunk's log-softmax).
+using ChunkRowGrads = std::function<const float*(int64_t c0, int64_t m, const float* chunk_logprobs)>;
+
+// The chunked LM head with its backward: per chunk, the logits, their log-softmax (logprobs into `logprobs` at the
+// chunk's rows, or a scratch when null; entropy when non-null), d(loss)/d(logprob) from `row_grads`, then dlogits
+// over the logits and the LM head's two backward GEMMs.
+void lm_head_chunks_backward(Gemm& gemm, float* logprobs, float* entropy, bf16* d_hidden, GradSlot d_lm_head,
+                             const ChunkRowGrads& row_grads, const bf16* hidden, const bf16* lm_head,
+                             const int32_t* targets, int64_t n, int64_t hidden_dim, int64_t vocab,
+                             int64_t chunk_tokens) {
   RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
   const int64_t rows = std::min(n, chunk_tokens);
   int device = 0;
@@ -59,11 +69,12 @@ void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, con
   for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
     const int64_t m = std::min(chunk_tokens, n - c0);
     const bf16* h = hidden + c0 * hidden_dim;
+    float* lp = logprobs ? logprobs + c0 : chunk_logprobs.ptr<float>();
     gemm.linear_forward_f32(logits.ptr<float>(), h, lm_head, m, hidden_dim, vocab);
-    logprob_rows(gemm.stream(), logprobs ? logprobs + c0 : chunk_logprobs.ptr<float>(), lse.ptr<float>(),
-                 logits.ptr<float>(), targets + c0, m, vocab);
+    logprob_rows(gemm.stream(), lp, lse.ptr<float>(), logits.ptr<float>(), targets + c0, m, vocab,
+                 entropy ? entropy + c0 : nullptr);
     const bf16* dlogits = logprob_rows_backward_in_place(gemm.stream(), logits.ptr<float>(), lse.ptr<float>(),
-                                                         targets + c0, d_logprobs + c0, m, vocab);
+                                                         targets + c0, row_grads(c0, m, lp), m, vocab);
     gemm.linear_backward(d_hidden + c0 * hidden_dim, /*accumulate_dx=*/false, d_lm_head.data,
                          /*accumulate_dw=*/!(d_lm_head.fresh && c0 == 0), nullptr, dlogits, h, lm_head, m, hidden_dim,
                          vocab, /*dy_ld=*/2 * vocab);
@@ -73,41 +84,38 @@ void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, con
                          vocab);
 }
 
+}  // namespace
+
+void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, const float* d_logprobs,
+                             const bf16* hidden, const bf16* lm_head, const int32_t* targets, int64_t n,
+                             int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* logprobs) {
+  lm_head_chunks_backward(
+      gemm, logprobs, nullptr, d_hidden, d_lm_head, [&](int64_t c0, int64_t, const float*) { return d_logprobs + c0; },
+      hidden, lm_head, targets, n, hidden_dim, vocab, chunk_tokens);
+}
+
 void token_logprobs_and_backward(Gemm& gemm, float* logprobs, float* entropy, bf16* d_hidden, GradSlot d_lm_head,
                                  const ChunkGradient& grad, const bf16* hidden, const bf16* lm_head,
                                  const int32_t* targets, int64_t n, int64_t hidden_dim, int64_t vocab,
                                  int64_t chunk_tokens) {
-  RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
-  const int64_t rows = std::min(n, chunk_tokens);
   int device = 0;
   cudaGetDevice(&device);
   const Device dev = Device::cuda(device);
-  const Tensor logits = Tensor::empty({rows, vocab}, DType::F32, dev);
-  const Tensor lse = Tensor::empty({rows}, DType::F32, dev);
-  const Tensor d_rows = Tensor::empty({rows}, DType::F32, dev);
-  std::vector<float> host_logprobs(static_cast<size_t>(rows)), host_grads(static_cast<size_t>(rows));
-  for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
-    const int64_t m = std::min(chunk_tokens, n - c0);
-    const bf16* h = hidden + c0 * hidden_dim;
-    gemm.linear_forward_f32(logits.ptr<float>(), h, lm_head, m, hidden_dim, vocab);
-    logprob_rows(gemm.stream(), logprobs + c0, lse.ptr<float>(), logits.ptr<float>(), targets + c0, m, vocab,
-                 entropy ? entropy + c0 : nullptr);
-    // the copies are ordered after the kernels on the model's stream and complete when they return
+  const int64_t rows = std::min(n, chunk_tokens);
+  const Tensor d_rows = Tensor::empty({std::max<int64_t>(rows, 0)}, DType::F32, dev);
+  std::vector<float> host_logprobs(static_cast<size_t>(std::max<int64_t>(rows, 0))), host_grads(host_logprobs.size());
+  // the copies are ordered after the chunk's kernels on the model's stream and complete when they return
+  const auto row_grads = [&](int64_t c0, int64_t m, const float* lp) -> const float* {
     copy(contiguous_view(host_logprobs.data(), DType::F32, Device::cpu(), {m}),
-         contiguous_view(logprobs + c0, DType::F32, dev, {m}));
+         contiguous_view(const_cast<float*>(lp), DType::F32, dev, {m}));
     grad(c0, std::span<const float>(host_logprobs.data(), static_cast<size_t>(m)),
          std::span<float>(host_grads.data(), static_cast<size_t>(m)));
     copy(contiguous_view(d_rows.ptr<float>(), DType::F32, dev, {m}),
          contiguous_view(host_grads.data(), DType::F32, Device::cpu(), {m}));
-    const bf16* dlogits = logprob_rows_backward_in_place(gemm.stream(), logits.ptr<float>(), lse.ptr<float>(),
-                                                         targets + c0, d_rows.ptr<float>(), m, vocab);
-    gemm.linear_backward(d_hidden + c0 * hidden_dim, /*accumulate_dx=*/false, d_lm_head.data,
-                         /*accumulate_dw=*/!(d_lm_head.fresh && c0 == 0), nullptr, dlogits, h, lm_head, m, hidden_dim,
-                         vocab, /*dy_ld=*/2 * vocab);
-  }
-  if (n == 0 && d_lm_head.fresh)  // no chunk wrote it
-    gemm.linear_backward(nullptr, false, d_lm_head.data, false, nullptr, nullptr, nullptr, nullptr, 0, hidden_dim,
-                         vocab);
+    return d_rows.ptr<float>();
+  };
+  lm_head_chunks_backward(gemm, logprobs, entropy, d_hidden, d_lm_head, row_grads, hidden, lm_head, targets, n,
+                          hidden_dim, vocab, chunk_tokens);
 }
 
 std::vector<float> model_row_logprobs(GpuModel& model, const int32_t* tokens, const int32_t* positions,
