@@ -9,6 +9,7 @@
 #include <map>
 
 #include "dlpack.h"
+#include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/tensor.h"
 
@@ -158,20 +159,6 @@ std::optional<Elem> dlpack_elem(const dl::DataType& t) {
   return std::nullopt;
 }
 
-#ifdef RINGTRAIN_WITH_CUDA
-std::optional<DType> ringtrain_dtype(Elem e) {
-  switch (e) {
-    case Elem::F32: return DType::F32;
-    case Elem::F16: return DType::F16;
-    case Elem::BF16: return DType::BF16;
-    case Elem::F64: return DType::F64;
-    case Elem::I32: return DType::I32;
-    case Elem::I64: return DType::I64;
-    default: return std::nullopt;
-  }
-}
-#endif
-
 std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
 
 // nullopt: the producer could not export this array (NumPy's bool arrays), and the buffer protocol is there instead.
@@ -216,12 +203,9 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
   }
   const char* base = static_cast<const char*>(t.data) + t.byte_offset;
   if (device_type != dl::kCUDA) return view(key, base, *elem, shape, strides, release);
-#ifdef RINGTRAIN_WITH_CUDA
+  if (!find_device_ops(DeviceKind::CUDA))
+    throw py::value_error(cat(key, ": a CUDA tensor, but this build of ringtrain has no CUDA (pass .cpu() tensors)"));
   // The worker takes host vectors: a CUDA tensor is copied to host memory here (a device-to-host copy).
-  const std::optional<DType> dtype = ringtrain_dtype(*elem);
-  if (!dtype)
-    throw py::value_error(cat(key, ": a CUDA tensor of dtype ", elem_name(*elem),
-                              " (CUDA tensors must be float16/bfloat16/float32/float64/int32/int64; or pass .cpu())"));
   if (t.ndim > kMaxDims) throw py::value_error(cat(key, ": ", t.ndim, " dimensions"));
   HostArray shaped = view(key, base, *elem, shape, strides, nullptr);  // the shape checked before any copy
   // The bytes the strides reach, [lo, hi) around base: for a broadcast (stride 0) only the stored ones.
@@ -230,24 +214,14 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
     if (shape[d] == 0) return shaped;
     (strides[d] < 0 ? lo : hi) += (shape[d] - 1) * strides[d];
   }
-  const int64_t count = (hi - lo) / size;
   auto host = std::make_shared<std::vector<char>>(static_cast<size_t>(hi - lo));
-  TensorView src, dst;
-  src.data = const_cast<char*>(base + lo), src.dtype = *dtype, src.device = Device::cuda(device_id), src.ndim = 1;
-  dst.data = host->data(), dst.dtype = *dtype, dst.device = Device::cpu(), dst.ndim = 1;
-  src.shape[0] = dst.shape[0] = count;
-  src.stride[0] = dst.stride[0] = 1;
   {
     py::gil_scoped_release unlocked;
-    copy(dst, src);
+    copy_bytes(host->data(), Device::cpu(), base + lo, Device::cuda(device_id), host->size());
   }
   shaped.base = host->data() - lo;
   shaped.owner = std::move(host);
   return shaped;
-#else
-  (void)device_id;
-  throw py::value_error(cat(key, ": a CUDA tensor, but this build of ringtrain has no CUDA (pass .cpu() tensors)"));
-#endif
 }
 
 HostArray read_buffer(py::handle obj, const std::string& key) {

@@ -72,7 +72,7 @@ def _flag(value, name):
     rather than its truth value: with_entropy="no" must not mean True."""
     if isinstance(value, bool):
         return value
-    if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):  # NumPy 1 and 2
         return bool(value)
     raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r:.40}")
 

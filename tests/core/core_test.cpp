@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <vector>
 
 #include "ringtrain/core/checked.h"
 #include "ringtrain/core/device_info.h"
@@ -70,6 +71,18 @@ TEST(Tensor, SliceAndStridedCopy) {
     EXPECT_NE(std::string(e.what()).find("[2, 3, 3, 4] bf16 cpu <- [2, 5, 3, 4] fp32 cpu"), std::string::npos)
         << e.what();
   }
+}
+
+// Raw bytes at odd offsets and an odd count (bools, int8 masks): no element type, no alignment.
+TEST(Tensor, CopyBytesTakesAnyCountAtAnyOffset) {
+  std::vector<unsigned char> src(41), dst(41, 0xAB);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(7 * i + 3);
+  copy_bytes(dst.data() + 1, Device::cpu(), src.data() + 3, Device::cpu(), 37);
+  EXPECT_EQ(dst[0], 0xAB);
+  for (size_t i = 0; i < 37; ++i) ASSERT_EQ(dst[i + 1], src[i + 3]) << i;
+  EXPECT_EQ(dst[38], 0xAB);
+  copy_bytes(dst.data(), Device::cpu(), src.data(), Device::cpu(), 0);  // nothing, and no read
+  EXPECT_EQ(dst[0], 0xAB);
 }
 
 TEST(TestUtil, NanNeverPasses) {

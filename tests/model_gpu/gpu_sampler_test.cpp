@@ -2,9 +2,10 @@
 // the GPU with the policy's weights in place, attention over the KV cache through the selection (the decode backend),
 // sampling on the GPU. Against:
 //  - the GPU policy's own score of the sampled sequences (the same bf16 weights and kernels, but one whole-sequence
-//    forward instead of prefill + cached steps: the GPU policy test's logprob tolerance, 2e-2 absolute plus two bf16
-//    ulps of the magnitude, covers the different rounding), for the four architectures, and after set_params (the
-//    next generate() must use the new weights);
+//    forward instead of prefill + cached steps, so every layer's bf16 outputs may round differently): each token
+//    within 4e-2 absolute plus four bf16 ulps of its magnitude (the largest difference seen over many seeds was
+//    0.053 at a logprob of -3.9), and their mean within 2e-2 (means seen: 0.005 to 0.010; a cache or position
+//    error moves most tokens by far more), for the four architectures, and after set_params (the next generate() must use the new weights);
 //  - the CPU fp32 policy on the same (bf16-rounded) weights for greedy decoding: each greedy token must be the CPU's
 //    argmax or within the tolerance of it (a near-tie that bf16 arithmetic may break the other way);
 //  - itself: the same seed gives bit-identical samples, and a sequence keeps its samples when its companions and its
@@ -41,8 +42,9 @@ namespace {
 using model::Arch;
 using model::Generation;
 
-constexpr double kLogprobTol = 2e-2;
-constexpr double kLogprobRelTol = 1.0 / 128;
+constexpr double kLogprobTol = 4e-2;
+constexpr double kLogprobRelTol = 1.0 / 64;
+constexpr double kLogprobMeanTol = 2e-2;
 
 model::ModelConfig sampler_config(Arch arch) {
   model::ModelConfig c = testing::tiny_config(arch, /*tied=*/arch == Arch::Qwen3);
@@ -79,7 +81,8 @@ model::TokenBatch continued(const std::vector<std::vector<int32_t>>& prompts, co
 void expect_logprobs_match_score(model::Policy& policy, const std::vector<std::vector<int32_t>>& prompts,
                                  const std::vector<Generation>& gens) {
   const model::TokenScores scores = policy.score(continued(prompts, gens), false);
-  double worst = 0;
+  double worst = 0, sum = 0;
+  int64_t count = 0;
   for (size_t b = 0; b < prompts.size(); ++b)
     for (size_t i = 0; i < gens[b].tokens.size(); ++i) {
       const double got = gens[b].logprobs[i], want = scores.logprobs[b][prompts[b].size() + i];
@@ -87,8 +90,11 @@ void expect_logprobs_match_score(model::Policy& policy, const std::vector<std::v
       ASSERT_LE(std::fabs(got - want), kLogprobTol + kLogprobRelTol * std::fabs(want))
           << "prompt " << b << " token " << i << ": " << got << " vs " << want;
       worst = std::max(worst, std::fabs(got - want));
+      sum += std::fabs(got - want), ++count;
     }
-  std::printf("max |sampler logprob - score| = %.3g\n", worst);
+  ASSERT_GT(count, 0);
+  EXPECT_LE(sum / static_cast<double>(count), kLogprobMeanTol) << "mean |sampler logprob - score|";
+  std::printf("max |sampler logprob - score| = %.3g, mean %.3g\n", worst, sum / static_cast<double>(count));
 }
 
 void expect_identical(const Generation& a, const Generation& b, const std::string& what) {

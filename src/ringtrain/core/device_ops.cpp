@@ -34,6 +34,10 @@ class HostDeviceOps final : public DeviceOps {
     });
   }
 
+  void copy_bytes(void* dst, const void* src, size_t bytes) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+
   void copy_async(const TensorView& dst, const TensorView& src, void*) const override { copy(dst, src); }
 
   void add_async(const TensorView& dst, const TensorView& src, void*) const override {

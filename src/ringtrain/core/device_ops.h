@@ -23,6 +23,8 @@ class DeviceOps {
   // dst <- src, views of one shape where at least one lives on this kind of device (the other may be on the host):
   // any strides and dtypes. Complete when it returns.
   virtual void copy(const TensorView& dst, const TensorView& src) const = 0;
+  // dst <- src, `bytes` raw bytes, at least one of them on this kind of device. Complete when it returns.
+  virtual void copy_bytes(void* dst, const void* src, size_t bytes) const = 0;
   // Stream-ordered forms on views of one device of this kind (`stream`: a cudaStream_t or the like, nullptr = the
   // device's default stream), not waited for: dst <- src, dst += src, dst <- value, dst <- N(0, stddev) hashed
   // from (seed, row-major element number) as core/hashed_normal.h.

@@ -133,6 +133,13 @@ void copy(const TensorView& dst, const TensorView& src) {
   ops_for("copy", dst, src).copy(dst, src);
 }
 
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  const Device d = dst_device.is_cpu() ? src_device : dst_device;
+  const DeviceOps* ops = find_device_ops(d.kind);
+  if (!ops) throw_no_device_ops(d, cat("copy of ", bytes, " bytes"));
+  ops->copy_bytes(dst, src, bytes);
+}
+
 void fill_normal_hashed(const TensorView& dst, uint64_t seed, double stddev) {
   const DeviceOps& ops = device_ops(dst, "fill_normal_hashed");
   ops.fill_normal_hashed_async(dst, seed, stddev, nullptr);

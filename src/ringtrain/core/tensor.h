@@ -98,6 +98,9 @@ void for_each_offset(const TensorView& a, const TensorView& b, F&& f) {
 // Copies between views of the same shape: any strides, any dtypes, host or device memory (device memory in CUDA
 // builds; two different GPUs only for contiguous views of one dtype). Complete when it returns.
 void copy(const TensorView& dst, const TensorView& src);
+// `bytes` raw bytes from src to dst, each on the host or a device (elements of any type, no alignment needed).
+// Complete when it returns.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Fills a host or device view with N(0, stddev) values computed from (seed, element index) by a counter-based hash,
 // so the result does not depend on the device or on how the work is split (host and device agree up to float
 // rounding). Complete when it returns.

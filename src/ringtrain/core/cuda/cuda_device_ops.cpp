@@ -83,6 +83,9 @@ class CudaDeviceOps final : public DeviceOps {
   }
 
   void copy(const TensorView& dst, const TensorView& src) const override { copy_with_device(dst, src); }
+  void copy_bytes(void* dst, const void* src, size_t bytes) const override {
+    if (bytes > 0) RT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy of ", bytes, " bytes");
+  }
 
   void copy_async(const TensorView& dst, const TensorView& src, void* stream) const override {
     cuda_ops::strided_copy(dst, src, stream, false);

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Summarise a kernel trace written by bench/kernel_trace.cpp: GPU time per kernel name (total, count, mean), per
+class of kernel, and the copies by direction (count, bytes, time). With --per N the totals are divided by N (the
+number of identical calls the traced program made), so they read as one call's.
+
+  python3 bench/kernel_trace_summary.py trace.csv --per 12 --top 25
+"""
+import argparse
+import collections
+import csv
+import re
+
+# Classes by kernel name, first match wins.
+CLASSES = [
+    ("attention", re.compile(r"cudnn|fmha|flash|attn|attention|sdpa", re.I)),
+    ("gemm", re.compile(r"gemm|nvjet|xmma|cutlass|sm90_", re.I)),
+    ("logprobs", re.compile(r"logprob|lse|softmax", re.I)),
+    ("optimizer", re.compile(r"adamw|sum_of_squares|norm_sq|clip", re.I)),
+    ("norm", re.compile(r"rmsnorm", re.I)),
+]
+COPY_KINDS = {1: "host->device", 2: "device->host", 3: "host->array", 8: "device->device", 10: "peer"}
+
+
+def classify(name):
+    return next((c for c, rx in CLASSES if rx.search(name)), "other")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace")
+    p.add_argument("--per", type=float, default=1.0, help="divide totals by this many calls")
+    p.add_argument("--top", type=int, default=30)
+    a = p.parse_args()
+    by_name = collections.defaultdict(lambda: [0.0, 0])
+    by_class = collections.defaultdict(float)
+    copies = collections.defaultdict(lambda: [0, 0, 0.0])
+    first, last = None, None
+    with open(a.trace, newline="") as f:
+        for row in csv.reader(f):
+            if len(row) < 7:
+                continue
+            start, end = int(row[1]), int(row[2])
+            first = start if first is None else min(first, start)
+            last = end if last is None else max(last, end)
+            ms = (end - start) / 1e6
+            if row[0] == "kernel":
+                short = re.sub(r"\(.*$", "", row[6])[:110]
+                by_name[short][0] += ms
+                by_name[short][1] += 1
+                by_class[classify(row[6])] += ms
+            elif row[0] == "memcpy":
+                c = copies[COPY_KINDS.get(int(row[4]), row[4])]
+                c[0] += 1
+                c[1] += int(row[5])
+                c[2] += ms
+    n = a.per
+    total = sum(v[0] for v in by_name.values())
+    print("kernel time %.3f ms per call (%.0f kernels), trace span %.1f ms in all"
+          % (total / n, sum(v[1] for v in by_name.values()) / n, ((last or 0) - (first or 0)) / 1e6))
+    for cls, ms in sorted(by_class.items(), key=lambda kv: -kv[1]):
+        print("  %-10s %9.3f ms  %5.1f%%" % (cls, ms / n, 100 * ms / max(total, 1e-12)))
+    print("top kernels (ms per call, launches per call, mean us):")
+    for name, (ms, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:a.top]:
+        print("  %8.3f %6.1f %9.1f  %s" % (ms / n, count / n, 1e3 * ms / count, name))
+    for kind, (count, nbytes, ms) in sorted(copies.items()):
+        print("copies %-15s %6.1f per call, %12.0f bytes per call, %.3f ms per call" % (kind, count / n, nbytes / n, ms / n))
+
+
+if __name__ == "__main__":
+    main()
