@@ -26,6 +26,8 @@ ParityReport DeviceRunResult::parity(double tolerance) const {
 void check_generate_bench_sizes(const GenerateBenchOptions& o) {
   RT_CHECK(o.batch > 0 && o.prompt > 0 && o.new_tokens > 1 && o.iters >= 1 && o.warmup >= 0,
            "bench generate: batch, prompt and iters must be positive, new tokens at least 2");
+  RT_CHECK(o.stop_ids >= 0 && o.stop_ids < o.vocab, "bench generate: --stop-ids ", o.stop_ids,
+           " must leave some of the ", o.vocab, " token ids running");
   // The sampler's cache slots per prompt: the last draw is never fed back.
   const int64_t slots = checked_add(o.prompt, o.new_tokens - 1, "bench generate: --prompt + --new-tokens");
   RT_CHECK(slots < kGenerateBenchMaxPositions, "bench generate: --prompt ", o.prompt, " + --new-tokens ",

@@ -88,6 +88,7 @@ struct GenerateBenchOptions {
   int64_t batch = 64, prompt = 512, new_tokens = 512;
   double temperature = 1.0, top_p = 1.0;
   int64_t top_k = 0;
+  int64_t stop_ids = 0;  // the token ids [0, stop_ids) end a sequence (0: none, every sequence runs new_tokens)
   int iters = 3, warmup = 1;
   uint64_t seed = 1;
 };

@@ -47,13 +47,13 @@ void run(BenchGenerateOpts& o) {
   const RootBackends root(o.backends, "--backends");
   const nlohmann::json r = check::run_generate_bench(b);
   std::printf("generate benchmark on %s: %s L=%lld hidden=%lld heads=%lld/%lld head_dim=%lld ffn=%lld vocab=%lld, "
-              "bf16, batch %lld x prompt %lld + %lld new tokens, temperature %g top_k %lld top_p %g, warm-up %d, "
-              "median of %d\n",
+              "bf16, batch %lld x prompt %lld + %lld new tokens (stop ids %lld: %.1f on average), temperature %g "
+              "top_k %lld top_p %g, warm-up %d, median of %d\n",
               r["gpu"].get<std::string>().c_str(), b.arch.c_str(), static_cast<long long>(b.layers),
               static_cast<long long>(b.hidden), static_cast<long long>(b.heads), static_cast<long long>(b.kv_heads),
               static_cast<long long>(b.head_dim), static_cast<long long>(b.ffn), static_cast<long long>(b.vocab),
               static_cast<long long>(b.batch), static_cast<long long>(b.prompt), static_cast<long long>(b.new_tokens),
-              b.temperature, static_cast<long long>(b.top_k), b.top_p, b.warmup, b.iters);
+              static_cast<long long>(b.stop_ids), r["mean_new_tokens"].get<double>(), b.temperature, static_cast<long long>(b.top_k), b.top_p, b.warmup, b.iters);
   std::printf("prefill  %10.1f ms  %12.0f prompt tokens/s\n", r["prefill_ms"].get<double>(),
               r["prefill_tokens_per_s"].get<double>());
   std::printf("decode   %10.1f ms  %12.0f tokens/s  (%.3f ms/step, %.0f GB/s of weights + KV cache per step)\n",
@@ -83,6 +83,10 @@ void add_bench_generate_command(CLI::App& app) {
   add_bounded(*cmd, "--top-k", o->bench.top_k, "keep the k most likely tokens (0: all)", int64_t{0}, kMaxSeq)
       ->capture_default_str();
   add_bounded(*cmd, "--top-p", o->bench.top_p, "nucleus mass (1: all)", 1e-6, 1.0)->capture_default_str();
+  add_bounded(*cmd, "--stop-ids", o->bench.stop_ids,
+              "the token ids [0, N) end a sequence: varied lengths on the random model (0: none)", int64_t{0},
+              int64_t{16777216})
+      ->capture_default_str();
   add_bounded(*cmd, "--iters", o->bench.iters, "timed generate() calls (median reported)", 1, kMaxIters)
       ->capture_default_str();
   add_bounded(*cmd, "--warmup", o->bench.warmup, "untimed calls first", 0, kMaxIters)->capture_default_str();

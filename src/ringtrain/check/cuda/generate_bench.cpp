@@ -1,14 +1,16 @@
 // `ringtrain bench generate`: batched generation with the GPU sampler on a causal LM with random weights
-// (GpuModel::random, transformers' initialisation), random prompt tokens of one length, no stop token, so that every
-// sequence decodes exactly new_tokens tokens. Each run is one GpuSampler::generate(); its CUDA events split it into
+// (GpuModel::random, transformers' initialisation), random prompt tokens of one length; no stop token, so that every
+// sequence decodes exactly new_tokens tokens, or with stop_ids the lowest ids as stop tokens, so that lengths vary
+// as in RL rollouts (each draw ends a sequence with a probability of about stop_ids / vocab on a random model). Each
+// run is one GpuSampler::generate(); its CUDA events split it into
 // the prefill (prompts through the model and the LM head of their last rows) and the decoding (new_tokens draws and
 // new_tokens - 1 one-row-per-sequence forwards, host round trips included). Warm-up runs first, then the medians of
 // the timed runs.
 //
-// Decode tokens/s = batch * (new_tokens - 1) / decode time (the tokens the decode forwards produce; the first comes
-// from the prefill's logits). Bytes per decoding step, the memory traffic a step cannot avoid: the bf16 matmul
-// weights (embedding rows aside) and the keys and values of the cache it attends over, at the mean cache length
-// prompt + new_tokens / 2.
+// Decode tokens/s = (generated tokens - batch) / decode time (the tokens the decode forwards produce; the first of
+// each sequence comes from the prefill's logits). Bytes per decoding step, the memory traffic a step cannot avoid:
+// the bf16 matmul weights (embedding rows aside) and the keys and values the rows attend over (a running row its
+// prompt and the tokens so far, a finished one a single key), averaged over the steps.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -62,41 +64,49 @@ nlohmann::json run_generate_bench(const GenerateBenchOptions& o) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
   model::SamplingParams sp;
   sp.temperature = o.temperature, sp.top_k = o.top_k, sp.top_p = o.top_p, sp.max_new_tokens = o.new_tokens;
+  for (int64_t t = 0; t < o.stop_ids; ++t) sp.stop_tokens.push_back(static_cast<int32_t>(t));
 
-  std::vector<double> prefill, decode;
-  int64_t generated = 0;
+  std::vector<double> prefill, decode, decode_tokens, steps_run, kv_keys;
   attention::reset_dispatch_counts();
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     sp.seed = o.seed + static_cast<uint64_t>(i);
     const std::vector<model::Generation> gens = sampler.generate(prompts, sp, ids);
-    generated = 0;
-    for (const model::Generation& g : gens) generated += static_cast<int64_t>(g.tokens.size());
-    RT_CHECK(generated == o.batch * o.new_tokens, "bench generate: ", generated, " tokens generated, expected ",
-             o.batch * o.new_tokens);
+    const double steps = static_cast<double>(sampler.timing().decode_steps);
+    double generated = 0, keys = 0;
+    for (const model::Generation& g : gens) {
+      const double n = static_cast<double>(g.tokens.size()) - 1;  // decode steps this sequence ran in
+      RT_CHECK(o.stop_ids > 0 || n + 1 == static_cast<double>(o.new_tokens), "bench generate: ", n + 1,
+               " tokens generated for a prompt, expected ", o.new_tokens);
+      generated += n + 1;
+      keys += n * static_cast<double>(o.prompt) + n * (n + 1) / 2 + (steps - n);
+    }
     if (i < o.warmup) continue;
     prefill.push_back(sampler.timing().prefill_ms);
     decode.push_back(sampler.timing().decode_ms);
+    decode_tokens.push_back(generated - static_cast<double>(o.batch));
+    steps_run.push_back(steps);
+    kv_keys.push_back(steps > 0 ? keys / steps : 0);
   }
-  const double prefill_ms = median(prefill), decode_ms = median(decode);
-  const double steps = static_cast<double>(o.new_tokens - 1);
+  const double prefill_ms = median(prefill), decode_ms = median(decode), steps = median(steps_run);
   const double weight_bytes = 2 * model::matmul_weights(c);
-  const double kv_bytes = 2.0 * 2 * static_cast<double>(c.layers * o.batch * c.kv_heads * c.head_dim) *
-                          (static_cast<double>(o.prompt) + 0.5 * static_cast<double>(o.new_tokens));
-  const double step_ms = decode_ms / steps;
+  const double kv_bytes = 2.0 * 2 * static_cast<double>(c.layers * c.kv_heads * c.head_dim) * median(kv_keys);
+  const double step_ms = steps > 0 ? decode_ms / steps : 0;
   nlohmann::json r;
   r["gpu"] = gpu_name(0);
   r["arch"] = o.arch, r["layers"] = c.layers, r["hidden"] = c.hidden, r["heads"] = c.heads;
   r["kv_heads"] = c.kv_heads, r["head_dim"] = c.head_dim, r["ffn"] = c.ffn, r["vocab"] = c.vocab;
-  r["batch"] = o.batch, r["prompt"] = o.prompt, r["new_tokens"] = o.new_tokens;
+  r["batch"] = o.batch, r["prompt"] = o.prompt, r["new_tokens"] = o.new_tokens, r["stop_ids"] = o.stop_ids;
+  r["decode_steps"] = steps, r["mean_new_tokens"] = median(decode_tokens) / static_cast<double>(o.batch) + 1;
   r["temperature"] = o.temperature, r["top_k"] = o.top_k, r["top_p"] = o.top_p;
   r["warmup"] = o.warmup, r["iters"] = o.iters;
   r["prefill_ms"] = prefill_ms, r["decode_ms"] = decode_ms, r["total_ms"] = prefill_ms + decode_ms;
   r["prefill_tokens_per_s"] = static_cast<double>(o.batch * o.prompt) / (prefill_ms / 1e3);
   r["decode_step_ms"] = step_ms;
-  r["decode_tokens_per_s"] = static_cast<double>(o.batch) * steps / (decode_ms / 1e3);
-  r["generate_tokens_per_s"] = static_cast<double>(o.batch * o.new_tokens) / ((prefill_ms + decode_ms) / 1e3);
+  r["decode_tokens_per_s"] = median(decode_tokens) / (decode_ms / 1e3);
+  r["generate_tokens_per_s"] =
+      (median(decode_tokens) + static_cast<double>(o.batch)) / ((prefill_ms + decode_ms) / 1e3);
   r["step_weight_bytes"] = weight_bytes, r["step_kv_bytes"] = kv_bytes;
-  r["step_gb_per_s"] = (weight_bytes + kv_bytes) / (step_ms / 1e3) / 1e9;
+  r["step_gb_per_s"] = step_ms > 0 ? (weight_bytes + kv_bytes) / (step_ms / 1e3) / 1e9 : 0.0;
   r["attention_calls"] = attention::format_dispatch_counts(attention::dispatch_counts());
   return r;
 }

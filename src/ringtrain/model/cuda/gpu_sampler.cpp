@@ -217,7 +217,8 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
 
   // Decoding. Step s draws token s of every row, queues its download, then queues the forward of step s + 1 (fed
   // from the drawn tokens on the device) before it reads the draws: the GPU never waits for the host. Every row
-  // advances each step; a finished row's key and value go to a slot past its used prefix, never read.
+  // advances each step, so the shapes never change; a finished row's key and value go to a slot past its used prefix,
+  // never read, and from the step after the host saw it finish (finished_dev) it attends to one key, not its cache.
   std::vector<Generation> out(static_cast<size_t>(B));
   std::vector<uint8_t> done(static_cast<size_t>(B), 0);
   std::vector<int32_t> prompt_len(static_cast<size_t>(B)), used(static_cast<size_t>(B));
@@ -227,6 +228,12 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
   int32_t* const d_positions = rows.ptr<int32_t>();
   DecodeAttention attention(cache, d_positions + B, d_positions + 2 * B, used.data());
   const PinnedBuffer drawn_host(static_cast<size_t>(2 * 4 * B) * sizeof(int32_t));  // two steps' draws
+  // The rows seen finished, uploaded after the host's read of step s and so before step s + 2's rows are laid out;
+  // the host writes it again only after the next step's wait, which comes after that upload in stream order.
+  const Tensor finished_dev = Tensor::zeros({B}, DType::I32, dev);
+  const PinnedBuffer finished_host(static_cast<size_t>(B) * sizeof(int32_t));
+  int32_t* const finished = static_cast<int32_t*>(finished_host.ptr);
+  std::fill(finished, finished + B, 0);
   SampleArgs a;
   a.logits = logits.ptr<float>(), a.rows = B, a.vocab = V;
   a.temperature = static_cast<float>(sampling.temperature), a.top_k = sampling.top_k;
@@ -244,17 +251,18 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
                   "downloading the draws");
     RT_CUDA_CHECK(cudaEventRecord(copied, st), "recording the draws' download");
     if (step + 1 < sampling.max_new_tokens) {
-      decode_step_rows(st, d_positions, d_positions + B, d_positions + 2 * B, prompt_len_dev.ptr<int32_t>(), B, step,
-                       capacity);
+      decode_step_rows(st, d_positions, d_positions + B, d_positions + 2 * B, prompt_len_dev.ptr<int32_t>(),
+                       finished_dev.ptr<int32_t>(), B, step, capacity);
       for (int64_t b = 0; b < B; ++b)
-        used[static_cast<size_t>(b)] = prompt_len[static_cast<size_t>(b)] + static_cast<int32_t>(step) + 1;
+        used[static_cast<size_t>(b)] =
+            finished[b] ? 1 : prompt_len[static_cast<size_t>(b)] + static_cast<int32_t>(step) + 1;
       attention.start_step();
       const bf16* hidden = model_.forward_on_device(drawn.ptr<int32_t>(), d_positions, B, 1, attention);
       gemm.linear_forward_f32(logits.ptr<float>(), hidden, model_.lm_head(), B, H, V);
       ++timing_.decode_steps;
     }
     RT_CUDA_CHECK(cudaEventSynchronize(copied), "waiting for the draws");
-    bool running = false;
+    bool running = false, newly_finished = false;
     for (int64_t b = 0; b < B; ++b) {
       const size_t i = static_cast<size_t>(b);
       if (done[i]) continue;
@@ -269,6 +277,7 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
       g.tokens.push_back(token), g.logprobs.push_back(lp), g.sampling_logprobs.push_back(slp);
       if (std::find(sampling.stop_tokens.begin(), sampling.stop_tokens.end(), token) != sampling.stop_tokens.end()) {
         g.finish = FinishReason::Stop, done[i] = 1;
+        finished[b] = 1, newly_finished = true;
       } else if (step + 1 >= sampling.max_new_tokens) {
         done[i] = 1;
       } else {
@@ -276,6 +285,10 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
       }
     }
     if (!running) break;
+    if (newly_finished)
+      RT_CUDA_CHECK(cudaMemcpyAsync(finished_dev.data(), finished, static_cast<size_t>(B) * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, st),
+                    "uploading the finished rows");
   }
   RT_CUDA_CHECK(cudaEventRecord(ev(2), st), "recording the sampler's end");
   RT_CUDA_CHECK(cudaEventSynchronize(ev(2)), "waiting for the sampler");

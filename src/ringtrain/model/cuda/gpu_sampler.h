@@ -12,7 +12,8 @@
 //    attention::forward with a KV-cache call (AttnParams::kv_cache: the decode backend; when the allow-lists exclude
 //    it, one ordinary bottom-right call per sequence on its used prefix, slower, with a warning that shows the
 //    selection); a finished sequence rides along (its key and value go to a slot past its used prefix, never read)
-//    until every sequence is done, so the step's shapes never change and its positions are known in advance;
+//    until every sequence is done, so the step's shapes never change and its positions are known in advance, but
+//    from the step after the host saw it finish it attends to one key instead of its whole cache;
 //  - sampling on the GPU (sample_kernels.h): only the chosen tokens, their logprobs and a status come back per step,
 //    read by the host while the device already runs the next step (fed from the drawn tokens on the device).
 // Everything runs inside BackendScope("sampler", options.attention_backends) and the model's own scope.

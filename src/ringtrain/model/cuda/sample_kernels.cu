@@ -26,12 +26,12 @@ __global__ void copy_rows_kernel(bf16* dst, const int32_t* dst_index, const bf16
 }
 
 __global__ void decode_step_rows_kernel(int32_t* positions, int32_t* slots, int32_t* used, const int32_t* prompt_len,
-                                        int64_t rows, int64_t step, int64_t capacity) {
+                                        const int32_t* finished, int64_t rows, int64_t step, int64_t capacity) {
   const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (b >= rows) return;
   const int64_t p = prompt_len[b] + step;
   positions[b] = static_cast<int32_t>(p), slots[b] = static_cast<int32_t>(b * capacity + p);
-  used[b] = static_cast<int32_t>(p + 1);
+  used[b] = finished[b] ? 1 : static_cast<int32_t>(p + 1);
 }
 
 constexpr int kThreads = 1024, kWarps = kThreads / 32;
@@ -213,11 +213,11 @@ void copy_rows(cudaStream_t s, bf16* dst, const int32_t* dst_index, const bf16* 
 }
 
 void decode_step_rows(cudaStream_t s, int32_t* positions, int32_t* slots, int32_t* used, const int32_t* prompt_len,
-                      int64_t rows, int64_t step, int64_t capacity) {
+                      const int32_t* finished, int64_t rows, int64_t step, int64_t capacity) {
   if (rows == 0) return;
   constexpr int threads = 128;
   decode_step_rows_kernel<<<static_cast<unsigned>((rows + threads - 1) / threads), threads, 0, s>>>(
-      positions, slots, used, prompt_len, rows, step, capacity);
+      positions, slots, used, prompt_len, finished, rows, step, capacity);
   RT_CUDA_CHECK_LAUNCH("decode_step_rows_kernel rows=", rows);
 }
 

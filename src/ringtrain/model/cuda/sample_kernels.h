@@ -18,9 +18,10 @@ void copy_rows(cudaStream_t s, bf16* dst, const int32_t* dst_index, const bf16* 
 
 // The rows of decoding step `step` (feeding the token drawn at that step) for prompts of prompt_len[b] tokens, each
 // owning `capacity` cache rows: positions[b] = prompt_len[b] + step, slots[b] = b * capacity + positions[b] (the cache
-// row its key and value go to), used[b] = positions[b] + 1 (the keys it attends to).
+// row its key and value go to), used[b] = positions[b] + 1 (the keys it attends to), or 1 for a finished row
+// (finished[b] != 0: its output is never read, so it reads one key instead of its whole cache).
 void decode_step_rows(cudaStream_t s, int32_t* positions, int32_t* slots, int32_t* used, const int32_t* prompt_len,
-                      int64_t rows, int64_t step, int64_t capacity);
+                      const int32_t* finished, int64_t rows, int64_t step, int64_t capacity);
 
 // One draw per row of logits [rows, vocab] (fp32), one block per row:
 //  - the policy's log-softmax lp = logits - logsumexp (fp32), before any processing;
