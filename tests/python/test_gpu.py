@@ -33,7 +33,7 @@ def gpu_skip_reason():
         return "no CUDA GPU"
     try:
         ringtrain.PolicyWorker(gpu_config())
-    except ringtrain.Error as e:
+    except (ringtrain.Error, ValueError) as e:  # a CPU-only build refuses device: cuda in the config or the worker
         if "cuda" in str(e).lower():
             return f"this build of ringtrain cannot run on the GPU: {e}"
         raise
