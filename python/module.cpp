@@ -3,6 +3,7 @@
 // RuntimeError; ringtrain.CommError for communicator failures) with the C++ message. The GIL is released while
 // the ranks work.
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,6 +15,7 @@
 #include "batch.h"
 #include "ranks.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/model/generate.h"
 #include "ringtrain/worker/config.h"
 #include "ringtrain/worker/data.h"
 #include "ringtrain/worker/policy_worker.h"
@@ -168,6 +170,62 @@ class Worker {
     group_->run([&](int, worker::PolicyWorker& w) { w.export_hf(dir); });
   }
 
+  // The built-in sampler on this process's first rank, from the weights it holds now (after a step every rank holds
+  // the same): up to max_new_tokens per prompt, each prompt's randomness keyed by (seed, its index). Arguments are
+  // checked here (ValueError naming the prompt, position or parameter); the sampler's own limits (the KV cache's
+  // bytes) raise ringtrain.Error.
+  py::list generate(const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens, double temperature,
+                    double top_p, int64_t top_k, const std::vector<int64_t>& stop_tokens, uint64_t seed) {
+    if (prompts.empty()) throw py::value_error("generate: no prompts");
+    const int64_t vocab = model_.vocab, limit = config_.policy.max_total_sequence_length;
+    if (max_new_tokens < 1 || max_new_tokens >= limit)
+      throw py::value_error(cat("generate: max_new_tokens ", max_new_tokens, " must be in [1, ",
+                                "policy.max_total_sequence_length = ", limit, ")"));
+    if (!std::isfinite(temperature) || temperature < 0)
+      throw py::value_error(cat("generate: temperature ", temperature, " must be finite and >= 0 (0: greedy)"));
+    if (!(top_p > 0 && top_p <= 1)) throw py::value_error(cat("generate: top_p ", top_p, " must be in (0, 1]"));
+    if (top_k < 0) throw py::value_error(cat("generate: top_k ", top_k, " must be >= 0 (0: all tokens)"));
+    model::SamplingParams sp;
+    sp.max_new_tokens = max_new_tokens, sp.temperature = temperature, sp.top_p = top_p, sp.top_k = top_k;
+    sp.seed = seed;
+    for (size_t i = 0; i < stop_tokens.size(); ++i) {
+      if (stop_tokens[i] < 0 || stop_tokens[i] >= vocab)
+        throw py::value_error(cat("generate: stop_tokens[", i, "] = ", stop_tokens[i], " is not in [0, ", vocab, ")"));
+      sp.stop_tokens.push_back(static_cast<int32_t>(stop_tokens[i]));
+    }
+    std::vector<std::vector<int32_t>> ids(prompts.size());
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      const std::vector<int64_t>& p = prompts[b];
+      if (p.empty()) throw py::value_error(cat("generate: prompts[", b, "] is empty"));
+      if (static_cast<int64_t>(p.size()) > limit - max_new_tokens)
+        throw py::value_error(cat("generate: prompts[", b, "] has ", p.size(), " tokens; with max_new_tokens ",
+                                  max_new_tokens, " that is more than policy.max_total_sequence_length = ", limit));
+      for (size_t i = 0; i < p.size(); ++i) {
+        if (p[i] < 0 || p[i] >= vocab)
+          throw py::value_error(cat("generate: prompts[", b, "][", i, "] = ", p[i], " is not in [0, ", vocab, ")"));
+        ids[b].push_back(static_cast<int32_t>(p[i]));
+      }
+    }
+    std::vector<model::Generation> gens;
+    {
+      py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
+      model::SamplerOptions so;
+      so.attention_backends = config_.attention_backends;
+      model::Sampler sampler(group_->lead().policy(), so);
+      gens = sampler.generate(ids, sp);
+    }
+    py::list out;
+    for (const model::Generation& g : gens) {
+      py::dict d;
+      d["tokens"] = py::array_t<int32_t>(static_cast<py::ssize_t>(g.tokens.size()), g.tokens.data());
+      d["logprobs"] = py::array_t<float>(static_cast<py::ssize_t>(g.logprobs.size()), g.logprobs.data());
+      d["finish"] = g.finish == model::FinishReason::Stop ? "stop" : "length";
+      out.append(d);
+    }
+    return out;
+  }
+
   py::list refit_info() {
     py::list out;
     for (const worker::RefitEntry& e : group_->lead().refit_info()) {
@@ -216,6 +274,8 @@ PYBIND11_MODULE(_core, m) {
       .def("load", &Worker::load, py::arg("dir"))
       .def("export_hf", &Worker::export_hf, py::arg("dir"))
       .def("refit_info", &Worker::refit_info)
+      .def("generate", &Worker::generate, py::arg("prompts"), py::arg("max_new_tokens"), py::arg("temperature"),
+           py::arg("top_p"), py::arg("top_k"), py::arg("stop_tokens"), py::arg("seed"))
       .def_property_readonly("config_yaml", &Worker::config_yaml)
       .def_property_readonly("model_config_json", &Worker::model_config_json)
       .def_property_readonly("rank", &Worker::rank)

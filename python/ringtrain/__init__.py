@@ -33,6 +33,7 @@ while the worker runs.
 """
 
 import json as _json
+import operator as _operator
 import os as _os
 from collections.abc import Mapping as _Mapping
 
@@ -75,6 +76,25 @@ def _flag(value, name):
     if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):  # NumPy 1 and 2
         return bool(value)
     raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r:.40}")
+
+
+def _integer(value, name):
+    """value as a Python int when it is an integer (int, NumPy or 0-d tensor integers); a float or a string is a
+    TypeError naming it rather than silently truncated."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an integer, got bool")
+    try:
+        return _operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r:.40}") from None
+
+
+def _token(value, name):
+    """A token id as an int within int64 (the engine checks it against the vocabulary)."""
+    v = _integer(value, name)
+    if not -2**63 <= v < 2**63:
+        raise ValueError(f"{name} = {v} is not a token id")
+    return v
 
 
 def _torch_device(batch):
@@ -123,6 +143,29 @@ class PolicyWorker:
         tokens_per_second, seconds, microbatch_losses (this process's first rank) and metrics (the loss's
         metrics over the whole batch)."""
         return self._w.train(batch)
+
+    def generate(self, prompts, max_new_tokens, *, temperature=1.0, top_p=1.0, top_k=0, stop_tokens=(), seed=0):
+        """Continues each prompt (a sequence of token ids) with the built-in sampler (KV cache; on the GPU in bf16
+        for a GPU worker) from the current weights: a list with one dict per prompt, 'tokens' (int32, the new tokens,
+        a stop token included), 'logprobs' (float32, the policy's logprob of each: the generation_logprobs of the
+        loss) and 'finish' ('stop' or 'length'). Prompt b's randomness is keyed by (seed, b): repeat a prompt to draw
+        a group of distinct samples; the same seed and prompts give the same samples."""
+        if isinstance(prompts, (str, bytes, _Mapping)):
+            raise TypeError(f"prompts: expected a list of token-id sequences, got {type(prompts).__name__}")
+        seqs = []
+        for b, p in enumerate(prompts):
+            if isinstance(p, (str, bytes, _Mapping)):
+                raise TypeError(f"prompts[{b}]: expected a sequence of token ids, got {type(p).__name__}")
+            seqs.append([_token(t, f"prompts[{b}][{i}]") for i, t in enumerate(p)])
+        seed = _integer(seed, "seed")
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed: {seed} is not in [0, 2**64)")
+        stops = [_token(t, f"stop_tokens[{i}]") for i, t in enumerate(stop_tokens)]
+        for value, name in ((max_new_tokens, "max_new_tokens"), (top_k, "top_k")):
+            if not -2**63 <= _integer(value, name) < 2**63:
+                raise ValueError(f"{name}: {value} is out of range")
+        return self._w.generate(seqs, _integer(max_new_tokens, "max_new_tokens"), float(temperature), float(top_p),
+                                _integer(top_k, "top_k"), stops, seed)
 
     def save(self, path, epoch=0, index=0, rng=""):
         """Writes the training state (weights, optimizer shards, counters, the data position given) to path."""

@@ -380,6 +380,98 @@ class TestCheckpoint(unittest.TestCase):
             self.assertEqual(info[0]["name"], "model.embed_tokens.weight")
 
 
+class TestGenerate(unittest.TestCase):
+    """worker.generate, the built-in sampler: its logprobs are the worker's own (the fp32 CPU policy: equal to
+    get_logprobs on the same sequences to 1e-5), seeds reproduce, stop tokens end sequences, trained weights are
+    the ones it samples from, and every bad argument is an error naming it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.rng = np.random.default_rng(SEED + 31)
+        cls.worker = ringtrain.PolicyWorker(base_config(max_total_sequence_length=64))
+        cls.prompts = [cls.rng.integers(0, 256, int(n)).tolist() for n in (3, 9, 1, 14)]
+
+    def score(self, worker, prompts, gens):
+        rows = [p + g["tokens"].tolist() for p, g in zip(prompts, gens)]
+        ids, lengths = padded_ids(rows, fill=0)
+        return worker.get_logprobs({"input_ids": ids, "input_lengths": lengths})["logprobs"]
+
+    def test_samples_carry_the_policys_logprobs_and_seeds_reproduce(self):
+        gens = self.worker.generate(self.prompts, 12, temperature=1.0, seed=SEED)
+        self.assertEqual(len(gens), len(self.prompts))
+        lp = self.score(self.worker, self.prompts, gens)
+        for b, (p, g) in enumerate(zip(self.prompts, gens)):
+            self.assertEqual((g["tokens"].dtype, g["logprobs"].dtype), (np.int32, np.float32))
+            self.assertEqual((len(g["tokens"]), len(g["logprobs"]), g["finish"]), (12, 12, "length"), b)
+            self.assertTrue(np.all((g["tokens"] >= 0) & (g["tokens"] < 256)))
+            self.assertTrue(np.all(np.isfinite(g["logprobs"])) and np.all(g["logprobs"] < 0))
+            np.testing.assert_allclose(g["logprobs"], lp[b, len(p):len(p) + 12], rtol=0, atol=1e-5, err_msg=str(b))
+        again = self.worker.generate(self.prompts, 12, temperature=1.0, seed=SEED)
+        for g, h in zip(gens, again):
+            np.testing.assert_array_equal(g["tokens"], h["tokens"])
+            np.testing.assert_array_equal(g["logprobs"], h["logprobs"])
+        other = self.worker.generate(self.prompts, 12, temperature=1.0, seed=SEED + 1)
+        self.assertTrue(any(not np.array_equal(g["tokens"], h["tokens"]) for g, h in zip(gens, other)))
+        # The same prompt twice is two samples (prompt b's randomness is keyed by its index).
+        pair = self.worker.generate([self.prompts[1], self.prompts[1]], 12, seed=SEED)
+        self.assertFalse(np.array_equal(pair[0]["tokens"], pair[1]["tokens"]))
+
+    def test_greedy_and_stop_tokens(self):
+        greedy = self.worker.generate(self.prompts, 6, temperature=0.0)
+        lp = self.score(self.worker, self.prompts, greedy)
+        for b, (p, g) in enumerate(zip(self.prompts, greedy)):
+            np.testing.assert_allclose(g["logprobs"], lp[b, len(p):len(p) + 6], rtol=0, atol=1e-5)
+        stop = int(greedy[0]["tokens"][2])
+        stopped = self.worker.generate(self.prompts, 6, temperature=0.0, stop_tokens=[stop])
+        for g, s in zip(greedy, stopped):
+            hits = np.flatnonzero(g["tokens"] == stop)
+            end = int(hits[0]) + 1 if len(hits) else 6
+            np.testing.assert_array_equal(s["tokens"], g["tokens"][:end])
+            self.assertEqual(s["finish"], "stop" if len(hits) else "length")
+        self.assertEqual(stopped[0]["finish"], "stop")
+        self.assertLessEqual(len(stopped[0]["tokens"]), 3)
+
+    def test_samples_come_from_the_trained_weights(self):
+        w = ringtrain.PolicyWorker(base_config(max_total_sequence_length=64,
+                                               optimizer={"kwargs": {"lr": 1e-2, "weight_decay": 0.0}}))
+        before = w.generate(self.prompts, 8, temperature=0.0)
+        ids, lengths = padded_ids(random_rows(self.rng, 4, max_len=30), rng=self.rng)
+        self.assertFalse(w.train({"input_ids": ids, "input_lengths": lengths})["skipped"])
+        after = w.generate(self.prompts, 8, temperature=0.0)
+        lp = self.score(w, self.prompts, after)
+        for b, (p, g) in enumerate(zip(self.prompts, after)):
+            np.testing.assert_allclose(g["logprobs"], lp[b, len(p):len(p) + 8], rtol=0, atol=1e-5)
+        self.assertTrue(any(not np.allclose(x["logprobs"], y["logprobs"], atol=1e-4) for x, y in zip(before, after)))
+
+    def test_every_bad_argument_is_named(self):
+        w = self.worker
+        cases = [
+            (lambda: w.generate([], 4), ValueError, "no prompts"),
+            (lambda: w.generate([[1, 2], []], 4), ValueError, r"prompts\[1\] is empty"),
+            (lambda: w.generate([[1, 256]], 4), ValueError, r"prompts\[0\]\[1\] = 256 is not in \[0, 256\)"),
+            (lambda: w.generate([[1, -1]], 4), ValueError, r"prompts\[0\]\[1\] = -1"),
+            (lambda: w.generate([[1, 2**70]], 4), ValueError, r"prompts\[0\]\[1\] = \d+ is not a token id"),
+            (lambda: w.generate([[1, 2.5]], 4), TypeError, r"prompts\[0\]\[1\]: expected an integer, got float"),
+            (lambda: w.generate([[1, True]], 4), TypeError, r"prompts\[0\]\[1\]: expected an integer, got bool"),
+            (lambda: w.generate("12", 4), TypeError, "prompts: expected a list"),
+            (lambda: w.generate([[1]], 0), ValueError, "max_new_tokens 0 must be in"),
+            (lambda: w.generate([[1]], 64), ValueError, "max_new_tokens 64 must be in"),
+            (lambda: w.generate([list(range(60))], 8), ValueError, r"prompts\[0\] has 60 tokens"),
+            (lambda: w.generate([[1]], 4.0), TypeError, "max_new_tokens: expected an integer"),
+            (lambda: w.generate([[1]], 4, temperature=float("nan")), ValueError, "temperature nan"),
+            (lambda: w.generate([[1]], 4, temperature=-1), ValueError, "temperature -1"),
+            (lambda: w.generate([[1]], 4, top_p=0), ValueError, "top_p 0 must be in"),
+            (lambda: w.generate([[1]], 4, top_k=-2), ValueError, "top_k -2"),
+            (lambda: w.generate([[1]], 4, stop_tokens=[999]), ValueError, r"stop_tokens\[0\] = 999"),
+            (lambda: w.generate([[1]], 4, seed=-1), ValueError, "seed: -1"),
+            (lambda: w.generate([[1]], 4, seed=2**64), ValueError, "seed: "),
+        ]
+        for call, error, pattern in cases:
+            with self.assertRaisesRegex(error, pattern):
+                call()
+        self.assertEqual(len(w.generate([[1, 2]], 3)[0]["tokens"]), 3)  # still usable
+
+
 @unittest.skipUnless(__import__("importlib").util.find_spec("torch"), "PyTorch is not installed")
 class TestTorch(unittest.TestCase):
     def test_torch_in_torch_out(self):
