@@ -7,15 +7,14 @@ device-to-host copies is what reading CUDA inputs costs (the worker's own copies
   PYTHONPATH=PKG_DIR python3 bench/count_python_copies.py --trace-lib build/libringtrain_kernel_trace.so
 """
 import argparse
-import collections
-import csv
 import os
 import subprocess
 import sys
 import tempfile
 
+from kernel_trace_summary import copy_totals
+
 CALLS = 5
-D2H = 2  # CUPTI's copy kind for device to host
 
 
 def work(kind):
@@ -38,16 +37,6 @@ def work(kind):
         worker.train(batch)
 
 
-def copies(trace):
-    out = collections.Counter()
-    with open(trace, newline="") as f:
-        for row in csv.reader(f):
-            if row and row[0] == "memcpy" and int(row[4]) == D2H:
-                out["count"] += 1
-                out["bytes"] += int(row[5])
-    return out
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace-lib", help="libringtrain_kernel_trace.so")
@@ -63,12 +52,12 @@ def main():
             trace = os.path.join(tmp, kind + ".csv")
             env = dict(os.environ, CUDA_INJECTION64_PATH=os.path.abspath(a.trace_lib), RINGTRAIN_KERNEL_TRACE=trace)
             subprocess.run([sys.executable, os.path.abspath(__file__), "--work", kind], env=env, check=True)
-            counts[kind] = copies(trace)
-    for kind, c in counts.items():
-        print(f"inputs as {kind}: {c['count']} device-to-host copies, {c['bytes']} bytes "
+            counts[kind] = copy_totals(trace)["device->host"]
+    for kind, (count, nbytes, _) in counts.items():
+        print(f"inputs as {kind}: {count} device-to-host copies, {nbytes} bytes "
               f"({CALLS} get_logprobs + {CALLS} train calls)")
-    extra = counts["cuda"]["count"] - counts["numpy"]["count"]
-    extra_bytes = counts["cuda"]["bytes"] - counts["numpy"]["bytes"]
+    extra = counts["cuda"][0] - counts["numpy"][0]
+    extra_bytes = counts["cuda"][1] - counts["numpy"][1]
     print(f"CUDA inputs cost {extra} device-to-host copies ({extra_bytes} bytes) more than NumPy inputs: "
           f"{extra / (2 * CALLS):.1f} per call")
 

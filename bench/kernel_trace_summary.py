@@ -25,6 +25,27 @@ def classify(name):
     return next((c for c, rx in CLASSES if rx.search(name)), "other")
 
 
+def read_trace(path):
+    """The trace's rows as (kind, start_ns, end_ns, row): kind "kernel" (row[6] the name) or "memcpy" (row[4] the
+    copy kind, row[5] the bytes)."""
+    with open(path, newline="") as f:
+        for row in csv.reader(f):
+            if len(row) >= 7 and row[0] in ("kernel", "memcpy"):
+                yield row[0], int(row[1]), int(row[2]), row
+
+
+def copy_totals(path):
+    """Copies by direction: {direction: [count, bytes, ms]}."""
+    copies = collections.defaultdict(lambda: [0, 0, 0.0])
+    for kind, start, end, row in read_trace(path):
+        if kind == "memcpy":
+            c = copies[COPY_KINDS.get(int(row[4]), row[4])]
+            c[0] += 1
+            c[1] += int(row[5])
+            c[2] += (end - start) / 1e6
+    return copies
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace")
@@ -33,26 +54,17 @@ def main():
     a = p.parse_args()
     by_name = collections.defaultdict(lambda: [0.0, 0])
     by_class = collections.defaultdict(float)
-    copies = collections.defaultdict(lambda: [0, 0, 0.0])
     first, last = None, None
-    with open(a.trace, newline="") as f:
-        for row in csv.reader(f):
-            if len(row) < 7:
-                continue
-            start, end = int(row[1]), int(row[2])
-            first = start if first is None else min(first, start)
-            last = end if last is None else max(last, end)
+    for kind, start, end, row in read_trace(a.trace):
+        first = start if first is None else min(first, start)
+        last = end if last is None else max(last, end)
+        if kind == "kernel":
             ms = (end - start) / 1e6
-            if row[0] == "kernel":
-                short = re.sub(r"\(.*$", "", row[6])[:110]
-                by_name[short][0] += ms
-                by_name[short][1] += 1
-                by_class[classify(row[6])] += ms
-            elif row[0] == "memcpy":
-                c = copies[COPY_KINDS.get(int(row[4]), row[4])]
-                c[0] += 1
-                c[1] += int(row[5])
-                c[2] += ms
+            short = re.sub(r"\(.*$", "", row[6])[:110]
+            by_name[short][0] += ms
+            by_name[short][1] += 1
+            by_class[classify(row[6])] += ms
+    copies = copy_totals(a.trace)
     n = a.per
     total = sum(v[0] for v in by_name.values())
     print("kernel time %.3f ms per call (%.0f kernels), trace span %.1f ms in all"

@@ -161,11 +161,11 @@ class PolicyWorker:
         if not 0 <= seed < 2**64:
             raise ValueError(f"seed: {seed} is not in [0, 2**64)")
         stops = [_token(t, f"stop_tokens[{i}]") for i, t in enumerate(stop_tokens)]
-        for value, name in ((max_new_tokens, "max_new_tokens"), (top_k, "top_k")):
-            if not -2**63 <= _integer(value, name) < 2**63:
+        n, k = _integer(max_new_tokens, "max_new_tokens"), _integer(top_k, "top_k")
+        for value, name in ((n, "max_new_tokens"), (k, "top_k")):
+            if not -2**63 <= value < 2**63:
                 raise ValueError(f"{name}: {value} is out of range")
-        return self._w.generate(seqs, _integer(max_new_tokens, "max_new_tokens"), float(temperature), float(top_p),
-                                _integer(top_k, "top_k"), stops, seed)
+        return self._w.generate(seqs, n, float(temperature), float(top_p), k, stops, seed)
 
     def save(self, path, epoch=0, index=0, rng=""):
         """Writes the training state (weights, optimizer shards, counters, the data position given) to path."""

@@ -46,10 +46,6 @@ def gpu_config(seed=SEED, **policy):
     return c
 
 
-def cpu_twin(seed=SEED, **policy):
-    return base_config(seed, **policy)
-
-
 SKIP = gpu_skip_reason()
 
 
@@ -66,7 +62,7 @@ class TestGpuWorker(unittest.TestCase):
         batch = {"input_ids": ids, "input_lengths": lengths}
         got = np.full(ids.shape, np.nan, np.float32)
         got[...] = self.gpu.get_logprobs(batch)["logprobs"]
-        want = ringtrain.PolicyWorker(cpu_twin()).get_logprobs(batch)["logprobs"]
+        want = ringtrain.PolicyWorker(base_config()).get_logprobs(batch)["logprobs"]
         self.assertEqual(self.gpu.device, "cuda:0")
         diffs = []
         for b, n in enumerate(lengths):

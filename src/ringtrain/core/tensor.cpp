@@ -114,11 +114,17 @@ void check_same_shape(const char* what, const TensorView& dst, const TensorView&
     RT_CHECK(dst.shape[d] == src.shape[d], what, ": shape mismatch ", dst.shape_str(), " <- ", src.shape_str());
 }
 
-// The table of a pair of views: the host's when both are on the host, else the device side's.
-const DeviceOps& ops_for(const char* what, const TensorView& dst, const TensorView& src) {
-  const Device d = dst.device.is_cpu() ? src.device : dst.device;
+// The table of a transfer between two devices: the host's when both are the host, else the device side's; `what`
+// (called only on failure) describes the transfer.
+template <typename What>
+const DeviceOps& ops_between(Device dst, Device src, const What& what) {
+  const Device d = dst.is_cpu() ? src : dst;
   if (const DeviceOps* ops = find_device_ops(d.kind)) return *ops;
-  throw_no_device_ops(d, cat(what, " ", dst.shape_str(), " <- ", src.shape_str()));
+  throw_no_device_ops(d, what());
+}
+
+const DeviceOps& ops_for(const char* what, const TensorView& dst, const TensorView& src) {
+  return ops_between(dst.device, src.device, [&] { return cat(what, " ", dst.shape_str(), " <- ", src.shape_str()); });
 }
 
 // Both on the host, or both on one device (the stream-ordered forms); anything else an error naming the views.
@@ -134,10 +140,7 @@ void copy(const TensorView& dst, const TensorView& src) {
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
-  const Device d = dst_device.is_cpu() ? src_device : dst_device;
-  const DeviceOps* ops = find_device_ops(d.kind);
-  if (!ops) throw_no_device_ops(d, cat("copy of ", bytes, " bytes"));
-  ops->copy_bytes(dst, src, bytes);
+  ops_between(dst_device, src_device, [&] { return cat("copy of ", bytes, " bytes"); }).copy_bytes(dst, src, bytes);
 }
 
 void fill_normal_hashed(const TensorView& dst, uint64_t seed, double stddev) {
