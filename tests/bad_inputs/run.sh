@@ -5,6 +5,7 @@
 # Usage: run.sh RINGTRAIN_BINARY
 set -uo pipefail
 bin=$(realpath "${1:?usage: run.sh RINGTRAIN_BINARY}")
+root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/rt_bad_inputs.XXXXXX")
 trap 'umount "$work/small" 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work"
@@ -185,6 +186,25 @@ expect_error generate-int32-rows '--batch 65535 x 100511 cache slots .* do not f
   "$bin" bench generate --batch 65535 --prompt 100000
 expect_error generate-cache-bytes 'the KV cache of --batch 65535 x 4607 slots .* more than the benchmark.s 68719476736' \
   "$bin" bench generate --batch 65535 --prompt 4096
+# --stop-ids: every id a stop token would end each sequence at its first draw; out of range and not a number.
+expect_error generate-stop-ids-all '--stop-ids 128256 must leave some of the 128256 token ids running' \
+  "$bin" bench generate --stop-ids 128256
+expect_error generate-stop-ids-negative '--stop-ids: Value -1 not in range' "$bin" bench generate --stop-ids -1
+expect_error generate-stop-ids-text '--stop-ids' "$bin" bench generate --stop-ids x
+
+# --- bench/build_python_module.sh: what it is given is checked before anything is compiled ---
+expect_error build-module-usage 'build_python_module.sh BUILD OUT EXT_SUFFIX' bash "$root/bench/build_python_module.sh"
+expect_error build-module-no-build 'nowhere/compile_commands.json: no such file' \
+  bash "$root/bench/build_python_module.sh" "$work/nowhere" "$work/pkg" .so "$work" "$work"
+echo text > not_a_build
+expect_error build-module-build-is-a-file 'not_a_build/compile_commands.json: no such file' \
+  bash "$root/bench/build_python_module.sh" "$work/not_a_build" "$work/pkg" .so "$work" "$work"
+mkdir -p fake_build && touch fake_build/compile_commands.json fake_build/build.ninja
+expect_error build-module-no-pybind11 'pybind11/pybind11.h: no such file' \
+  bash "$root/bench/build_python_module.sh" "$work/fake_build" "$work/pkg" .so "$work" "$work"
+mkdir -p fake_pybind/pybind11 && touch fake_pybind/pybind11/pybind11.h
+expect_error build-module-no-include 'missing_include: no such folder' \
+  bash "$root/bench/build_python_module.sh" "$work/fake_build" "$work/pkg" .so "$work/fake_pybind" "$work/missing_include"
 
 # --- run configs, overrides and the training run's folders ---
 cat > run.yaml <<'YAML'

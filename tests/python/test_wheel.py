@@ -70,6 +70,20 @@ class TestWheel(unittest.TestCase):
             np.testing.assert_array_equal(np.array(got["logprobs"], np.float32), want)
             self.assertTrue(np.all(want[:, 1:] < 0))
 
+    def test_a_build_for_another_python_is_refused_by_name(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            build = os.path.join(tmp, "other")
+            os.makedirs(build)
+            with open(os.path.join(build, "CMakeCache.txt"), "w") as f:
+                f.write("Python3_EXECUTABLE:FILEPATH=/opt/other/python3\n")
+            r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
+                                "-w", os.path.join(tmp, "dist"), SOURCE_DIR],
+                               env=dict(os.environ, RINGTRAIN_BUILD_DIR=build), capture_output=True, text=True,
+                               timeout=600)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn(f"the build in {build} is for the Python /opt/other/python3", r.stdout + r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(tmp, "dist")) and os.listdir(os.path.join(tmp, "dist")))
+
 
 if __name__ == "__main__":
     unittest.main()
