@@ -361,6 +361,36 @@ TEST(FlashCuda, Bf16Causal131072RowSlices) {
   EXPECT_EQ(max_abs_error(dq_h, dq_h), 0.0) << "dQ has NaN or inf";
 }
 
+// A packed forward whose K/V tensors hold NaN in the rows after the last sequence: a key tile that reaches past its
+// sequence's end must not let them in (0 * NaN is NaN in P V), on both the sequence-end tiles of each head dim.
+TEST(FlashCuda, PackedForwardIgnoresNanRowsPastTheSequences) {
+  RT_REQUIRE_GPU();
+  for (const int64_t d : {int64_t(64), int64_t(128)}) {
+    const Case c{.hq = 4, .hkv = 2, .d = d, .mask = MaskType::CausalBottomRight, .q_lens = {200, 77},
+                 .kv_lens = {300, 129}};
+    std::mt19937_64 rng(testing::fresh_seed());
+    const Problem pr = make_problem(c, rng);
+    AttnParams p = pr.p;
+    p.device = Device::cuda();
+    const int64_t tk = pr.k.size(0), pad = 200;
+    Tensor k_host = Tensor::empty({tk + pad, c.hkv, d}, c.dtype), v_host = Tensor::empty({tk + pad, c.hkv, d}, c.dtype);
+    testing::poison(k_host);
+    testing::poison(v_host);
+    copy(k_host.view().slice(0, 0, tk), pr.k);
+    copy(v_host.view().slice(0, 0, tk), pr.v);
+    Tensor q = to_device(pr.q), k = to_device(k_host), v = to_device(v_host);
+    Tensor cu_q = to_device(pr.cu_q), cu_kv = to_device(pr.cu_kv);
+    Tensor o = poisoned_device(pr.q, c.dtype), lse = poisoned_device(pr.lse_ref, DType::F32);
+    gpu_flash().forward(p, {q, k, v, o, lse, cu_q, cu_kv});
+    cuda_synchronize(0);
+    const double e_o = rel_error(to_host(o), pr.o_ref), e_lse = max_abs_error(to_host(lse), pr.lse_ref);
+    std::printf("[%s, %lld NaN rows after the keys] rel err O %.2e; LSE max abs %.2e\n", p.describe().c_str(),
+                static_cast<long long>(pad), e_o, e_lse);
+    EXPECT_LE(e_o, tol(c.dtype)) << "O, D=" << d;
+    EXPECT_LE(e_lse, 1e-3) << "LSE, D=" << d;
+  }
+}
+
 TEST(FlashCuda, UnsupportedReasonsNameEachRequirement) {
   RT_REQUIRE_GPU();
   AttnParams p;

@@ -55,6 +55,7 @@ class FlashBackend final : public Backend {
     RT_CHECK(c.o.elem == FlashElem::F32 || a.o.dtype == p.dtype, "flash (cuda): 'o' is ", a.o.shape_str(),
              "; expected ", dtype_name(p.dtype), " or fp32");
     c.lse = cuda::flash_stats(p, a.lse);
+    c.kv_rows = p.packed ? a.k.shape[0] : p.seqlen_kv;
     cuda::flash_forward(c, static_cast<cudaStream_t>(a.stream));
   }
 

@@ -1,196 +1,321 @@
-// The `flash` forward on Hopper: wgmma tensor cores in the FlashAttention-3 structure, without a producer warp.
-// One CTA of two warpgroups per (query tile of 128 rows, query head, sequence); each warpgroup owns 64 rows, keeps
-// its O and its scores in registers, and reads Q, K and V from swizzled shared tiles (wgmma.cuh). K and V tiles of
-// 128 keys are double-buffered through cp.async, one tile ahead. Within a warpgroup the score GEMM of tile n and
-// the P V GEMM of tile n - 1 run on the tensor cores while the softmax of tile n runs on the other units.
-// Online softmax in the log2 domain; O is rescaled after each P V and normalised once at the end.
+// The `flash` forward on Hopper, warp-specialised in the FlashAttention-3 structure.
+//
+// One CTA per (query tile of BM = 128 rows, query head, sequence), three warpgroups:
+//  - the producer (one warp of warpgroup 0, its registers given back) copies Q once and the K and V tiles of BN
+//    keys into a ring of kStages shared-memory stages, each guarded by a full and an empty mbarrier (tma.cuh):
+//    bulk-tensor (TMA) copies, or zero-filling cp.async for a tile that reaches past its sequence's end (TMA would
+//    read the next sequence's rows there, and a V row that is not zero could turn 0 * V into NaN);
+//  - two consumers of 64 query rows each keep O and the scores in registers. Within a consumer the score GEMM of
+//    tile n and the P V GEMM of tile n - 1 run on the tensor cores while the softmax of tile n runs; between the
+//    two, a pair of named barriers hands the tensor cores over in turn (ping-pong), so one consumer's GEMMs are
+//    issued while the other computes its softmax.
+// The epilogue normalises O once and stores it with the LSE.
+#include <cuda.h>
+
 #include "ringtrain/attention/cuda/cuda_util.h"
+#include "ringtrain/attention/cuda/flash_sm90_tiles.h"
 #include "ringtrain/attention/cuda/flash_tile.cuh"
+#include "ringtrain/attention/cuda/online_softmax.cuh"
+#include "ringtrain/attention/cuda/tma.cuh"
+#include "ringtrain/attention/cuda/tma_map.h"
 #include "ringtrain/attention/cuda/wgmma.cuh"
 
 namespace ringtrain::attention::cuda {
 namespace {
 
-using namespace tile;
+using Warps = FwdSm90Warps;
 
-template <int D>
-struct FwdSm90Config {
-  static constexpr int kThreads = 256, BM = 128, BN = 128;
-  static constexpr int kTileQ = BM * D * 2, kTileKV = BN * D * 2;
-  static constexpr int kSmemBytes = kTileQ + 4 * kTileKV + 1024;  // Q, K x 2, V x 2, 1024-byte alignment slack
+struct FwdMaps {
+  CUtensorMap q, k, v;
 };
 
-template <typename T, int D>
-__global__ void __launch_bounds__(256, 1) flash_fwd_sm90_kernel(FlashFwdCall c) {
-  using Cfg = FwdSm90Config<D>;
-  constexpr int BM = Cfg::BM, BN = Cfg::BN;
-  extern __shared__ unsigned char smem[];
-  const uint32_t sQ = (smem_u32(smem) + 1023) & ~1023u, sK0 = sQ + Cfg::kTileQ, sV0 = sK0 + 2 * Cfg::kTileKV;
+// Shared memory of one CTA: Q, the K and V rings (1024-byte aligned panel tiles) and their barriers.
+template <int D>
+struct FwdSmem {
+  using Tiles = FwdSm90Tiles<D>;
+  static constexpr int kTileQ = Tiles::BM * D * 2, kTileKV = Tiles::BN * D * 2, kStages = Tiles::kStages;
+  static constexpr int kBarriers = 1 + 4 * kStages;  // full Q; full/empty K and V per stage
+  static constexpr int kBytes = 1024 + kTileQ + 2 * kStages * kTileKV + 8 * kBarriers;
 
-  const FlashShape& s = c.s;
-  const int b = blockIdx.z, h = blockIdx.y, hk = h / (s.heads_q / s.heads_kv);
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest causal tiles start first
-  const Seq seq = seq_of(s, b);
-  if (m0 >= seq.sq) return;
-  const int tid = threadIdx.x, wgi = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int rows_valid = min(BM, seq.sq - m0);
-  const int n_tiles = (key_limit(s, seq, m0 + rows_valid - 1) + BN - 1) / BN;  // key tiles any row sees
-  const int row0 = m0 + wgi * 64 + warp * 16 + g;                               // this thread's rows: row0, row0 + 8
+  uint32_t q, k0, v0, bars;
+  __device__ explicit FwdSmem(unsigned char* base) {
+    q = (tile::smem_u32(base) + 1023) & ~1023u;
+    k0 = q + kTileQ;
+    v0 = k0 + kStages * kTileKV;
+    bars = v0 + kStages * kTileKV;
+  }
+  __device__ uint32_t k(int stage) const { return k0 + stage * kTileKV; }
+  __device__ uint32_t v(int stage) const { return v0 + stage * kTileKV; }
+  __device__ uint32_t full_q() const { return bars; }
+  __device__ uint32_t full_k(int stage) const { return bars + 8 * (1 + stage); }
+  __device__ uint32_t empty_k(int stage) const { return bars + 8 * (1 + kStages + stage); }
+  __device__ uint32_t full_v(int stage) const { return bars + 8 * (1 + 2 * kStages + stage); }
+  __device__ uint32_t empty_v(int stage) const { return bars + 8 * (1 + 3 * kStages + stage); }
+};
 
-  const uint16_t* gq = static_cast<const uint16_t*>(c.q.ptr) + row_off(c.q, b, seq.q_row0 + m0, h);
-  const uint16_t* gk = static_cast<const uint16_t*>(c.k.ptr) + row_off(c.k, b, seq.kv_row0, hk);
-  const uint16_t* gv = static_cast<const uint16_t*>(c.v.ptr) + row_off(c.v, b, seq.kv_row0, hk);
-  auto load_kv = [&](uint32_t dst, const uint16_t* src, int64_t stride, int nb) {
-    wg::load_panels<BN, D, Cfg::kThreads>(dst, src + int64_t(nb) * BN * stride, stride, seq.skv - nb * BN, tid);
+// What a CTA works on.
+struct FwdTile {
+  int b, h, hk, m0;  // sequence, query head, its kv head, first query row of the tile
+  tile::Seq seq;
+  int rows_valid, n_tiles;  // query rows of the tile inside the sequence; key tiles any of them sees
+};
+
+// cp.async of a [ROWS][C] tile into a panel tile by the producer warp's 32 lanes, rows >= rows_valid zero-filled.
+// A loop, not unrolled: the producer runs on few registers.
+template <int ROWS, int C>
+__device__ __forceinline__ void load_panels_by_warp(uint32_t dst, const uint16_t* g, int64_t row_stride,
+                                                    int rows_valid, int lane) {
+  constexpr int kChunks = C / 8;
+#pragma unroll 1
+  for (int i = lane; i < ROWS * kChunks; i += 32) {
+    const int r = i / kChunks, col = (i % kChunks) * 8;
+    const bool ok = r < rows_valid;
+    tile::cp_async16(dst + wg::panel_off(ROWS, r, col), ok ? g + r * row_stride + col : g, ok);
+  }
+}
+
+// Producer: Q once, then K_n and V_n for n = 0 .. n_tiles - 1 into stage n % kStages as the consumers free it.
+template <int D>
+__device__ __forceinline__ void produce(const FwdMaps& maps, const FlashFwdCall& c, const FwdSmem<D>& sm,
+                                        const FwdTile& w, int lane) {
+  using Tiles = FwdSm90Tiles<D>;
+  constexpr int BM = Tiles::BM, BN = Tiles::BN, kStages = Tiles::kStages;
+  const int batch_coord = c.s.cu_q ? 0 : w.b;  // packed tensors are one batch entry of all rows
+  if (lane == 0) {
+    tma::arrive_expect_bytes(sm.full_q(), FwdSmem<D>::kTileQ);
+#pragma unroll
+    for (int p = 0; p < D / 64; ++p)
+      tma::load_4d(sm.q + p * BM * 128, &maps.q, sm.full_q(), p * 64, int(w.seq.q_row0) + w.m0, w.h, batch_coord);
+  }
+  const uint16_t* gk = static_cast<const uint16_t*>(c.k.ptr) + tile::row_off(c.k, w.b, w.seq.kv_row0, w.hk);
+  const uint16_t* gv = static_cast<const uint16_t*>(c.v.ptr) + tile::row_off(c.v, w.b, w.seq.kv_row0, w.hk);
+  auto load = [&](uint32_t dst, const CUtensorMap* map, uint32_t full, const uint16_t* g, int64_t stride, int n) {
+    const int keys_left = w.seq.skv - n * BN;
+    if (keys_left >= BN) {
+      if (lane == 0) {
+        tma::arrive_expect_bytes(full, FwdSmem<D>::kTileKV);
+#pragma unroll
+        for (int p = 0; p < D / 64; ++p)
+          tma::load_4d(dst + p * BN * 128, map, full, p * 64, int(w.seq.kv_row0) + n * BN, w.hk, batch_coord);
+      }
+    } else {
+      load_panels_by_warp<BN, D>(dst, g + int64_t(n) * BN * stride, stride, keys_left, lane);
+      tma::arrive_when_copied(full);
+      __syncwarp();
+      if (lane == 0) tma::arrive(full);
+    }
   };
-  auto k_buf = [&](int nb) { return sK0 + (nb & 1) * Cfg::kTileKV; };
-  auto v_buf = [&](int nb) { return sV0 + (nb & 1) * Cfg::kTileKV; };
+  for (int n = 0; n < w.n_tiles; ++n) {
+    const int stage = n % kStages;
+    const uint32_t free_parity = ((n / kStages) & 1) ^ 1;
+    tma::wait(sm.empty_k(stage), free_parity);
+    load(sm.k(stage), &maps.k, sm.full_k(stage), gk, c.k.row_stride, n);
+    tma::wait(sm.empty_v(stage), free_parity);
+    load(sm.v(stage), &maps.v, sm.full_v(stage), gv, c.v.row_stride, n);
+  }
+}
+
+// Consumer `ci` (0 or 1): rows [64 ci, 64 ci + 64) of the tile.
+template <typename T, int D>
+__device__ __forceinline__ void consume(const FlashFwdCall& c, const FwdSmem<D>& sm, const FwdTile& w, int ci,
+                                        int ctid) {
+  using Tiles = FwdSm90Tiles<D>;
+  constexpr int BM = Tiles::BM, BN = Tiles::BN, kStages = Tiles::kStages;
+  const FlashShape& s = c.s;
+  const int warp = (ctid % 128) / 32, lane = ctid % 32, g = lane / 4, t = lane % 4;
+  const int row0 = w.m0 + ci * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+
+  // Ping-pong: consumer ci issues its GEMMs after waiting on barrier 1 + ci, then lets the other one go.
+  const int my_turn = 1 + ci, other_turn = 1 + (ci ^ 1);
+  auto gemms_begin = [&] { wg::named_sync(my_turn, 2 * 128); };
+  auto gemms_end = [&](bool last) {
+    if (!(last && ci == 1)) tma::named_arrive(other_turn, 2 * 128);  // consumer 0 waits once fewer
+  };
+  auto release = [&](uint32_t empty) { tma::arrive_if(empty, lane == 0); };
 
   float o[D / 2], sc[BN / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-  uint32_t p[BN / 16][4];  // P of the previous tile, 16-bit, register-A layout
-  const float scale_log2 = s.scale * kLog2e;
+  uint32_t p[BN / 16][4];  // P of the tile whose P V is issued next, 16-bit, register-A layout
+  OnlineSoftmax<BN> softmax(s.scale);
 
-  // sc = Q K_nb^T for this warpgroup's 64 rows.
-  auto issue_qk = [&](int nb) {
+  auto issue_qk = [&](int stage) {
     wg::fence();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k)
-      wg::Mma<T, BN>::template ss<0, 0>(sc, wg::desc_k(sQ, BM, wgi * 64, k), wg::desc_k(k_buf(nb), BN, 0, k), k > 0);
+      wg::Mma<T, BN>::template ss<0, 0>(sc, wg::desc_k(sm.q, BM, ci * 64, k), wg::desc_k(sm.k(stage), BN, 0, k),
+                                        k > 0);
     wg::commit();
   };
-  // o += P V_nb
-  auto issue_pv = [&](int nb) {
+  auto issue_pv = [&](int stage) {
     wg::fence();
 #pragma unroll
-    for (int k = 0; k < BN / 16; ++k) wg::Mma<T, D>::template rs<1>(o, p[k], wg::desc_mn(v_buf(nb), BN, k, 0), 1);
+    for (int k = 0; k < BN / 16; ++k) wg::Mma<T, D>::template rs<1>(o, p[k], wg::desc_mn(sm.v(stage), BN, k, 0), 1);
     wg::commit();
   };
-  // Masks and exponentiates sc (tile nb) into pn, updating the running max and sum; alpha rescales what O held.
-  auto softmax = [&](int nb, uint32_t (&pn)[BN / 16][4], float (&alpha)[2]) {
-    const int n0 = nb * BN;
-    // Only tiles that reach past the sequence end or a row's causal limit pay for the mask.
-    if (n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift)) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int lim = key_limit(s, seq, row0 + 8 * half) - n0;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (8 * j + 2 * t + e >= lim) sc[4 * j + 2 * half + e] = -INFINITY;
-      }
-    }
+  // Hides the keys of tile n that a row may not see; only tiles that reach past the sequence end or a row's causal
+  // limit pay for it.
+  auto mask = [&](int n) {
+    const int n0 = n * BN;
+    if (n0 + BN <= w.seq.skv && (s.mask == kMaskNone || n0 + BN <= w.m0 + 1 + w.seq.shift)) return;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float mx = row_max[half];
+      const int lim = tile::key_limit(s, w.seq, row0 + 8 * half) - n0;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * half], sc[4 * j + 2 * half + 1]));
-      mx = quad_max(mx);
-      // A row that has seen no finite score yet keeps max -inf; use 0 so that exp2 gives 0, not NaN.
-      const float m_use = mx == -INFINITY ? 0.f : mx * scale_log2;
-      alpha[half] = exp2f(row_max[half] * scale_log2 - m_use);
-      row_max[half] = mx;
-      float sum = 0.f;
+      for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = sc[4 * j + 2 * half + e];
-          x = exp2_approx(x * scale_log2 - m_use);
-          sum += x;
-        }
-      }
-      row_sum[half] = row_sum[half] * alpha[half] + sum;
+        for (int e = 0; e < 2; ++e)
+          if (8 * j + 2 * t + e >= lim) sc[4 * j + 2 * half + e] = -INFINITY;
     }
-    wg::acc_to_a<T, BN>(sc, pn);
+  };
+  // A tile copied by cp.async (it reaches past the sequence end) was written through the generic proxy.
+  auto wait_full = [&](uint32_t full, int n) {
+    tma::wait(full, (n / kStages) & 1);
+    if ((n + 1) * BN > w.seq.skv) wg::fence_async_smem();
   };
 
-  if (n_tiles > 0) {
-    wg::load_panels<BM, D, Cfg::kThreads>(sQ, gq, c.q.row_stride, rows_valid, tid);
-    load_kv(k_buf(0), gk, c.k.row_stride, 0);
-    cp_async_commit();
-    load_kv(v_buf(0), gv, c.v.row_stride, 0);
-    cp_async_commit();
-    wg::cp_async_wait<1>();
-    wg::fence_async_smem();
-    __syncthreads();  // Q and K_0 visible
-    issue_qk(0);
-    if (n_tiles > 1) {
-      load_kv(k_buf(1), gk, c.k.row_stride, 1);
-      cp_async_commit();
-    }
-    wg::wait<0>();
-    wg::keep(sc);
-    float alpha[2];
-    softmax(0, p, alpha);  // O is still zero: nothing to rescale
-  }
-  for (int nb = 1; nb < n_tiles; ++nb) {
-    wg::cp_async_wait<0>();
-    wg::fence_async_smem();
-    __syncthreads();  // K_nb and V_{nb-1} visible; every warpgroup is done with K_{nb-1} and V_{nb-2}
-    load_kv(v_buf(nb), gv, c.v.row_stride, nb);
-    if (nb + 1 < n_tiles) load_kv(k_buf(nb + 1), gk, c.k.row_stride, nb + 1);
-    cp_async_commit();
-    issue_qk(nb);
-    issue_pv(nb - 1);
+  tma::wait(sm.full_q(), 0);
+  if (ci == 1) tma::named_arrive(1, 2 * 128);  // consumer 0 goes first
+
+  // Tile 0: scores and softmax; nothing to rescale yet. alpha carries a softmax's rescale factor to the next
+  // iteration, which applies it while the tensor cores compute that iteration's scores.
+  float alpha[2];
+  wait_full(sm.full_k(0), 0);
+  gemms_begin();
+  issue_qk(0);
+  gemms_end(false);
+  wg::wait<0>();
+  wg::keep(sc);
+  release(sm.empty_k(0));
+  mask(0);
+  softmax.update(sc, alpha);
+  wg::acc_to_a<T, BN>(sc, p);
+  for (int n = 1; n < w.n_tiles; ++n) {
+    const int stage = n % kStages, prev = (n - 1) % kStages;
+    wait_full(sm.full_k(stage), n);
+    wait_full(sm.full_v(prev), n - 1);
+    gemms_begin();
+    issue_qk(stage);
+    OnlineSoftmax<BN>::rescale(o, alpha);
+    issue_pv(prev);
+    gemms_end(false);
     wg::wait<1>();
     wg::keep(sc);
-    uint32_t pn[BN / 16][4];
-    float alpha[2];
-    softmax(nb, pn, alpha);
+    release(sm.empty_k(stage));
+    mask(n);
+    softmax.update(sc, alpha);
     wg::wait<0>();
     wg::keep(o);
     wg::keep(p);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-#pragma unroll
-    for (int k = 0; k < BN / 16; ++k)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) p[k][r] = pn[k][r];
+    release(sm.empty_v(prev));
+    wg::acc_to_a<T, BN>(sc, p);  // only now: P V of tile n - 1 read p until the wait
   }
-  if (n_tiles > 0) {
-    wg::cp_async_wait<0>();
-    wg::fence_async_smem();
-    __syncthreads();  // the last V visible
-    issue_pv(n_tiles - 1);
+  {
+    const int last = (w.n_tiles - 1) % kStages;
+    wait_full(sm.full_v(last), w.n_tiles - 1);
+    OnlineSoftmax<BN>::rescale(o, alpha);
+    gemms_begin();
+    issue_pv(last);
+    gemms_end(true);
     wg::wait<0>();
     wg::keep(o);
     wg::keep(p);
+    release(sm.empty_v(last));
   }
 
-  // Epilogue: O = acc / l (0 for a row that saw no finite score), LSE = max * scale + ln(l) (-inf for such a row).
+  // Epilogue: O = acc / l (0 for a row that saw no key), LSE = max * scale + ln(l) (-inf for such a row).
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
-    const float l = quad_sum(row_sum[half]);
-    if (row >= seq.sq) continue;
+    const float l = softmax.total(half);
+    if (row >= w.seq.sq) continue;
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int64_t ooff = row_off(c.o, b, seq.q_row0 + row, h) + 2 * t;
+    const int64_t ooff = tile::row_off(c.o, w.b, w.seq.q_row0 + row, w.h) + 2 * t;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      store_pair<T>(c.o.ptr, c.o.elem, ooff + 8 * j, o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv, false);
-    if (t == 0)
-      c.lse.ptr[stat_off(c.lse, b, seq.q_row0 + row, h)] =
-          l > 0.f ? (row_max[half] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+      tile::store_pair<T>(c.o.ptr, c.o.elem, ooff + 8 * j, o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv,
+                          false);
+    if (t == 0) c.lse.ptr[tile::stat_off(c.lse, w.b, w.seq.q_row0 + row, w.h)] = softmax.lse(half, l);
+  }
+}
+
+// Rows that see no key at all (an empty key range): O = 0, LSE = -inf, without touching K or V.
+template <typename T, int D>
+__device__ __forceinline__ void store_empty_rows(const FlashFwdCall& c, const FwdTile& w, int tid) {
+  for (int r = tid; r < w.rows_valid; r += Warps::kThreads) {
+    const int64_t row = w.seq.q_row0 + w.m0 + r;
+    const int64_t ooff = tile::row_off(c.o, w.b, row, w.h);
+    for (int j = 0; j < D; j += 2) tile::store_pair<T>(c.o.ptr, c.o.elem, ooff + j, 0.f, 0.f, false);
+    c.lse.ptr[tile::stat_off(c.lse, w.b, row, w.h)] = -INFINITY;
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(Warps::kThreads, 1)
+    flash_fwd_sm90_kernel(const __grid_constant__ FwdMaps maps, const FlashFwdCall c) {
+  using Tiles = FwdSm90Tiles<D>;
+  extern __shared__ unsigned char smem[];
+  const FwdSmem<D> sm(smem);
+  const FlashShape& s = c.s;
+
+  FwdTile w;
+  w.b = blockIdx.z;
+  w.h = blockIdx.y;
+  w.hk = w.h / (s.heads_q / s.heads_kv);
+  w.m0 = (gridDim.x - 1 - blockIdx.x) * Tiles::BM;  // the longest causal tiles start first
+  w.seq = tile::seq_of(s, w.b);
+  if (w.m0 >= w.seq.sq) return;
+  w.rows_valid = min(Tiles::BM, w.seq.sq - w.m0);
+  w.n_tiles = (tile::key_limit(s, w.seq, w.m0 + w.rows_valid - 1) + Tiles::BN - 1) / Tiles::BN;
+  const int tid = threadIdx.x;
+  if (w.n_tiles == 0) {
+    store_empty_rows<T, D>(c, w, tid);
+    return;
+  }
+
+  if (tid == 0) {
+    tma::prefetch_map(&maps.q);
+    tma::prefetch_map(&maps.k);
+    tma::prefetch_map(&maps.v);
+    tma::barrier_init(sm.full_q(), 1);
+    for (int st = 0; st < Tiles::kStages; ++st) {
+      tma::barrier_init(sm.full_k(st), 1);
+      tma::barrier_init(sm.full_v(st), 1);
+      tma::barrier_init(sm.empty_k(st), 4 * Warps::kConsumerWarpgroups);
+      tma::barrier_init(sm.empty_v(st), 4 * Warps::kConsumerWarpgroups);
+    }
+    tma::barrier_init_fence();
+  }
+  __syncthreads();
+
+  // The role as a warp-uniform value (a shuffle from lane 0), so that the compiler gives each branch the registers
+  // its setmaxnreg sets.
+  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (warpgroup == 0) {
+    tma::release_registers<Warps::kProducerRegs>();
+    if (tid < 32) produce<D>(maps, c, sm, w, tid);
+    return;
+  } else {
+    tma::claim_registers<Warps::kConsumerRegs>();
+    consume<T, D>(c, sm, w, warpgroup - 1, tid - 128);
   }
 }
 
 template <typename T, int D>
 void launch_fwd(const FlashFwdCall& c, cudaStream_t stream) {
-  using Cfg = FwdSm90Config<D>;
+  using Tiles = FwdSm90Tiles<D>;
+  constexpr int kSmem = FwdSmem<D>::kBytes;
   auto kernel = flash_fwd_sm90_kernel<T, D>;
-  RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
-                cat("flash: flash_fwd_sm90_kernel<D=", D, ">: setting ", Cfg::kSmemBytes, " bytes of shared memory"));
-  const dim3 grid((c.s.seqlen_q + Cfg::BM - 1) / Cfg::BM, c.s.heads_q, c.s.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(c);
+  RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                cat("flash: flash_fwd_sm90_kernel<D=", D, ">: setting ", kSmem, " bytes of shared memory"));
+  const bool packed = c.s.cu_q != nullptr;
+  const int batches = packed ? 1 : c.s.batch;
+  FwdMaps maps;
+  maps.q = panel_map(c.q, packed ? c.s.total_q : c.s.seqlen_q, c.s.heads_q, batches, D, Tiles::BM, "q");
+  maps.k = panel_map(c.k, c.kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "k");
+  maps.v = panel_map(c.v, c.kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "v");
+  const dim3 grid((c.s.seqlen_q + Tiles::BM - 1) / Tiles::BM, c.s.heads_q, c.s.batch);
+  kernel<<<grid, Warps::kThreads, kSmem, stream>>>(maps, c);
   RT_CUDA_CHECK(cudaGetLastError(), cat("flash: launching flash_fwd_sm90_kernel<D=", D, "> grid (", grid.x, ", ",
                                         grid.y, ", ", grid.z, ")", flash_shape_str(c.s)));
 }

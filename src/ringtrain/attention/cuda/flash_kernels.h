@@ -42,6 +42,7 @@ struct FlashFwdCall {
   FlashShape s;
   FlashRows q, k, v, o;  // o may be fp32
   FlashStats lse;
+  int64_t kv_rows = 0;   // rows of k/v per batch entry (packed: Tkv; else Skv), the extent of their tensor maps
 };
 
 struct FlashBwdCall {
