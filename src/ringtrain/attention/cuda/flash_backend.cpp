@@ -39,6 +39,7 @@ class FlashBackend final : public Backend {
     if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_kv >= (int64_t(1) << 31))
       r.push_back(cat("sequence length ", std::max(p.seqlen_q, p.seqlen_kv), " (needs < 2^31)"));
     if (p.has_bias) r.push_back("additive bias (the flash kernels take none; efficient and math do)");
+    if (p.window > 0) r.push_back(window_reason(p, "not wired into the CUDA flash kernels"));
     // Checked per call, not from the params: unit stride in D (validate), 16-byte aligned rows (rows_of).
     return r;
   }

@@ -203,6 +203,7 @@ class CudaMathBackend final : public Backend {
     if (p.seqlen_q * p.seqlen_kv > kMaxScoresPerHead)
       r.push_back(cat("Sq x Skv = ", p.seqlen_q, " x ", p.seqlen_kv, " exceeds the GPU math backend's limit of 2^30 ",
                       "fp32 scores per head and sequence (e.g. 32768 x 32768)"));
+    if (p.window > 0) r.push_back(window_reason(p, "not wired into the GPU math kernels"));
     return r;
   }
 

@@ -197,6 +197,7 @@ class CudnnBackend final : public Backend {
     if (p.packed && p.batch * p.seqlen_q * p.heads_q * p.head_dim >= (int64_t{1} << 31))
       r.push_back("packed tensors beyond 2^31 elements (cuDNN's int32 ragged offsets)");
     if (p.has_bias) r.push_back("additive bias (not wired into this backend's cuDNN graphs)");
+    if (p.window > 0) r.push_back(window_reason(p, "not wired into this backend's cuDNN graphs"));
     return r;
   }
 
