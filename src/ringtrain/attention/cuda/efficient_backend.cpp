@@ -75,7 +75,6 @@ class EfficientBackend final : public Backend {
       r.push_back(cat("sequence length ", std::max(p.seqlen_q, p.seqlen_kv), " (needs < 2^31)"));
     if (p.heads_q > kMaxGridYZ) r.push_back(cat(p.heads_q, " query heads (at most ", kMaxGridYZ, ": grid.y)"));
     if (p.batch > kMaxGridYZ) r.push_back(cat("batch ", p.batch, " (at most ", kMaxGridYZ, " sequences: grid.z)"));
-    if (p.window > 0) r.push_back(window_reason(p, "not wired into the efficient kernels"));
     // Checked per call, not from the params: unit stride in D (validate), o/dq/dk/dv dtypes, dout's dtype.
     return r;
   }
