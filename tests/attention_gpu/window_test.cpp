@@ -5,7 +5,9 @@
 // bias reference in tests/attention/window_test.cpp.
 //
 // Covered: efficient's tensor-core kernels (flash_fwd.cu, flash_bwd.cu fast and deterministic) and SIMT kernels (fp32,
-// D = 256), the GPU math backend, and flash (the Hopper backward, and flash_bwd.cu in deterministic mode). Windows of
+// D = 256), the GPU math backend, cudnn (top-left causal, Sq <= Skv: what its sliding window takes; the rest is
+// declined with a reason, checked from the params alone), and flash (the Hopper backward, and flash_bwd.cu in
+// deterministic mode). Windows of
 // one key, inside a tile, across tile boundaries and longer than the sequence; both causal alignments with Sq != Skv,
 // including rows that see no key. Flash cases skip, naming the reason, while the backend declines windows.
 //
@@ -41,6 +43,8 @@ double lse_tol_of(DType t) { return t == DType::F32 ? 1e-4 : 1e-3; }
 
 void check(BackendId id, const Case& c, int64_t window, bool deterministic, const char* what) {
   RT_REQUIRE_GPU();
+  if (id == BackendId::Cudnn && !attention::find_backend(id, DeviceKind::CUDA))
+    GTEST_SKIP() << "this build has no cudnn backend (cuDNN frontend headers not found at configure time)";
   const attention::Backend* be = gpu_backend(id);
   ASSERT_NE(be, nullptr);
   std::mt19937_64 rng(testing::fresh_seed());
@@ -148,6 +152,42 @@ TEST(WindowMathCuda, Fp32TopLeft) {
 TEST(WindowMathCuda, Fp32BottomRight) {
   Case c = dense(DType::F32, 32, 100, 300, MaskType::CausalBottomRight);
   check(BackendId::Math, c, 64, false, "math fp32 bottom-right 100x300 w=64");
+}
+
+// --- cudnn ----------------------------------------------------------------------------------------------------------
+
+TEST(WindowCudnnCuda, Bf16TopLeft) {
+  check(BackendId::Cudnn, dense(DType::BF16, 128, 512, 512, MaskType::CausalTopLeft, 8, 2), 100, false,
+        "cudnn bf16 w=100");
+}
+
+TEST(WindowCudnnCuda, Fp16TopLeftSqBelowSkvOddLengths) {
+  check(BackendId::Cudnn, dense(DType::F16, 64, 200, 333, MaskType::CausalTopLeft), 45, false,
+        "cudnn fp16 top-left 200x333 w=45");
+}
+
+TEST(WindowCudnnCuda, Bf16BottomRightSquareIsTopLeft) {
+  check(BackendId::Cudnn, dense(DType::BF16, 64, 300, 300, MaskType::CausalBottomRight), 1, true,
+        "cudnn bf16 bottom-right square w=1 deterministic");
+}
+
+// What cuDNN's sliding window does not take is declined naming the window (from the params: no GPU needed).
+TEST(WindowCudnnCuda, DeclinesWhatItsWindowExcludes) {
+  const attention::Backend* be = attention::find_backend(BackendId::Cudnn, DeviceKind::CUDA);
+  if (!be) GTEST_SKIP() << "this build has no cudnn backend (cuDNN frontend headers not found at configure time)";
+  attention::AttnParams p;
+  p.device = Device::cuda(), p.dtype = DType::BF16, p.heads_q = 8, p.heads_kv = 2, p.head_dim = 128, p.window = 64;
+  const auto names = [&](const char* what) {
+    for (const std::string& r : be->unsupported_reasons(p))
+      if (r.find("sliding window 64") != std::string::npos && r.find(what) != std::string::npos) return true;
+    return false;
+  };
+  p.mask = MaskType::CausalBottomRight, p.seqlen_q = 128, p.seqlen_kv = 256;
+  EXPECT_TRUE(names("top-left"));
+  p.mask = MaskType::CausalTopLeft, p.seqlen_q = 256, p.seqlen_kv = 128;
+  EXPECT_TRUE(names("Sq <= Skv"));
+  p.seqlen_q = p.seqlen_kv = 256, p.packed = true;
+  EXPECT_TRUE(names("packed"));
 }
 
 // --- flash (skips while the backend declines windows) --------------------------------------------------------------
