@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(typename V::F
   const int chunks = V::kPadHeadDim ? s.head_dim / 8 : D / 8;  // 16-byte chunks of a row that hold data
   const float inv_scale = 1.f / s.scale;  // the bias in raw-score units
 
-  // Keys any row of the tile may see: [n_begin, n_end) (limits and window starts grow with the row).
+  // Key tiles any row of the tile may see: [nb_first, n_tiles) (limits and window starts grow with the row).
   const int n_end = key_limit(s, seq, m0 + rows_valid - 1);
   const int n_tiles = (n_end + BN - 1) / BN, nb_first = key_start(s, seq, m0) / BN;
   // The tile's last row has the latest window start: key tiles beginning before it need the window mask.

@@ -205,7 +205,8 @@ class CudnnBackend final : public Backend {
         r.push_back(window_reason(p, "cuDNN's sliding window excludes packed (ragged) sequences"));
       else if (p.mask == MaskType::CausalBottomRight && p.seqlen_q != p.seqlen_kv)
         r.push_back(window_reason(p, cat("cuDNN's sliding window takes only the top-left causal mask; ",
-                                         "causal_bottom_right with Sq != Skv (", p.seqlen_q, " != ", p.seqlen_kv, ")")));
+                                         "causal_bottom_right with Sq != Skv (", p.seqlen_q, " != ", p.seqlen_kv,
+                                         ")")));
       else if (p.seqlen_q > p.seqlen_kv)
         r.push_back(
             window_reason(p, cat("cuDNN's sliding window needs Sq <= Skv (", p.seqlen_q, " > ", p.seqlen_kv, ")")));
