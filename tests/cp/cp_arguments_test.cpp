@@ -1,5 +1,5 @@
 // CP attention refuses what it cannot do with a clear message: all-to-all with heads not divisible by cp, a local
-// shard of the wrong length, packed sequences and an additive bias through the dense entry points.
+// shard of the wrong length, packed sequences, an additive bias and a sliding window through the dense entry points.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -64,6 +64,14 @@ TEST(CpArguments, PackedAndWrongLengthsAreRejectedClearly) {
   const std::string bias = cp_forward_error(p, a, 10);
   EXPECT_NE(bias.find("an additive attention bias is not supported under context parallelism"), std::string::npos)
       << bias;
+  p.has_bias = false;
+  a.bias = {};
+  p.window = 4;
+  const std::string window = cp_forward_error(p, a, 10);
+  EXPECT_NE(window.find("a sliding window (cpu fp32 B=1 Hq=2 Hkv=2 D=32 Sq=10 Skv=10 mask=causal_top_left window=4) "
+                        "is not supported under context parallelism"),
+            std::string::npos)
+      << window;
 }
 
 }  // namespace

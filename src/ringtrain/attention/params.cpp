@@ -31,19 +31,24 @@ float AttnParams::scale() const {
 std::string AttnParams::key() const {
   return cat(device_name(device), '|', dtype_name(dtype), '|', batch, '|', heads_q, '|', heads_kv, '|', head_dim, '|',
              seqlen_q, '|', seqlen_kv, '|', static_cast<int>(mask), '|', packed, '|', deterministic, '|', has_bias, '|',
-             kv_cache);
+             kv_cache, '|', window);
 }
 
 std::string AttnParams::describe() const {
   return cat(device_name(device), ' ', dtype_name(dtype), " B=", batch, " Hq=", heads_q, " Hkv=", heads_kv,
              " D=", head_dim, " Sq=", seqlen_q, " Skv=", seqlen_kv, " mask=", mask_name(mask),
              packed ? " packed" : "", deterministic ? " deterministic" : "", has_bias ? " bias" : "",
-             kv_cache ? " kv_cache" : "");
+             kv_cache ? " kv_cache" : "", window > 0 ? cat(" window=", window) : std::string());
 }
 
 void validate_params(const AttnParams& p) {
   RT_CHECK(p.batch > 0 && p.heads_q > 0 && p.heads_kv > 0 && p.head_dim > 0 && p.seqlen_q >= 0 && p.seqlen_kv >= 0,
            "attention: bad params ", p.describe(), " (batch, heads and head_dim must be positive, lengths >= 0)");
+  // The window is a 32-bit value in the GPU kernels and the cuDNN graph.
+  RT_CHECK(p.window >= 0 && p.window < (int64_t{1} << 31), "attention: sliding window ", p.window, " of ",
+           p.describe(), " is not in [0, 2^31)");
+  RT_CHECK(p.window == 0 || p.mask != MaskType::None, "attention: sliding window ", p.window,
+           " needs a causal mask (causal_top_left or causal_bottom_right), got mask=none in ", p.describe());
   RT_CHECK(p.heads_q % p.heads_kv == 0, "attention: query heads (", p.heads_q, ") must be a multiple of kv heads (",
            p.heads_kv, ")");
   // The element counts of q/o and k/v, and of the score matrix a row block spans, must fit in 64 bits.
@@ -174,6 +179,10 @@ void validate(const AttnParams& p, const AttnBackwardArgs& a) {
 
 std::string kv_cache_reason() {
   return "a KV-cache call (a padded cache with per-sequence used lengths; only decode serves it)";
+}
+
+std::string window_reason(const AttnParams& p, const std::string& why) {
+  return cat("sliding window ", p.window, " (", why, ")");
 }
 
 AttnParams params_for(const TensorView& q, const TensorView& k, MaskType mask, float softmax_scale) {

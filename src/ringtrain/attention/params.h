@@ -9,6 +9,11 @@
 //  - GQA/MQA: query head h reads kv head h / (Hq / Hkv); KV is never repeated.
 //  - Causal masks are prefixes: query i sees keys [0, key_limit(i)). Top-left: key_limit = i + 1.
 //    Bottom-right (aligned to the end, as FlashAttention does for Sq != Skv): i + 1 + Skv - Sq.
+//  - Sliding window (AttnParams::window = w > 0, causal masks only): query i also sees no key before
+//    key_start(i) = key_limit(i) - w (before clamping, then clamped to [0, Skv]), so it sees the w most recent keys
+//    up to and including its diagonal: [key_limit(i) - w, key_limit(i)). This is Hugging Face's Mistral/Qwen2
+//    `sliding_window` (transformers' masking_utils: key j is visible to query i when j <= i and i - j < w, with i
+//    the query's position, i.e. its row plus Skv - Sq for a bottom-right mask). w = 0 means no window.
 //  - Additive bias (PyTorch SDPA attn_mask semantics): score(i, j) = scale * q_i . k_j + bias(b, h, i, j), added
 //    before the causal mask and the softmax; -inf entries hide keys. bias is [B or 1, Hq or 1, Sq, Skv] in any
 //    float dtype; a size-1 (or stride-0) batch/head dimension broadcasts. Dense (BSHD) calls only. The bias is a
@@ -46,6 +51,7 @@ struct AttnParams {
   bool deterministic = false;
   bool has_bias = false;      // the call passes an additive bias tensor (see the conventions above)
   bool kv_cache = false;      // k/v are a padded KV cache with per-sequence used lengths (see the conventions above)
+  int64_t window = 0;         // sliding window in keys, causal masks only (see the conventions above); 0: none
 
   float scale() const;
   // Everything that can change which backend serves the call (the selection cache key).
@@ -60,6 +66,14 @@ inline int64_t key_limit(MaskType m, int64_t i, int64_t sq, int64_t skv) {
   if (m == MaskType::CausalTopLeft) lim = i + 1;
   if (m == MaskType::CausalBottomRight) lim = i + 1 + skv - sq;
   return lim < 0 ? 0 : (lim > skv ? skv : lim);
+}
+
+// First key query row i may see: 0 without a window, else the unclamped causal limit minus the window, clamped to
+// [0, skv]. Row i sees [key_start, key_limit), nothing when key_start >= key_limit.
+inline int64_t key_start(MaskType m, int64_t window, int64_t i, int64_t sq, int64_t skv) {
+  if (window <= 0 || m == MaskType::None) return 0;
+  const int64_t start = i + 1 + (m == MaskType::CausalBottomRight ? skv - sq : 0) - window;
+  return start < 0 ? 0 : (start > skv ? skv : start);
 }
 
 struct AttnForwardArgs {
@@ -82,7 +96,7 @@ struct AttnBackwardArgs {
 };
 
 // The sizes themselves: positive batch/heads/head_dim, non-negative lengths, heads_q a multiple of heads_kv, element
-// counts within 64 bits. The error names the params.
+// counts within 64 bits; a window in [0, 2^31) and only with a causal mask. The error names the params.
 void validate_params(const AttnParams& p);
 // Shape/dtype/device checks of the tensors against the params (and validate_params); the error names the tensor and
 // its shape.
@@ -95,6 +109,8 @@ TensorView bias_broadcast_view(const TensorView& bias);
 
 // Every backend but decode rejects KV-cache calls with this reason.
 std::string kv_cache_reason();
+// The reason of a backend that cannot serve a sliding window (p.window > 0); `why` says what lacks it.
+std::string window_reason(const AttnParams& p, const std::string& why);
 
 // Params describing dense BSHD tensors q [B,Sq,Hq,D] and k [B,Skv,Hkv,D].
 AttnParams params_for(const TensorView& q, const TensorView& k, MaskType mask, float softmax_scale = 0.f);

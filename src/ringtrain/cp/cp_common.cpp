@@ -19,6 +19,7 @@ ZigzagLayout check_cp_call(const char* what, const comm::Communicator& comm, con
            p.describe(), ")");
   RT_CHECK(!p.has_bias, what, ": an additive attention bias is not supported under context parallelism (",
            p.describe(), ")");
+  RT_CHECK(p.window == 0, what, ": a sliding window (", p.describe(), ") is not supported under context parallelism");
   RT_CHECK(p.device == comm.device(), what, ": tensors are on ", device_name(p.device), " but the communicator's ",
            "buffers are on ", device_name(comm.device()));
   ZigzagLayout l(comm.size(), comm.rank(), global_len);

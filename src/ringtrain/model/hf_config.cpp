@@ -263,8 +263,8 @@ void check_sequence_supported(const ModelConfig& c, int64_t total_tokens) {
            " tokens is longer than config key 'max_position_embeddings' = ", c.max_positions);
   RT_CHECK(c.sliding_window == 0 || total_tokens <= c.sliding_window, "config key 'sliding_window' = ",
            c.sliding_window, " is shorter than the sequence (", total_tokens,
-           " tokens): sliding-window masks are not an attention mask the backends offer, so this sequence cannot be "
-           "run exactly");
+           " tokens): the model's layers do not pass a sliding window to their attention calls yet, so this sequence "
+           "cannot be run exactly");
 }
 
 }  // namespace ringtrain::model

@@ -46,8 +46,8 @@ nlohmann::json config_to_json(const ModelConfig& c);
 // Writes DIR/config.json through a temporary file and a rename.
 void write_config(const std::filesystem::path& checkpoint_dir, const ModelConfig& c);
 
-// Error unless the model can run a sequence of `total_tokens` exactly (sliding windows are not an attention
-// mask the backends offer; a window at least as long as the sequence masks nothing).
+// Error unless the model can run a sequence of `total_tokens` exactly (the layers do not pass a sliding window to
+// their attention calls yet; a window at least as long as the sequence masks nothing).
 void check_sequence_supported(const ModelConfig& c, int64_t total_tokens);
 
 }  // namespace ringtrain::model

@@ -1,7 +1,8 @@
 // CPU `flash` backend: the FlashAttention-2 algorithm on host tiles, fp32 accumulation.
 // Forward: per query tile, stream key tiles with an online softmax (running max m, running sum l), rescale
 // once at the end; LSE = m + log l. Backward: recompute P = exp(S - LSE) per tile from the given LSE,
-// D = rowsum(dO * O) once per row, dS = P * (dP - D). Tiles beyond a causal row's key limit are skipped.
+// D = rowsum(dO * O) once per row, dS = P * (dP - D). Tiles beyond a causal row's key limit, and tiles wholly before
+// a sliding window's start, are skipped.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -51,14 +52,17 @@ void forward_head(const AttnParams& p, const AttnForwardArgs& a, const HeadItem&
     float m[kTileQ], l[kTileQ];
     std::fill(m, m + br, kNegInf);
     std::fill(l, l + br, 0.f);
-    const int64_t kv_end = key_limit(p.mask, i0 + br - 1, s.sq, s.skv);  // limits grow with the row
-    for (int64_t j0 = 0; j0 < kv_end; j0 += kTileK) {
+    // Limits and window starts grow with the row: the tile's first row has the earliest start.
+    const int64_t kv_end = key_limit(p.mask, i0 + br - 1, s.sq, s.skv);
+    const int64_t kv_begin = key_start(p.mask, p.window, i0, s.sq, s.skv) / kTileK * kTileK;
+    for (int64_t j0 = kv_begin; j0 < kv_end; j0 += kTileK) {
       const int64_t bc = std::min(kTileK, kv_end - j0);
       for (int64_t r = 0; r < br; ++r) {
         const int64_t lim = key_limit(p.mask, i0 + r, s.sq, s.skv) - j0;
+        const int64_t first = key_start(p.mask, p.window, i0 + r, s.sq, s.skv) - j0;
         float mx = m[r];
         for (int64_t c = 0; c < bc; ++c) {
-          sc[r][c] = c < lim ? dot(&q[(i0 + r) * d], &k[(j0 + c) * d], d) * scale : kNegInf;
+          sc[r][c] = c >= first && c < lim ? dot(&q[(i0 + r) * d], &k[(j0 + c) * d], d) * scale : kNegInf;
           mx = std::max(mx, sc[r][c]);
         }
         if (mx == kNegInf) continue;  // nothing visible yet in this row
@@ -116,12 +120,15 @@ void backward_kv_head(const AttnParams& p, const AttnBackwardArgs& a, const Head
       const int64_t bc = std::min(kTileK, s.skv - j0);
       for (int64_t i0 = 0; i0 < s.sq; i0 += kTileQ) {
         const int64_t br = std::min(kTileQ, s.sq - i0);
-        if (key_limit(p.mask, i0 + br - 1, s.sq, s.skv) <= j0) continue;  // whole tile masked
+        if (key_limit(p.mask, i0 + br - 1, s.sq, s.skv) <= j0) continue;  // whole tile after every row's limit
+        // The window of this query tile, and of every later one, starts past the key tile.
+        if (key_start(p.mask, p.window, i0, s.sq, s.skv) >= j0 + bc) break;
         for (int64_t r = 0; r < br; ++r) {
           const int64_t i = i0 + r, lim = key_limit(p.mask, i, s.sq, s.skv) - j0;
+          const int64_t first = key_start(p.mask, p.window, i, s.sq, s.skv) - j0;
           const bool dead = lse_h[i] == kNegInf;
           for (int64_t c = 0; c < bc; ++c) {
-            if (dead || c >= lim) {
+            if (dead || c < first || c >= lim) {
               pt[r][c] = ds[r][c] = 0.f;
               continue;
             }

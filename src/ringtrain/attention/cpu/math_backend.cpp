@@ -1,6 +1,6 @@
-// CPU `math` backend: the reference. Materialises each query row's scores (plus the additive bias, if any),
-// exact softmax, and the textbook backward from the given (final) O and LSE. Accumulates in fp64 by default
-// (set_math_fp64).
+// CPU `math` backend: the reference. Materialises each query row's scores over its visible keys (causal limit and
+// sliding window) plus the additive bias, if any, exact softmax, and the textbook backward from the given (final) O
+// and LSE. Accumulates in fp64 by default (set_math_fp64).
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -57,17 +57,17 @@ void forward_item(const AttnParams& p, const AttnForwardArgs& a, const Item& it)
   for (int64_t h = it.kv_head * group; h < (it.kv_head + 1) * group; ++h) {
     load_head(qr, s.q_start, s.sq, h, q);
     for (int64_t i = 0; i < s.sq; ++i) {
-      const int64_t lim = key_limit(p.mask, i, s.sq, s.skv);
+      const int64_t lim = key_limit(p.mask, i, s.sq, s.skv), first = key_start(p.mask, p.window, i, s.sq, s.skv);
       Acc* oi = &o[i * d];
       for (int64_t c = 0; c < d; ++c) oi[c] = 0;
       float* lse_i = static_cast<float*>(lse.data) + h * lse.stride[0] + (s.q_start + i) * lse.stride[1];
-      if (lim == 0) {
+      if (first >= lim) {
         *lse_i = -std::numeric_limits<float>::infinity();
         continue;
       }
       const BiasRow bias_i = bias_row(p.has_bias ? &bias : nullptr, s.batch, h, i);
       Acc m = -std::numeric_limits<Acc>::infinity();
-      for (int64_t j = 0; j < lim; ++j) {
+      for (int64_t j = first; j < lim; ++j) {
         Acc dot = 0;
         for (int64_t c = 0; c < d; ++c) dot += q[i * d + c] * k[j * d + c];
         sc[j] = dot * scale + static_cast<Acc>(bias_i(j));
@@ -78,7 +78,7 @@ void forward_item(const AttnParams& p, const AttnForwardArgs& a, const Item& it)
         continue;
       }
       Acc l = 0;
-      for (int64_t j = 0; j < lim; ++j) {
+      for (int64_t j = first; j < lim; ++j) {
         const Acc pj = std::exp(sc[j] - m);
         l += pj;
         for (int64_t c = 0; c < d; ++c) oi[c] += pj * v[j * d + c];
@@ -112,12 +112,12 @@ void backward_item(const AttnParams& p, const AttnBackwardArgs& a, const Item& i
       Acc* dqi = &dq[i * d];
       for (int64_t c = 0; c < d; ++c) dqi[c] = 0;
       const float lse_i = static_cast<const float*>(lse.data)[h * lse.stride[0] + (s.q_start + i) * lse.stride[1]];
-      const int64_t lim = key_limit(p.mask, i, s.sq, s.skv);
-      if (lim == 0 || std::isinf(lse_i)) continue;  // a row that saw no key has no gradient
+      const int64_t lim = key_limit(p.mask, i, s.sq, s.skv), first = key_start(p.mask, p.window, i, s.sq, s.skv);
+      if (first >= lim || std::isinf(lse_i)) continue;  // a row that saw no key has no gradient
       const BiasRow bias_i = bias_row(p.has_bias ? &bias : nullptr, s.batch, h, i);
       Acc di = 0;
       for (int64_t c = 0; c < d; ++c) di += dout[i * d + c] * o[i * d + c];
-      for (int64_t j = 0; j < lim; ++j) {
+      for (int64_t j = first; j < lim; ++j) {
         Acc dot = 0, dp = 0;
         for (int64_t c = 0; c < d; ++c) {
           dot += q[i * d + c] * k[j * d + c];

@@ -38,6 +38,7 @@ class DecodeBackend final : public Backend {
                       cuda::kDecodeMaxRows, " rows per kv head)"));
     if (p.packed) r.push_back("packed (THD) sequences");
     if (p.has_bias) r.push_back("additive bias");
+    if (p.window > 0) r.push_back(window_reason(p, "the decode kernel reads every used cache row"));
     if (p.mask == MaskType::CausalTopLeft)
       r.push_back("causal top-left mask (a cache call aligns its rows to the used length: bottom-right or none)");
     if (p.seqlen_kv >= (int64_t(1) << 31)) r.push_back(cat("cache capacity ", p.seqlen_kv, " (needs < 2^31)"));

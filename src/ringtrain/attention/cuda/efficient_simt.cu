@@ -7,6 +7,7 @@
 // Forward: online softmax in natural-log units (expf, not the exp2 approximation), O rescaled once at the end.
 // Backward: delta = rowsum(dO * O) (shared with the tensor-core path), then dK/dV per key tile over the query tiles
 // of every head of the kv group, and dQ per query tile over the key tiles; no atomics, so always deterministic.
+// Tiles past the causal limits or wholly outside a sliding window are skipped.
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cuda/efficient_device.cuh"
 
@@ -17,6 +18,7 @@ using eff::load_elem;
 using eff::store_elem;
 using tile::bias_row_off;
 using tile::key_limit;
+using tile::key_start;
 using tile::load_bias;
 using tile::row_off;
 using tile::Seq;
@@ -65,7 +67,8 @@ __device__ __forceinline__ float row8_sum(float x) {
 // The scaled, biased score of (row, key) from its raw dot product; -inf where the key is not visible.
 __device__ __forceinline__ float score(const FlashShape& s, const Seq& seq, const EffBias& bias, int b, int h, int row,
                                        int key, float dot) {
-  if (row >= seq.sq || key >= seq.skv || key >= key_limit(s, seq, row)) return -INFINITY;
+  if (row >= seq.sq || key >= seq.skv || key >= key_limit(s, seq, row) || key < key_start(s, seq, row))
+    return -INFINITY;
   float x = dot * s.scale;
   if (bias.ptr) x += load_bias(bias, bias_row_off(bias, b, h, row) + key * bias.col_stride);
   return x;
@@ -93,7 +96,8 @@ __global__ void __launch_bounds__(kThreads) eff_simt_fwd_kernel(EffFwdCall c) {
   load_rows<T>(sQ, pitch, c.q, b, seq.q_row0, m0, seq.sq, h, d);
   float o[kMaxCols] = {};
   float row_max = -INFINITY, row_sum = 0.f;
-  for (int n0 = 0; n0 < n_end; n0 += kTile) {
+  // Window starts grow with the row: key tiles before the first row's start hold no visible key.
+  for (int n0 = key_start(s, seq, m0) / kTile * kTile; n0 < n_end; n0 += kTile) {
     __syncthreads();  // every thread is done with the previous K/V tile (and sQ is written, first time)
     load_rows<T>(sK, pitch, c.k, b, seq.kv_row0, n0, seq.skv, hk, d);
     load_rows<T>(sV, pitch, c.v, b, seq.kv_row0, n0, seq.skv, hk, d);
@@ -174,14 +178,15 @@ __global__ void __launch_bounds__(kThreads) eff_simt_dkdv_kernel(SimtBwdArgs arg
   const Seq seq = seq_of(s, b);
   if (n0 >= seq.skv) return;
   const int r = threadIdx.x / 8, c8 = threadIdx.x % 8, key = n0 + r;
-  // Query tiles that see any of these keys: row i sees key n0 when i + 1 + shift > n0.
-  const int m_first = s.mask != kMaskNone ? max(0, n0 - seq.shift) / kTile * kTile : 0;
+  // Query tiles that see any of these keys (causally, and within a sliding window).
+  const tile::TileRange tiles = tile::query_tiles(s, seq, n0, n0 + kTile, kTile);
+  const int m_end = min(seq.sq, tiles.end * kTile);
 
   load_rows<T>(sK, pitch, c.k, b, seq.kv_row0, n0, seq.skv, hk, d);
   load_rows<T>(sV, pitch, c.v, b, seq.kv_row0, n0, seq.skv, hk, d);
   float dk[kMaxCols] = {}, dv[kMaxCols] = {};
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
-    for (int m0 = m_first; m0 < seq.sq; m0 += kTile) {
+    for (int m0 = tiles.first * kTile; m0 < m_end; m0 += kTile) {
       __syncthreads();  // every thread is done with the previous Q/dO tile (and K/V are written, first time)
       load_rows<T>(sQ, pitch, c.q, b, seq.q_row0, m0, seq.sq, h, d);
       load_rows<T>(sDO, pitch, c.dout, b, seq.q_row0, m0, seq.sq, h, d);
@@ -252,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) eff_simt_dq_kernel(SimtBwdArgs args)
   load_rows<T>(sQ, pitch, c.q, b, seq.q_row0, m0, seq.sq, h, d);
   load_rows<T>(sDO, pitch, c.dout, b, seq.q_row0, m0, seq.sq, h, d);
   float dq[kMaxCols] = {};
-  for (int n0 = 0; n0 < n_end; n0 += kTile) {
+  for (int n0 = key_start(s, seq, m0) / kTile * kTile; n0 < n_end; n0 += kTile) {
     __syncthreads();
     load_rows<T>(sK, pitch, c.k, b, seq.kv_row0, n0, seq.skv, hk, d);
     load_rows<T>(sV, pitch, c.v, b, seq.kv_row0, n0, seq.skv, hk, d);

@@ -9,6 +9,8 @@
 //     Fast mode (efficient): dS^T also goes to shared memory and dQ += dS K is added to an fp32 buffer with atomics.
 //  3. Deterministic mode instead runs flash_bwd_dq_kernel: one CTA per query tile, recomputing P and dS over the
 //     key tiles (dQ in registers, no atomics).
+// Query tiles that see none of a CTA's keys (past them causally, or past a sliding window), and key tiles that none of
+// a CTA's rows see, are skipped.
 // dS carries the softmax scale, so dK = dS^T Q and dQ = dS K need none.
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cuda/efficient_device.cuh"
@@ -79,9 +81,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
   const int chunks = V::kPadHeadDim ? s.head_dim / 8 : D / 8;  // 16-byte chunks of a row that hold data
   const float inv_scale = 1.f / s.scale;  // the bias in raw-score units
 
-  // Query tiles that see any of these keys: row i sees key n0 when i + 1 + shift > n0.
-  const int mb_first = causal ? max(0, n0 - seq.shift) / BM : 0;
-  const int mb_count = max(0, (seq.sq + BM - 1) / BM - mb_first);
+  const TileRange tiles = query_tiles(s, seq, n0, n0 + BN, BM);
+  const int mb_first = tiles.first, mb_count = max(0, tiles.end - tiles.first);
   const int steps = group * mb_count;
 
   auto prefetch = [&](int step, int buf) {
@@ -139,14 +140,17 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dkdv_kernel(BwdKerne
         mma<T>(p[2 * np + 1], a, bq[2], bq[3]);
       }
     }
-    const bool need_mask = m0 + BM > seq.sq || n0 + BN > seq.skv || (causal && n0 + BN > m0 + 1 + seq.shift);
+    // The tile's last row has the latest window start: a key tile beginning before it needs the window mask.
+    const bool need_mask = m0 + BM > seq.sq || n0 + BN > seq.skv || (causal && n0 + BN > m0 + 1 + seq.shift) ||
+                           n0 < key_start(s, seq, min(m0 + BM, seq.sq) - 1);
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = nt * 8 + 2 * t + (e & 1);
         const int key = n0 + warp * 16 + g + 8 * (e >> 1), row = m0 + col;
-        const bool visible = !need_mask || (row < seq.sq && key < key_limit(s, seq, row));
+        const bool visible =
+            !need_mask || (row < seq.sq && key < key_limit(s, seq, row) && key >= key_start(s, seq, row));
         if constexpr (V::kBias)
           if (c.bias.ptr && row < seq.sq && key < seq.skv) p[nt][e] += bias_score(c.bias, b, h, row, key, inv_scale);
         p[nt][e] = visible ? exp2f(p[nt][e] * scale_log2 - lse_log2(sLse[col])) : 0.f;
@@ -281,7 +285,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
   if (m0 >= seq.sq) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int rows_valid = min(BM, seq.sq - m0);
-  const int n_tiles = (key_limit(s, seq, m0 + rows_valid - 1) + BN - 1) / BN;
+  // Key tiles any row of the tile may see: [nb_first, n_tiles) (limits and window starts grow with the row).
+  const int n_tiles = (key_limit(s, seq, m0 + rows_valid - 1) + BN - 1) / BN, nb_first = key_start(s, seq, m0) / BN;
+  const int n_win = key_start(s, seq, m0 + rows_valid - 1);  // key tiles beginning before it need the window mask
   const int chunks = V::kPadHeadDim ? s.head_dim / 8 : D / 8;  // 16-byte chunks of a row that hold data
   const float inv_scale = 1.f / s.scale;  // the bias in raw-score units
 
@@ -294,12 +300,12 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
     load_tile<BN, D, kThreads>(sKV0 + (2 * buf + 1) * kTileKV, gv + n0 * c.v.row_stride, c.v.row_stride,
                                seq.skv - nb * BN, chunks);
   };
-  if (n_tiles > 0) {
+  if (n_tiles > nb_first) {
     load_tile<BM, D, kThreads>(sQ, static_cast<const uint16_t*>(c.q.ptr) + row_off(c.q, b, seq.q_row0 + m0, h),
                                c.q.row_stride, rows_valid, chunks);
     load_tile<BM, D, kThreads>(sDO, static_cast<const uint16_t*>(c.dout.ptr) + row_off(c.dout, b, seq.q_row0 + m0, h),
                                c.dout.row_stride, rows_valid, chunks);
-    prefetch(0, 0);
+    prefetch(nb_first, 0);
     cp_async_commit();
   }
 
@@ -313,8 +319,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
   const float scale_log2 = s.scale * kLog2e;
   float dq[D / 8][4] = {};
 
-  for (int nb = 0; nb < n_tiles; ++nb) {
-    const int n0 = nb * BN, buf = nb & 1;
+  for (int nb = nb_first; nb < n_tiles; ++nb) {
+    const int n0 = nb * BN, buf = (nb - nb_first) & 1;
     const uint32_t sK = sKV0 + (2 * buf) * kTileKV, sV = sK + kTileKV;
     cp_async_wait_all();
     __syncthreads();
@@ -339,12 +345,12 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
         mma<T>(ds[2 * np + 1], ao, bv[2], bv[3]);
       }
     }
-    const bool need_mask =
-        m0 + BM > seq.sq || n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift);
+    const bool need_mask = m0 + BM > seq.sq || n0 + BN > seq.skv ||
+                           (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift) || n0 < n_win;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = m0 + warp * 16 + g + 8 * half;
-      const int lim = row < seq.sq ? key_limit(s, seq, row) : 0;
+      const int lim = row < seq.sq ? key_limit(s, seq, row) : 0, first = row < seq.sq ? key_start(s, seq, row) : 0;
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
@@ -353,7 +359,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_bwd_dq_kernel(BwdKernelA
           float& x = p[nt][2 * half + e];
           if constexpr (V::kBias)
             if (c.bias.ptr && row < seq.sq && key < seq.skv) x += bias_score(c.bias, b, h, row, key, inv_scale);
-          const float pv = (!need_mask || key < lim) ? exp2f(x * scale_log2 - row_lse2[half]) : 0.f;
+          const float pv = (!need_mask || (key < lim && key >= first)) ? exp2f(x * scale_log2 - row_lse2[half]) : 0.f;
           ds[nt][2 * half + e] = pv * (ds[nt][2 * half + e] - row_delta[half]) * s.scale;
         }
       }

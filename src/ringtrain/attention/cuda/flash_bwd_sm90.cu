@@ -1,7 +1,8 @@
 // The `flash` backward on Hopper (fast mode): wgmma tensor cores in the FlashAttention-3 structure, without a
 // producer warp. One CTA of two warpgroups per (key tile of 128 keys, kv head, sequence); each warpgroup owns 64
 // keys and keeps their dK and dV in registers while the CTA walks every query tile (64 rows) of every query head
-// of the GQA group, Q / dO / LSE / Delta double-buffered through cp.async. Per query tile, each warpgroup computes
+// of the GQA group that can see them (causally and within a sliding window), Q / dO / LSE / Delta double-buffered
+// through cp.async. Per query tile, each warpgroup computes
 //   S^T = K Q^T and dP^T = V dO^T (shared operands), P^T and dS^T = P^T (dP^T - Delta) * scale in registers,
 //   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register operands),
 //   and a 64 x 64 share of dQ = dS K from dS^T in shared memory: head dim 128 splits dQ's columns between the
@@ -73,9 +74,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
   const bool causal = s.mask != kMaskNone;
   const int key0 = n0 + wgi * 64 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
 
-  // Query tiles that see any of these keys: row i sees key n0 when i + 1 + shift > n0.
-  const int mb_first = causal ? max(0, n0 - seq.shift) / BM : 0;
-  const int mb_count = max(0, (seq.sq + BM - 1) / BM - mb_first);
+  // Query tiles that see any of these keys (causally, and within a sliding window).
+  const TileRange tiles = query_tiles(s, seq, n0, n0 + BN, BM);
+  const int mb_first = tiles.first, mb_count = max(0, tiles.end - tiles.first);
   const int steps = group * mb_count;
   const int64_t tile_base = dq_tile_base(s, b);
 
@@ -152,16 +153,18 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
         }
       }
     }
-    if (m0 + BM > seq.sq || n0 + BN > seq.skv || (causal && n0 + BN > m0 + 1 + seq.shift)) {
+    // The tile's last row has the latest window start: a key tile beginning before it needs the window mask too.
+    if (m0 + BM > seq.sq || n0 + BN > seq.skv || (causal && n0 + BN > m0 + 1 + seq.shift) ||
+        n0 < key_start(s, seq, min(m0 + BM, seq.sq) - 1)) {
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int row = m0 + 8 * j + 2 * t + e;
-          const int lim = row < seq.sq ? key_limit(s, seq, row) : 0;
+          const int lim = row < seq.sq ? key_limit(s, seq, row) : 0, first = row < seq.sq ? key_start(s, seq, row) : 0;
 #pragma unroll
           for (int half = 0; half < 2; ++half)
-            if (key0 + 8 * half >= lim) sp[4 * j + 2 * half + e] = 0.f;
+            if (key0 + 8 * half >= lim || key0 + 8 * half < first) sp[4 * j + 2 * half + e] = 0.f;
         }
       }
     }

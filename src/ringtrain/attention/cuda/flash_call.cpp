@@ -65,6 +65,7 @@ FlashShape flash_shape(const AttnParams& p, const TensorView& q, const TensorVie
   s.mask = p.mask == MaskType::None            ? kMaskNone
            : p.mask == MaskType::CausalTopLeft ? kMaskCausalTopLeft
                                                : kMaskCausalBottomRight;
+  s.window = static_cast<int>(p.window);  // validate_params: < 2^31
   s.scale = p.scale();
   s.bf16 = p.dtype == DType::BF16;
   return s;

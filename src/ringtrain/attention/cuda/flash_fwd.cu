@@ -2,7 +2,8 @@
 // on mma.sync tensor cores. (flash's own forward is the Hopper kernel of flash_fwd_sm90.cu.)
 // One CTA per (query tile of BM rows, query head, sequence); each warp owns MT 16-row slices of the tile. K and V
 // tiles of BN keys stream through shared memory with cp.async: V_n loads while S = Q K_n^T is computed, K_{n+1}
-// while the softmax and O += P V_n run. Online softmax in the log2 domain; O is rescaled once at the end.
+// while the softmax and O += P V_n run. Online softmax in the log2 domain; O is rescaled once at the end. Key tiles
+// past the tile's last causal limit or wholly before its first row's sliding-window start are never loaded.
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cuda/flash_tile.cuh"
 
@@ -36,9 +37,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(typename V::F
   const int chunks = V::kPadHeadDim ? s.head_dim / 8 : D / 8;  // 16-byte chunks of a row that hold data
   const float inv_scale = 1.f / s.scale;  // the bias in raw-score units
 
-  // Keys any row of the tile may see: [0, n_end).
+  // Key tiles any row of the tile may see: [nb_first, n_tiles) (limits and window starts grow with the row).
   const int n_end = key_limit(s, seq, m0 + rows_valid - 1);
-  const int n_tiles = (n_end + BN - 1) / BN;
+  const int n_tiles = (n_end + BN - 1) / BN, nb_first = key_start(s, seq, m0) / BN;
+  // The tile's last row has the latest window start: key tiles beginning before it need the window mask.
+  const int n_win = key_start(s, seq, m0 + rows_valid - 1);
 
   const uint16_t* gq = static_cast<const uint16_t*>(c.q.ptr) + row_off(c.q, b, seq.q_row0 + m0, h);
   const uint16_t* gk = static_cast<const uint16_t*>(c.k.ptr) + row_off(c.k, b, seq.kv_row0, hk);
@@ -50,12 +53,13 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(typename V::F
   for (int mt = 0; mt < MT; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY;
   const float scale_log2 = s.scale * kLog2e;
 
-  if (n_tiles > 0) {
+  if (n_tiles > nb_first) {
     load_tile<BM, D, kThreads>(sQ, gq, c.q.row_stride, rows_valid, chunks);
-    load_tile<BN, D, kThreads>(sK, gk, c.k.row_stride, min(BN, seq.skv), chunks);
+    load_tile<BN, D, kThreads>(sK, gk + int64_t(nb_first) * BN * c.k.row_stride, c.k.row_stride,
+                               seq.skv - nb_first * BN, chunks);
     cp_async_commit();
   }
-  for (int nb = 0; nb < n_tiles; ++nb) {
+  for (int nb = nb_first; nb < n_tiles; ++nb) {
     const int n0 = nb * BN;
     cp_async_wait_all();
     __syncthreads();  // K_n visible; every warp is done with V_{n-1}
@@ -88,9 +92,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(typename V::F
       cp_async_commit();
     }
 
-    // Bias (rows and keys in range), then mask keys past the sequence end or past a row's causal limit (only tiles
-    // that reach them).
-    const bool need_mask = n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift);
+    // Bias (rows and keys in range), then mask keys past the sequence end, past a row's causal limit or before its
+    // window start (only tiles that reach them).
+    const bool need_mask =
+        n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift) || n0 < n_win;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -109,13 +114,15 @@ __global__ void __launch_bounds__(32 * kWarps, 1) flash_fwd_kernel(typename V::F
           }
         }
         const int lim = need_mask ? key_limit(s, seq, row) : seq.skv;
+        const int first = need_mask ? key_start(s, seq, row) : 0;
         float mx = row_max[mt][half];
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = sc[mt][nt][2 * half + e];
-            if (need_mask && n0 + nt * 8 + 2 * t + e >= lim) x = -INFINITY;
+            const int key = n0 + nt * 8 + 2 * t + e;
+            if (need_mask && (key >= lim || key < first)) x = -INFINITY;
             mx = fmaxf(mx, x);
           }
         }

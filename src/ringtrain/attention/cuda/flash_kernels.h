@@ -34,6 +34,7 @@ struct FlashShape {
   const int* cu_q = nullptr;                 // packed only: int32 [B + 1] on the device
   const int* cu_kv = nullptr;
   int mask = kMaskNone;
+  int window = 0;                            // sliding window in keys (causal masks only; params.h); 0: none
   float scale = 1.f;                         // softmax scale
   bool bf16 = true;                          // else fp16
 };

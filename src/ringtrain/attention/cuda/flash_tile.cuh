@@ -247,6 +247,28 @@ __device__ __forceinline__ int key_limit(const FlashShape& s, const Seq& q, int 
   return max(0, min(q.skv, i + 1 + q.shift));
 }
 
+// Under a sliding window row i sees keys [key_start, key_limit) (params.h's key_start): no key before the unclamped
+// causal limit minus the window. 0 without a window.
+__device__ __forceinline__ int key_start(const FlashShape& s, const Seq& q, int i) {
+  if (s.window <= 0 || s.mask == kMaskNone) return 0;
+  const int64_t start = int64_t(i) + 1 + q.shift - s.window;
+  return static_cast<int>(max(int64_t{0}, min(int64_t(q.skv), start)));
+}
+
+// Query tiles of BM rows whose rows may see a key of [n0, n1): tiles [first, end). Causal rows see key n0 from row
+// n0 - shift on; under a window, no row after n1 - 2 + window - shift sees key n1 - 1.
+struct TileRange {
+  int first, end;
+};
+__device__ __forceinline__ TileRange query_tiles(const FlashShape& s, const Seq& q, int n0, int n1, int bm) {
+  TileRange r{s.mask != kMaskNone ? max(0, n0 - q.shift) / bm : 0, (q.sq + bm - 1) / bm};
+  if (s.window > 0 && s.mask != kMaskNone) {
+    const int64_t last_row = int64_t(n1) - 2 + s.window - q.shift;
+    r.end = last_row < 0 ? 0 : static_cast<int>(min(int64_t(r.end), last_row / bm + 1));
+  }
+  return r;
+}
+
 // Element offset of (row, head) of one batch entry.
 __device__ __forceinline__ int64_t row_off(const FlashRows& t, int b, int64_t row, int head) {
   return b * t.batch_stride + row * t.row_stride + head * t.head_stride;

@@ -107,7 +107,7 @@ void forward_segment(const AttnParams& p, const AttnForwardArgs& a, const Segmen
       gemm.batched_f32(sq, skv, d, p.scale(), RowMajor{q, d, sq * d, false}, RowMajor{k, d, skv * d, true}, s, ld,
                        sq * ld, n);
     if (p.has_bias) cuda::add_bias(st, s, n, sq, skv, ld, bias, seg.batch, h0);
-    cuda::softmax_rows(st, s, n, sq, skv, ld, p.mask, lse, h0, seg.q_start);
+    cuda::softmax_rows(st, s, n, sq, skv, ld, p.mask, p.window, lse, h0, seg.q_start);
     if (skv > 0)
       gemm.batched_f32(sq, d, skv, 1.f, RowMajor{s, ld, sq * ld, false}, RowMajor{v, d, skv * d, false}, o, d, sq * d,
                        n);
@@ -166,7 +166,7 @@ void backward_segment(const AttnParams& p, const AttnBackwardArgs& a, const Segm
       gemm.batched_f32(sq, skv, d, 1.f, RowMajor{dout, d, sq * d, false}, RowMajor{v, d, skv * d, true}, dp, ld,
                        sq * ld, n);
       if (p.has_bias) cuda::add_bias(st, s, n, sq, skv, ld, bias, seg.batch, h0);
-      cuda::backward_rows(st, s, dp, o, dout, n, sq, skv, ld, d, p.mask, lse, h0, seg.q_start);
+      cuda::backward_rows(st, s, dp, o, dout, n, sq, skv, ld, d, p.mask, p.window, lse, h0, seg.q_start);
       // dV = P^T dO, dQ = scale dS K, dK = scale dS^T Q (dS is in dp now, P in s).
       gemm.batched_f32(skv, d, sq, 1.f, RowMajor{s, ld, sq * ld, true}, RowMajor{dout, d, sq * d, false}, dv, d,
                        skv * d, n);

@@ -24,6 +24,13 @@ __device__ inline int64_t device_key_limit(MaskType m, int64_t i, int64_t sq, in
   return lim < 0 ? 0 : (lim > skv ? skv : lim);
 }
 
+// Same rule as attention::key_start (params.h): the first key a row sees under a sliding window.
+__device__ inline int64_t device_key_start(MaskType m, int64_t window, int64_t i, int64_t sq, int64_t skv) {
+  if (window <= 0 || m == MaskType::None) return 0;
+  const int64_t start = i + 1 + (m == MaskType::CausalBottomRight ? skv - sq : 0) - window;
+  return start < 0 ? 0 : (start > skv ? skv : start);
+}
+
 __device__ inline float block_sum(float v, float* shared) {
   for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -76,14 +83,14 @@ __global__ void group_sum_kernel(const float* src, int64_t head0, int64_t heads,
   }
 }
 
-__global__ void softmax_kernel(float* scores, int64_t sq, int64_t skv, int64_t ld, MaskType mask, LseRef lse,
-                               int64_t head0, int64_t row0) {
+__global__ void softmax_kernel(float* scores, int64_t sq, int64_t skv, int64_t ld, MaskType mask, int64_t window,
+                               LseRef lse, int64_t head0, int64_t row0) {
   __shared__ float sm_m[kThreads / 32], sm_l[kThreads / 32];
   const int64_t row = blockIdx.x, h = row / sq, i = row % sq;
   float* s = scores + row * ld;
-  const int64_t lim = device_key_limit(mask, i, sq, skv);
+  const int64_t lim = device_key_limit(mask, i, sq, skv), first = device_key_start(mask, window, i, sq, skv);
   float m = -INFINITY, l = 0.f;
-  for (int64_t j = threadIdx.x; j < lim; j += kThreads) merge_max_sum(m, l, s[j], 1.f);
+  for (int64_t j = first + threadIdx.x; j < lim; j += kThreads) merge_max_sum(m, l, s[j], 1.f);
   for (int off = 16; off > 0; off /= 2) merge_max_sum(m, l, __shfl_xor_sync(0xffffffffu, m, off),
                                                       __shfl_xor_sync(0xffffffffu, l, off));
   if (threadIdx.x % 32 == 0) {
@@ -95,15 +102,15 @@ __global__ void softmax_kernel(float* scores, int64_t sq, int64_t skv, int64_t l
   l = 0.f;
   for (int w = 0; w < kThreads / 32; ++w) merge_max_sum(m, l, sm_m[w], sm_l[w]);
   // A row whose visible scores are all -inf (hidden by the bias) has l = 0: LSE = -inf and P = 0 like an empty row.
-  const float row_lse = lim > 0 && l > 0.f ? m + logf(l) : -INFINITY;
+  const float row_lse = lim > first && l > 0.f ? m + logf(l) : -INFINITY;
   const int64_t p_lim = row_lse == -INFINITY ? 0 : lim;
-  for (int64_t j = threadIdx.x; j < skv; j += kThreads) s[j] = j < p_lim ? expf(s[j] - row_lse) : 0.f;
+  for (int64_t j = threadIdx.x; j < skv; j += kThreads) s[j] = j >= first && j < p_lim ? expf(s[j] - row_lse) : 0.f;
   if (threadIdx.x == 0) lse.data[(head0 + h) * lse.head_stride + (row0 + i) * lse.row_stride] = row_lse;
 }
 
 __global__ void backward_rows_kernel(float* scores, float* dp, const float* o, const float* dout, int64_t sq,
-                                     int64_t skv, int64_t ld, int64_t d, MaskType mask, LseRef lse, int64_t head0,
-                                     int64_t row0) {
+                                     int64_t skv, int64_t ld, int64_t d, MaskType mask, int64_t window, LseRef lse,
+                                     int64_t head0, int64_t row0) {
   __shared__ float sm[kThreads / 32];
   const int64_t row = blockIdx.x, h = row / sq, i = row % sq;
   float partial = 0.f;
@@ -112,10 +119,11 @@ __global__ void backward_rows_kernel(float* scores, float* dp, const float* o, c
   const float row_lse = lse.data[(head0 + h) * lse.head_stride + (row0 + i) * lse.row_stride];
   // A row that saw no key (LSE = -inf) has P = 0 and no gradient.
   const int64_t lim = row_lse == -INFINITY ? 0 : device_key_limit(mask, i, sq, skv);
+  const int64_t first = device_key_start(mask, window, i, sq, skv);
   float* s = scores + row * ld;
   float* g = dp + row * ld;
   for (int64_t j = threadIdx.x; j < skv; j += kThreads) {
-    const float p = j < lim ? expf(s[j] - row_lse) : 0.f;
+    const float p = j >= first && j < lim ? expf(s[j] - row_lse) : 0.f;
     s[j] = p;
     g[j] = p * (g[j] - di);
   }
@@ -223,22 +231,23 @@ void add_bias(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t 
 }
 
 void softmax_rows(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld, MaskType mask,
-                  LseRef lse, int64_t head0, int64_t row0) {
+                  int64_t window, LseRef lse, int64_t head0, int64_t row0) {
   const int64_t rows = heads * sq;
   if (rows == 0) return;
   check_rows(rows);
-  softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(scores, sq, skv, ld, mask, lse, head0, row0);
+  softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(scores, sq, skv, ld, mask, window, lse, head0,
+                                                                  row0);
   RT_CUDA_CHECK_LAUNCH("softmax_kernel");
 }
 
 void backward_rows(cudaStream_t s, float* scores, float* dp, const float* o, const float* dout, int64_t heads,
-                   int64_t sq, int64_t skv, int64_t ld, int64_t d, MaskType mask, LseRef lse, int64_t head0,
-                   int64_t row0) {
+                   int64_t sq, int64_t skv, int64_t ld, int64_t d, MaskType mask, int64_t window, LseRef lse,
+                   int64_t head0, int64_t row0) {
   const int64_t rows = heads * sq;
   if (rows == 0) return;
   check_rows(rows);
-  backward_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(scores, dp, o, dout, sq, skv, ld, d, mask, lse,
-                                                                        head0, row0);
+  backward_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(scores, dp, o, dout, sq, skv, ld, d, mask,
+                                                                        window, lse, head0, row0);
   RT_CUDA_CHECK_LAUNCH("backward_rows_kernel");
 }
 

@@ -39,15 +39,16 @@ struct LseRef {
 void add_bias(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld,
               const TensorView& bias, int64_t batch, int64_t head0);
 
-// Softmax over each row of scores [heads, sq, ld] (the first skv columns used) under the mask: P in place
-// (masked entries 0) and lse(head0 + h, row0 + i). A row with no visible key gets LSE = -inf and P = 0.
+// Softmax over each row of scores [heads, sq, ld] (the first skv columns used) under the mask and sliding window
+// (params.h; 0: none): P in place (masked entries 0) and lse(head0 + h, row0 + i). A row with no visible key gets
+// LSE = -inf and P = 0.
 void softmax_rows(cudaStream_t s, float* scores, int64_t heads, int64_t sq, int64_t skv, int64_t ld, MaskType mask,
-                  LseRef lse, int64_t head0, int64_t row0);
+                  int64_t window, LseRef lse, int64_t head0, int64_t row0);
 
 // Backward rows: from scores S (scaled), dP = dO V^T, O and dO ([heads, sq, d]) and the forward LSE, writes
 // P = exp(S - LSE) (masked 0) over S and dS = P * (dP - rowsum(dO * O)) over dP.
 void backward_rows(cudaStream_t s, float* scores, float* dp, const float* o, const float* dout, int64_t heads,
-                   int64_t sq, int64_t skv, int64_t ld, int64_t d, MaskType mask, LseRef lse, int64_t head0,
-                   int64_t row0);
+                   int64_t sq, int64_t skv, int64_t ld, int64_t d, MaskType mask, int64_t window, LseRef lse,
+                   int64_t head0, int64_t row0);
 
 }  // namespace ringtrain::attention::cuda

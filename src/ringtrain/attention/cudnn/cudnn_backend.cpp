@@ -135,6 +135,7 @@ cudnn::SdpaConfig config(const AttnParams& p) {
   // Bottom-right alignment equals top-left when Sq == Skv; cuDNN is given the plain causal mask then.
   c.causal_top_left = p.mask == MaskType::CausalTopLeft || (p.mask == MaskType::CausalBottomRight && p.seqlen_q == p.seqlen_kv);
   c.causal_bottom_right = p.mask == MaskType::CausalBottomRight && p.seqlen_q != p.seqlen_kv;
+  c.window = p.window;
   c.deterministic = p.deterministic;
   return c;
 }
@@ -197,6 +198,22 @@ class CudnnBackend final : public Backend {
     if (p.packed && p.batch * p.seqlen_q * p.heads_q * p.head_dim >= (int64_t{1} << 31))
       r.push_back("packed tensors beyond 2^31 elements (cuDNN's int32 ragged offsets)");
     if (p.has_bias) r.push_back("additive bias (not wired into this backend's cuDNN graphs)");
+    // cuDNN's sliding window (frontend 1.8, cuDNN >= 9.2) combines only with the top-left causal mask (the same as
+    // bottom-right when Sq == Skv), Sq <= Skv, and no ragged or padded inputs.
+    if (p.window > 0) {
+      if (p.packed)
+        r.push_back(window_reason(p, "cuDNN's sliding window excludes packed (ragged) sequences"));
+      else if (p.mask == MaskType::CausalBottomRight && p.seqlen_q != p.seqlen_kv)
+        r.push_back(window_reason(p, cat("cuDNN's sliding window takes only the top-left causal mask; ",
+                                         "causal_bottom_right with Sq != Skv (", p.seqlen_q, " != ", p.seqlen_kv,
+                                         ")")));
+      else if (p.seqlen_q > p.seqlen_kv)
+        r.push_back(
+            window_reason(p, cat("cuDNN's sliding window needs Sq <= Skv (", p.seqlen_q, " > ", p.seqlen_kv, ")")));
+      else if (cudnn::load_error().empty() && cudnn::backend_version() < 90200)
+        r.push_back(
+            window_reason(p, cat("cuDNN's sliding window needs cuDNN >= 9.2, loaded ", cudnn::backend_version())));
+    }
     return r;
   }
 

@@ -55,7 +55,8 @@ std::string describe(const char* name, const Tensor4& t) {
 
 std::string config_key(int device, const SdpaConfig& c) {
   return cat("cuda:", device, " ", dtype_name(c.dtype), " scale=", std::bit_cast<uint32_t>(c.scale), c.causal_top_left ? " causal_tl" : "",
-             c.causal_bottom_right ? " causal_br" : "", c.deterministic ? " det" : "", c.seq_len_q ? " padded" : "");
+             c.causal_bottom_right ? " causal_br" : "", c.window > 0 ? cat(" window=", c.window) : std::string(),
+             c.deterministic ? " det" : "", c.seq_len_q ? " padded" : "");
 }
 
 struct PerDevice {
@@ -203,6 +204,7 @@ void sdpa_forward(int device, cudaStream_t stream, const SdpaConfig& c, const Te
     auto opts = fe::graph::SDPA_attributes().set_name("sdpa_forward").set_is_inference(false).set_attn_scale(c.scale);
     if (c.causal_top_left) opts.set_causal_mask(true);
     if (c.causal_bottom_right) opts.set_causal_mask_bottom_right(true);
+    if (c.window > 0) opts.set_sliding_window_length(static_cast<int>(c.window));
     if (c.seq_len_q) opts.set_padding_mask(true).set_seq_len_q(b.seq_len("seq_q", kSeqQ)).set_seq_len_kv(b.seq_len("seq_kv", kSeqKV));
     auto [O, Stats] = b.g().sdpa(Q, K, V, opts);
     b.output(O, kO, o, kRagO);
@@ -243,6 +245,7 @@ void sdpa_backward(int device, cudaStream_t stream, const SdpaConfig& c, const T
     auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(c.scale);
     if (c.causal_top_left) opts.set_causal_mask(true);
     if (c.causal_bottom_right) opts.set_causal_mask_bottom_right(true);
+    if (c.window > 0) opts.set_sliding_window_length(static_cast<int>(c.window));
     if (c.deterministic) opts.set_deterministic_algorithm(true);
     if (c.seq_len_q) opts.set_padding_mask(true).set_seq_len_q(b.seq_len("seq_q", kSeqQ)).set_seq_len_kv(b.seq_len("seq_kv", kSeqKV));
     auto [dQ, dK, dV] = b.g().sdpa_backward(Q, K, V, O, dO, Stats, opts);

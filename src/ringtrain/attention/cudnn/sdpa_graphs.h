@@ -29,6 +29,9 @@ struct SdpaConfig {
   DType dtype = DType::BF16;  // of Q, K, V, O, dO, dQ, dK, dV (cuDNN computes in fp32)
   float scale = 1.f;
   bool causal_top_left = false, causal_bottom_right = false;
+  // Sliding window (params.h), with causal_top_left only; 0: none. cuDNN keeps key j for row i when j <= i and
+  // i - j < window (frontend 1.8: row < col + window), Hugging Face's rule.
+  int64_t window = 0;
   bool deterministic = false;
   // Packed: int32 [B] sequence lengths on the device (padding mask); null for dense calls.
   void* seq_len_q = nullptr;
