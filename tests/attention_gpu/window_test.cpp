@@ -6,10 +6,9 @@
 //
 // Covered: efficient's tensor-core kernels (flash_fwd.cu, flash_bwd.cu fast and deterministic) and SIMT kernels (fp32,
 // D = 256), the GPU math backend, cudnn (top-left causal, Sq <= Skv: what its sliding window takes; the rest is
-// declined with a reason, checked from the params alone), and flash (the Hopper backward, and flash_bwd.cu in
-// deterministic mode). Windows of
-// one key, inside a tile, across tile boundaries and longer than the sequence; both causal alignments with Sq != Skv,
-// including rows that see no key. Flash cases skip, naming the reason, while the backend declines windows.
+// declined with a reason, checked from the params alone), and flash (the Hopper forward and backward, and
+// flash_bwd.cu in deterministic mode). Windows of one key, inside a tile, across tile boundaries and longer than the
+// sequence; both causal alignments with Sq != Skv, including rows that see no key.
 //
 // Tolerances as in efficient_test.cpp / cuda_math_test.cpp (relative L2 error against fp64 on the same rounded
 // inputs): bf16 1e-2, fp16 5e-3, fp32 1e-5; LSE max abs 1e-3 for 16-bit inputs, 1e-4 for fp32.
@@ -54,9 +53,6 @@ void check(BackendId id, const Case& c, int64_t window, bool deterministic, cons
   attention::AttnParams gp = pr.p;
   gp.device = Device::cuda();
   const auto reasons = be->unsupported_reasons(gp);
-  if (id == BackendId::Flash)
-    for (const std::string& r : reasons)
-      if (r.find("sliding window") != std::string::npos) GTEST_SKIP() << "flash declines windows: " << r;
   ASSERT_TRUE(reasons.empty()) << reasons.front();
   const Result got = run_gpu(*be, c, pr);
   Problem ref = pr;
@@ -190,7 +186,7 @@ TEST(WindowCudnnCuda, DeclinesWhatItsWindowExcludes) {
   EXPECT_TRUE(names("packed"));
 }
 
-// --- flash (skips while the backend declines windows) --------------------------------------------------------------
+// --- flash -----------------------------------------------------------------------------------------------------------
 
 TEST(WindowFlashCuda, Bf16HopperBackward) {
   check(BackendId::Flash, dense(DType::BF16, 128, 700, 700, MaskType::CausalTopLeft, 8, 2), 200, false,
@@ -205,6 +201,13 @@ TEST(WindowFlashCuda, Fp16D64BottomRight) {
 TEST(WindowFlashCuda, Bf16Deterministic) {
   check(BackendId::Flash, dense(DType::BF16, 64, 450, 450, MaskType::CausalTopLeft), 90, true,
         "flash bf16 deterministic w=90");
+}
+
+// A window far shorter than the sequence: the forward skips the key tiles wholly before a query tile's windows.
+TEST(WindowFlashCuda, Bf16LongSequenceShortWindow) {
+  check(BackendId::Flash, dense(DType::BF16, 128, 2000, 2000, MaskType::CausalTopLeft, 4, 2), 130, false,
+        "flash bf16 S=2000 w=130");
+  check(BackendId::Flash, dense(DType::BF16, 64, 600, 600, MaskType::CausalTopLeft), 1, false, "flash bf16 w=1");
 }
 
 TEST(WindowFlashCuda, Bf16Packed) {

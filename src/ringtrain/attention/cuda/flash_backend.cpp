@@ -39,9 +39,6 @@ class FlashBackend final : public Backend {
     if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_kv >= (int64_t(1) << 31))
       r.push_back(cat("sequence length ", std::max(p.seqlen_q, p.seqlen_kv), " (needs < 2^31)"));
     if (p.has_bias) r.push_back("additive bias (the flash kernels take none; efficient and math do)");
-    // Sliding windows: the one obstacle is the Hopper forward (flash_fwd_sm90.cu), which does not read
-    // FlashShape::window yet; both backward paths do. Delete this line when the forward does.
-    if (p.window > 0) r.push_back(window_reason(p, "the Hopper forward does not take one yet"));
     // Checked per call, not from the params: unit stride in D (validate), 16-byte aligned rows (rows_of).
     return r;
   }

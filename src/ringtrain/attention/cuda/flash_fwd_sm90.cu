@@ -1,14 +1,14 @@
 // The `flash` forward on Hopper, warp-specialised in the FlashAttention-3 structure.
 //
-// One CTA per (query tile of BM = 128 rows, query head, sequence), three warpgroups:
+// One CTA per (query tile of BM rows, query head, sequence), 1 + BM / 64 warpgroups (flash_sm90_tiles.h):
 //  - the producer (one warp of warpgroup 0, its registers given back) copies Q once and the K and V tiles of BN
 //    keys into a ring of kStages shared-memory stages, each guarded by a full and an empty mbarrier (tma.cuh):
 //    bulk-tensor (TMA) copies, or zero-filling cp.async for a tile that reaches past its sequence's end (TMA would
 //    read the next sequence's rows there, and a V row that is not zero could turn 0 * V into NaN);
-//  - two consumers of 64 query rows each keep O and the scores in registers. Within a consumer the score GEMM of
-//    tile n and the P V GEMM of tile n - 1 run on the tensor cores while the softmax of tile n runs; between the
-//    two, a pair of named barriers hands the tensor cores over in turn (ping-pong), so one consumer's GEMMs are
-//    issued while the other computes its softmax.
+//  - consumers of 64 query rows each keep O and the scores in registers. Within a consumer the score GEMM of
+//    tile n and the P V GEMM of tile n - 1 run on the tensor cores while the softmax of tile n runs; across them,
+//    named barriers hand the tensor cores over in turn (ping-pong), so one consumer's GEMMs are issued while the
+//    others compute their softmax.
 // The epilogue normalises O once and stores it with the LSE.
 #include <cuda.h>
 
@@ -23,8 +23,6 @@
 namespace ringtrain::attention::cuda {
 namespace {
 
-using Warps = FwdSm90Warps;
-
 struct FwdMaps {
   CUtensorMap q, k, v;
 };
@@ -32,7 +30,7 @@ struct FwdMaps {
 // Shared memory of one CTA: Q, the K and V rings (1024-byte aligned panel tiles) and their barriers.
 template <int D>
 struct FwdSmem {
-  using Tiles = FwdSm90Tiles<D>;
+  using Tiles = FwdSm90Shape<D>;
   static constexpr int kTileQ = Tiles::BM * D * 2, kTileKV = Tiles::BN * D * 2, kStages = Tiles::kStages;
   static constexpr int kBarriers = 1 + 4 * kStages;  // full Q; full/empty K and V per stage
   static constexpr int kBytes = 1024 + kTileQ + 2 * kStages * kTileKV + 8 * kBarriers;
@@ -57,7 +55,8 @@ struct FwdSmem {
 struct FwdTile {
   int b, h, hk, m0;  // sequence, query head, its kv head, first query row of the tile
   tile::Seq seq;
-  int rows_valid, n_tiles;  // query rows of the tile inside the sequence; key tiles any of them sees
+  int rows_valid;           // query rows of the tile inside the sequence
+  int n_first, n_tiles;     // the key tiles any of them sees: [n_first, n_tiles) (n_first > 0 under a window)
 };
 
 // cp.async of a [ROWS][C] tile into a panel tile by the producer warp's 32 lanes, rows >= rows_valid zero-filled.
@@ -78,7 +77,7 @@ __device__ __forceinline__ void load_panels_by_warp(uint32_t dst, const uint16_t
 template <int D>
 __device__ __forceinline__ void produce(const FwdMaps& maps, const FlashFwdCall& c, const FwdSmem<D>& sm,
                                         const FwdTile& w, int lane) {
-  using Tiles = FwdSm90Tiles<D>;
+  using Tiles = FwdSm90Shape<D>;
   constexpr int BM = Tiles::BM, BN = Tiles::BN, kStages = Tiles::kStages;
   const int batch_coord = c.s.cu_q ? 0 : w.b;  // packed tensors are one batch entry of all rows
   if (lane == 0) {
@@ -105,9 +104,9 @@ __device__ __forceinline__ void produce(const FwdMaps& maps, const FlashFwdCall&
       if (lane == 0) tma::arrive(full);
     }
   };
-  for (int n = 0; n < w.n_tiles; ++n) {
-    const int stage = n % kStages;
-    const uint32_t free_parity = ((n / kStages) & 1) ^ 1;
+  for (int n = w.n_first; n < w.n_tiles; ++n) {
+    const int use = n - w.n_first, stage = use % kStages;
+    const uint32_t free_parity = ((use / kStages) & 1) ^ 1;
     tma::wait(sm.empty_k(stage), free_parity);
     load(sm.k(stage), &maps.k, sm.full_k(stage), gk, c.k.row_stride, n);
     tma::wait(sm.empty_v(stage), free_parity);
@@ -115,21 +114,23 @@ __device__ __forceinline__ void produce(const FwdMaps& maps, const FlashFwdCall&
   }
 }
 
-// Consumer `ci` (0 or 1): rows [64 ci, 64 ci + 64) of the tile.
+// Consumer `ci`: rows [64 ci, 64 ci + 64) of the tile.
 template <typename T, int D>
 __device__ __forceinline__ void consume(const FlashFwdCall& c, const FwdSmem<D>& sm, const FwdTile& w, int ci,
                                         int ctid) {
-  using Tiles = FwdSm90Tiles<D>;
+  using Tiles = FwdSm90Shape<D>;
   constexpr int BM = Tiles::BM, BN = Tiles::BN, kStages = Tiles::kStages;
   const FlashShape& s = c.s;
   const int warp = (ctid % 128) / 32, lane = ctid % 32, g = lane / 4, t = lane % 4;
   const int row0 = w.m0 + ci * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
 
-  // Ping-pong: consumer ci issues its GEMMs after waiting on barrier 1 + ci, then lets the other one go.
-  const int my_turn = 1 + ci, other_turn = 1 + (ci ^ 1);
+  // Ping-pong: consumer ci issues its GEMMs after waiting on barrier 1 + ci, then lets the next one go; the last
+  // consumer lets consumer 0 start, and skips its final hand-over (nobody waits for it).
+  constexpr int kConsumers = Tiles::kConsumers;
+  const int my_turn = 1 + ci, next_turn = 1 + (ci + 1) % kConsumers;
   auto gemms_begin = [&] { wg::named_sync(my_turn, 2 * 128); };
   auto gemms_end = [&](bool last) {
-    if (!(last && ci == 1)) tma::named_arrive(other_turn, 2 * 128);  // consumer 0 waits once fewer
+    if (!(last && ci == kConsumers - 1)) tma::named_arrive(next_turn, 2 * 128);
   };
   auto release = [&](uint32_t empty) { tma::arrive_if(empty, lane == 0); };
 
@@ -153,45 +154,51 @@ __device__ __forceinline__ void consume(const FlashFwdCall& c, const FwdSmem<D>&
     for (int k = 0; k < BN / 16; ++k) wg::Mma<T, D>::template rs<1>(o, p[k], wg::desc_mn(sm.v(stage), BN, k, 0), 1);
     wg::commit();
   };
-  // Hides the keys of tile n that a row may not see; only tiles that reach past the sequence end or a row's causal
-  // limit pay for it.
+  // Hides the keys of tile n that a row may not see; only tiles that reach past the sequence end, a row's causal
+  // limit or the start of a row's window pay for it.
   auto mask = [&](int n) {
     const int n0 = n * BN;
-    if (n0 + BN <= w.seq.skv && (s.mask == kMaskNone || n0 + BN <= w.m0 + 1 + w.seq.shift)) return;
+    const bool before_start = n0 < tile::key_start(s, w.seq, w.m0 + BM - 1);  // the tile's last row starts latest
+    if (!before_start && n0 + BN <= w.seq.skv && (s.mask == kMaskNone || n0 + BN <= w.m0 + 1 + w.seq.shift)) return;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int lim = tile::key_limit(s, w.seq, row0 + 8 * half) - n0;
+      const int start = tile::key_start(s, w.seq, row0 + 8 * half) - n0;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (8 * j + 2 * t + e >= lim) sc[4 * j + 2 * half + e] = -INFINITY;
+        for (int e = 0; e < 2; ++e) {
+          const int key = 8 * j + 2 * t + e;
+          if (key >= lim || key < start) sc[4 * j + 2 * half + e] = -INFINITY;
+        }
     }
   };
   // A tile copied by cp.async (it reaches past the sequence end) was written through the generic proxy.
   auto wait_full = [&](uint32_t full, int n) {
-    tma::wait(full, (n / kStages) & 1);
+    tma::wait(full, ((n - w.n_first) / kStages) & 1);
     if ((n + 1) * BN > w.seq.skv) wg::fence_async_smem();
   };
 
   tma::wait(sm.full_q(), 0);
-  if (ci == 1) tma::named_arrive(1, 2 * 128);  // consumer 0 goes first
+  if (ci == kConsumers - 1) tma::named_arrive(1, 2 * 128);  // consumer 0 goes first
 
   // Tile 0: scores and softmax; nothing to rescale yet. alpha carries a softmax's rescale factor to the next
   // iteration, which applies it while the tensor cores compute that iteration's scores.
+  // Stage of key tile n: (n - n_first) % kStages.
+  auto stage_of = [&](int n) { return (n - w.n_first) % kStages; };
   float alpha[2];
-  wait_full(sm.full_k(0), 0);
+  wait_full(sm.full_k(0), w.n_first);
   gemms_begin();
   issue_qk(0);
   gemms_end(false);
   wg::wait<0>();
   wg::keep(sc);
   release(sm.empty_k(0));
-  mask(0);
+  mask(w.n_first);
   softmax.update(sc, alpha);
   wg::acc_to_a<T, BN>(sc, p);
-  for (int n = 1; n < w.n_tiles; ++n) {
-    const int stage = n % kStages, prev = (n - 1) % kStages;
+  for (int n = w.n_first + 1; n < w.n_tiles; ++n) {
+    const int stage = stage_of(n), prev = stage_of(n - 1);
     wait_full(sm.full_k(stage), n);
     wait_full(sm.full_v(prev), n - 1);
     gemms_begin();
@@ -211,7 +218,7 @@ __device__ __forceinline__ void consume(const FlashFwdCall& c, const FwdSmem<D>&
     wg::acc_to_a<T, BN>(sc, p);  // only now: P V of tile n - 1 read p until the wait
   }
   {
-    const int last = (w.n_tiles - 1) % kStages;
+    const int last = stage_of(w.n_tiles - 1);
     wait_full(sm.full_v(last), w.n_tiles - 1);
     OnlineSoftmax<BN>::rescale(o, alpha);
     gemms_begin();
@@ -242,7 +249,7 @@ __device__ __forceinline__ void consume(const FlashFwdCall& c, const FwdSmem<D>&
 // Rows that see no key at all (an empty key range): O = 0, LSE = -inf, without touching K or V.
 template <typename T, int D>
 __device__ __forceinline__ void store_empty_rows(const FlashFwdCall& c, const FwdTile& w, int tid) {
-  for (int r = tid; r < w.rows_valid; r += Warps::kThreads) {
+  for (int r = tid; r < w.rows_valid; r += FwdSm90Shape<D>::kThreads) {
     const int64_t row = w.seq.q_row0 + w.m0 + r;
     const int64_t ooff = tile::row_off(c.o, w.b, row, w.h);
     for (int j = 0; j < D; j += 2) tile::store_pair<T>(c.o.ptr, c.o.elem, ooff + j, 0.f, 0.f, false);
@@ -251,9 +258,9 @@ __device__ __forceinline__ void store_empty_rows(const FlashFwdCall& c, const Fw
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(Warps::kThreads, 1)
+__global__ void __launch_bounds__(FwdSm90Shape<D>::kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdMaps maps, const FlashFwdCall c) {
-  using Tiles = FwdSm90Tiles<D>;
+  using Tiles = FwdSm90Shape<D>;
   extern __shared__ unsigned char smem[];
   const FwdSmem<D> sm(smem);
   const FlashShape& s = c.s;
@@ -267,8 +274,9 @@ __global__ void __launch_bounds__(Warps::kThreads, 1)
   if (w.m0 >= w.seq.sq) return;
   w.rows_valid = min(Tiles::BM, w.seq.sq - w.m0);
   w.n_tiles = (tile::key_limit(s, w.seq, w.m0 + w.rows_valid - 1) + Tiles::BN - 1) / Tiles::BN;
+  w.n_first = min(w.n_tiles, tile::key_start(s, w.seq, w.m0) / Tiles::BN);  // tiles wholly before every window
   const int tid = threadIdx.x;
-  if (w.n_tiles == 0) {
+  if (w.n_first == w.n_tiles) {
     store_empty_rows<T, D>(c, w, tid);
     return;
   }
@@ -281,8 +289,8 @@ __global__ void __launch_bounds__(Warps::kThreads, 1)
     for (int st = 0; st < Tiles::kStages; ++st) {
       tma::barrier_init(sm.full_k(st), 1);
       tma::barrier_init(sm.full_v(st), 1);
-      tma::barrier_init(sm.empty_k(st), 4 * Warps::kConsumerWarpgroups);
-      tma::barrier_init(sm.empty_v(st), 4 * Warps::kConsumerWarpgroups);
+      tma::barrier_init(sm.empty_k(st), 4 * Tiles::kConsumers);
+      tma::barrier_init(sm.empty_v(st), 4 * Tiles::kConsumers);
     }
     tma::barrier_init_fence();
   }
@@ -292,18 +300,18 @@ __global__ void __launch_bounds__(Warps::kThreads, 1)
   // its setmaxnreg sets.
   const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
   if (warpgroup == 0) {
-    tma::release_registers<Warps::kProducerRegs>();
+    tma::release_registers<Tiles::kProducerRegs>();
     if (tid < 32) produce<D>(maps, c, sm, w, tid);
     return;
   } else {
-    tma::claim_registers<Warps::kConsumerRegs>();
+    tma::claim_registers<Tiles::kConsumerRegs>();
     consume<T, D>(c, sm, w, warpgroup - 1, tid - 128);
   }
 }
 
 template <typename T, int D>
 void launch_fwd(const FlashFwdCall& c, cudaStream_t stream) {
-  using Tiles = FwdSm90Tiles<D>;
+  using Tiles = FwdSm90Shape<D>;
   constexpr int kSmem = FwdSmem<D>::kBytes;
   auto kernel = flash_fwd_sm90_kernel<T, D>;
   RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
@@ -315,7 +323,7 @@ void launch_fwd(const FlashFwdCall& c, cudaStream_t stream) {
   maps.k = panel_map(c.k, c.kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "k");
   maps.v = panel_map(c.v, c.kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "v");
   const dim3 grid((c.s.seqlen_q + Tiles::BM - 1) / Tiles::BM, c.s.heads_q, c.s.batch);
-  kernel<<<grid, Warps::kThreads, kSmem, stream>>>(maps, c);
+  kernel<<<grid, Tiles::kThreads, kSmem, stream>>>(maps, c);
   RT_CUDA_CHECK(cudaGetLastError(), cat("flash: launching flash_fwd_sm90_kernel<D=", D, "> grid (", grid.x, ", ",
                                         grid.y, ", ", grid.z, ")", flash_shape_str(c.s)));
 }

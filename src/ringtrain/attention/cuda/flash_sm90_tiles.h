@@ -1,8 +1,8 @@
-// Tile sizes of the Hopper flash forward (flash_fwd_sm90.cu), per head dimension.
+// Tile sizes and warp roles of the Hopper flash forward (flash_fwd_sm90.cu), per head dimension.
 //
-// One CTA: a producer warpgroup (one warp issues the copies) and two consumer warpgroups of 64 query rows each.
-// 1 CTA per SM: Q + kStages x (K + V) must fit in the 227 KB of shared memory, and the registers the consumers
-// claim (kConsumerRegs each) plus the producer's must fit in the 64K of the SM.
+// One CTA: a producer warpgroup (one warp issues the copies) and kConsumers consumer warpgroups of 64 query rows each
+// (BM = 64 kConsumers). 1 CTA per SM: Q + kStages x (K + V) must fit in the 227 KB of shared memory, and the
+// registers the warpgroups set (setmaxnreg) must fit in the SM's 64K: 128 (kProducerRegs + kConsumers kConsumerRegs).
 #pragma once
 
 namespace ringtrain::attention::cuda {
@@ -12,16 +12,22 @@ struct FwdSm90Tiles;
 
 template <>
 struct FwdSm90Tiles<64> {
-  static constexpr int BM = 128, BN = 128, kStages = 3;
+  static constexpr int kConsumers = 3, BN = 128, kStages = 3;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 160;
 };
 template <>
 struct FwdSm90Tiles<128> {
-  static constexpr int BM = 128, BN = 128, kStages = 2;
+  static constexpr int kConsumers = 2, BN = 128, kStages = 2;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 };
 
-struct FwdSm90Warps {
-  static constexpr int kConsumerWarpgroups = 2, kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 65536
+// What follows from a head dimension's tiles.
+template <int D>
+struct FwdSm90Shape : FwdSm90Tiles<D> {
+  using Tiles = FwdSm90Tiles<D>;
+  static constexpr int BM = 64 * Tiles::kConsumers, kThreads = 128 * (1 + Tiles::kConsumers);
+  static_assert(128 * (Tiles::kProducerRegs + Tiles::kConsumers * Tiles::kConsumerRegs) <= 65536,
+                "the warpgroups' registers must fit in the SM");
 };
 
 }  // namespace ringtrain::attention::cuda
