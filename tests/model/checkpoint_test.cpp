@@ -257,26 +257,100 @@ TEST(HfConfig, UnsupportedValuesNameTheKey) {
   expect_error([&] { model::parse_config(missing, "c.json"); }, {"c.json", "'num_hidden_layers'", "missing"});
 }
 
+// transformers' rules (configuration_qwen2.py, modeling_mistral.py): Mistral windows every layer when sliding_window
+// is set; Qwen2/Qwen3 drop the window without use_sliding_window, then window the "sliding_attention" entries of
+// layer_types, or without them the layers from max_window_layers (default 28) on.
 TEST(HfConfig, SlidingWindowRules) {
   json m = base_config();
   m["architectures"] = {"MistralForCausalLM"};
   m["sliding_window"] = 16;
-  EXPECT_EQ(model::parse_config(m, "c").sliding_window, 16);
+  ModelConfig c = model::parse_config(m, "c");
+  EXPECT_EQ(c.sliding_window, 16);
+  EXPECT_EQ(c.layer_window(0), 16);
+  EXPECT_EQ(c.layer_window(1), 16);
   m["sliding_window"] = nullptr;
   EXPECT_EQ(model::parse_config(m, "c").sliding_window, 0);
+
   json q = base_config();
   q["architectures"] = {"Qwen2ForCausalLM"};
+  q["num_hidden_layers"] = 3;
   q["sliding_window"] = 16;
-  q["use_sliding_window"] = false;
-  EXPECT_EQ(model::parse_config(q, "c").sliding_window, 0);  // transformers ignores the window then
   q["use_sliding_window"] = true;
-  const ModelConfig c = model::parse_config(q, "c");
+  EXPECT_EQ(model::parse_config(q, "c").sliding_window, 0);  // max_window_layers 28 >= 3 layers: none windowed
+  q["max_window_layers"] = 1;
+  c = model::parse_config(q, "c");
   EXPECT_EQ(c.sliding_window, 16);
-  EXPECT_NO_THROW(model::check_sequence_supported(c, 16));
-  expect_error([&] { model::check_sequence_supported(c, 17); }, {"'sliding_window' = 16", "17 tokens"});
-  q["use_sliding_window"] = false;
-  q["layer_types"] = {"full_attention", "sliding_attention"};
-  EXPECT_EQ(model::parse_config(q, "c").sliding_window, 16);
+  EXPECT_EQ(c.layer_window(0), 0);  // the first max_window_layers layers attend fully
+  EXPECT_EQ(c.layer_window(1), 16);
+  EXPECT_EQ(c.layer_window(2), 16);
+  EXPECT_NO_THROW(model::check_sequence_supported(c, 17));  // the window no longer limits the sequence
+  q["max_window_layers"] = 0;
+  c = model::parse_config(q, "c");
+  EXPECT_TRUE(c.full_attention_layers.empty());
+  EXPECT_EQ(c.layer_window(0), 16);
+  q["layer_types"] = {"full_attention", "sliding_attention", "full_attention"};  // takes precedence
+  c = model::parse_config(q, "c");
+  EXPECT_EQ(c.layer_window(0), 0);
+  EXPECT_EQ(c.layer_window(1), 16);
+  EXPECT_EQ(c.layer_window(2), 0);
+  // Written back and read again: the same layers windowed.
+  const ModelConfig again = model::parse_config(model::config_to_json(c), "c");
+  EXPECT_EQ(again.sliding_window, 16);
+  EXPECT_EQ(again.full_attention_layers, c.full_attention_layers);
+  q["use_sliding_window"] = false;  // transformers sets sliding_window to None then
+  EXPECT_EQ(model::parse_config(q, "c").sliding_window, 0);
+  q["architectures"] = {"Qwen3ForCausalLM"};
+  q["use_sliding_window"] = true;
+  EXPECT_EQ(model::parse_config(q, "c").layer_window(1), 16);
+  json l = base_config();
+  l["sliding_window"] = 16;
+  l["use_sliding_window"] = true;
+  EXPECT_EQ(model::parse_config(l, "c").sliding_window, 0);  // Llama has no window
+}
+
+TEST(HfConfig, BadSlidingWindowKeysAreNamed) {
+  struct Case {
+    const char* key;
+    json value;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"layer_types", {"full_attention", "sliding_attention"}, {"key 'layer_types'", "num_hidden_layers = 3"}},
+      {"layer_types", "sliding_attention", {"key 'layer_types' = \"sliding_attention\"", "a list"}},
+      {"layer_types",
+       {"full_attention", "chunked_attention", "full_attention"},
+       {"key 'layer_types'", "entry 1 = \"chunked_attention\""}},
+      {"layer_types", {"full_attention", 7, "full_attention"}, {"key 'layer_types'", "entry 1 = 7"}},
+      {"max_window_layers", -1, {"key 'max_window_layers' = -1", "negative"}},
+      {"max_window_layers", "2", {"key 'max_window_layers' = \"2\"", "integer"}},
+      {"sliding_window", 0, {"key 'sliding_window' = 0"}},
+      {"sliding_window", 2.5, {"key 'sliding_window' = 2.5"}},
+      {"use_sliding_window", "yes", {"key 'use_sliding_window' = \"yes\""}},
+  };
+  for (const Case& k : cases) {
+    json q = base_config();
+    q["architectures"] = {"Qwen2ForCausalLM"};
+    q["num_hidden_layers"] = 3;
+    q["sliding_window"] = 16;
+    q["use_sliding_window"] = true;
+    q[k.key] = k.value;
+    try {
+      model::parse_config(q, "q.json");
+      ADD_FAILURE() << k.key << " = " << k.value.dump() << " accepted";
+    } catch (const Error& e) {
+      for (const std::string& part : k.expect)
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(HfConfig, ContextParallelRefusesAWindowShorterThanTheSequence) {
+  ModelConfig c = testing::tiny_config(model::Arch::Mistral);
+  c.sliding_window = 16;
+  EXPECT_NO_THROW(model::check_context_parallel_supported(c, 17, 1));
+  EXPECT_NO_THROW(model::check_context_parallel_supported(c, 16, 2));  // a window covering the sequence is none
+  expect_error([&] { model::check_context_parallel_supported(c, 17, 2); },
+               {"'sliding_window' = 16", "17 tokens", "parallel.cp = 2"});
 }
 
 TEST_F(Checkpoint, DeferredReadsMatchLoadedBytesAndNameNonFiniteWeights) {

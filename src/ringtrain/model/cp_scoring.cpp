@@ -14,22 +14,27 @@ class CpAttention final : public SequenceAttention {
       : comm_(comm), config_(config), global_len_(global_len) {}
   int64_t total_seqlen(int64_t) const override { return global_len_; }
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse) override {
+               const TensorView& lse, int64_t window) override {
     attention::AttnForwardArgs a;
     a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse;
-    cp::attention_forward(comm_, config_, attention::params_for(q, k, attention::MaskType::CausalTopLeft), a,
-                          global_len_);
+    cp::attention_forward(comm_, config_, params(q, k, window), a, global_len_);
   }
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv) override {
+                const TensorView& dv, int64_t window) override {
     attention::AttnBackwardArgs a;
     a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.lse = lse, a.dq = dq, a.dk = dk, a.dv = dv;
-    cp::attention_backward(comm_, config_, attention::params_for(q, k, attention::MaskType::CausalTopLeft), a,
-                           global_len_);
+    cp::attention_backward(comm_, config_, params(q, k, window), a, global_len_);
   }
 
  private:
+  // A window shorter than the sequence stays in the params, where the CP layer refuses it naming them.
+  attention::AttnParams params(const TensorView& q, const TensorView& k, int64_t window) const {
+    attention::AttnParams p = attention::params_for(q, k, attention::MaskType::CausalTopLeft);
+    p.window = masking_window(window, global_len_);
+    return p;
+  }
+
   comm::Communicator& comm_;
   cp::CpConfig config_;
   int64_t global_len_;
@@ -44,25 +49,27 @@ class CpPackedAttention final : public SequenceAttention {
   }
   int64_t total_seqlen(int64_t) const override { return max_len_; }
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse) override {
+               const TensorView& lse, int64_t window) override {
     attention::AttnForwardArgs a;
     a.q = drop_row_dim(q), a.k = drop_row_dim(k), a.v = drop_row_dim(v), a.o = drop_row_dim(o),
     a.lse = drop_row_dim(lse);
-    cp::packed_attention_forward(comm_, config_, params(a.q, a.k), a, doc_lens_);
+    cp::packed_attention_forward(comm_, config_, params(a.q, a.k, window), a, doc_lens_);
   }
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv) override {
+                const TensorView& dv, int64_t window) override {
     attention::AttnBackwardArgs a;
     a.q = drop_row_dim(q), a.k = drop_row_dim(k), a.v = drop_row_dim(v), a.o = drop_row_dim(o),
     a.dout = drop_row_dim(dout), a.lse = drop_row_dim(lse), a.dq = drop_row_dim(dq), a.dk = drop_row_dim(dk),
     a.dv = drop_row_dim(dv);
-    cp::packed_attention_backward(comm_, config_, params(a.q, a.k), a, doc_lens_);
+    cp::packed_attention_backward(comm_, config_, params(a.q, a.k, window), a, doc_lens_);
   }
 
  private:
-  attention::AttnParams params(const TensorView& q, const TensorView& k) const {
-    return packed_params(q, k, static_cast<int64_t>(doc_lens_.size()), max_len_);
+  attention::AttnParams params(const TensorView& q, const TensorView& k, int64_t window) const {
+    attention::AttnParams p = packed_params(q, k, static_cast<int64_t>(doc_lens_.size()), max_len_);
+    p.window = masking_window(window, max_len_);
+    return p;
   }
 
   comm::Communicator& comm_;

@@ -60,7 +60,7 @@ void decoder_layer_forward(const LayerCall& call, const T* p, LayerActs<T>& a, T
   a.attn.resize(N * qd), a.lse.resize(B * c.heads * S);
   call.attention->forward(bshd(a.q, B, S, c.heads, D), bshd(a.k, B, S, c.kv_heads, D), bshd(a.v, B, S, c.kv_heads, D),
                           bshd(a.attn, B, S, c.heads, D),
-                          contiguous_view(a.lse.data(), DType::F32, Device::cpu(), {B, c.heads, S}));
+                          contiguous_view(a.lse.data(), DType::F32, Device::cpu(), {B, c.heads, S}), call.window);
 
   a.mid.resize(N * H);
   linear_forward(a.mid.data(), a.attn.data(), p + w.o_w, param_at(p, w.o_b), N, qd, H);
@@ -102,7 +102,8 @@ void decoder_layer_backward(const LayerCall& call, const T* p, T* g, const Layer
                            bshd(a.v, B, S, c.kv_heads, D), bshd(a.attn, B, S, c.heads, D),
                            bshd(d_attn, B, S, c.heads, D),
                            contiguous_view(const_cast<float*>(a.lse.data()), DType::F32, Device::cpu(), {B, c.heads, S}),
-                           bshd(dq, B, S, c.heads, D), bshd(dk, B, S, c.kv_heads, D), bshd(dv, B, S, c.kv_heads, D));
+                           bshd(dq, B, S, c.heads, D), bshd(dk, B, S, c.kv_heads, D), bshd(dv, B, S, c.kv_heads, D),
+                           call.window);
   rope_backward(dq.data(), call.positions, *call.inv_freq, N, c.heads, D);
   rope_backward(dk.data(), call.positions, *call.inv_freq, N, c.kv_heads, D);
   if (c.qk_norm) {

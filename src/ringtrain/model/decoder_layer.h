@@ -33,6 +33,7 @@ struct LayerCall {
   int64_t batch, seqlen;
   const std::vector<float>* inv_freq;
   SequenceAttention* attention;
+  int64_t window;  // the layer's sliding window (ModelConfig::layer_window), 0: none
 };
 
 // Reads acts.x_in, fills the rest of acts and writes x_out [N, hidden].

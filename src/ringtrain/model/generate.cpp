@@ -27,7 +27,8 @@ struct KvCache {
 
 // The decoder layer's attention during generation: each sequence's new rows (S of them: its prompt in the prefill,
 // one token per decode step) append their keys and values to the sequence's cache and attend to all its cached
-// keys, bottom-right causal (row i of S sees cached + i + 1 keys).
+// keys, bottom-right causal (row i of S sees cached + i + 1 keys; with the layer's window w only the last w of them,
+// the query at position t seeing positions [t - w + 1, t]).
 class CachedAttention final : public SequenceAttention {
  public:
   explicit CachedAttention(KvCache& cache) : cache_(cache) {}
@@ -42,7 +43,7 @@ class CachedAttention final : public SequenceAttention {
   }
 
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse) override {
+               const TensorView& lse, int64_t window) override {
     RT_CHECK(k.is_contiguous() && v.is_contiguous() && k.dtype == DType::F32,
              "generation: the cache takes contiguous fp32 keys and values");
     const int64_t batch = q.shape[0], S = q.shape[1], heads_kv = k.shape[2], dim = k.shape[3];
@@ -59,12 +60,14 @@ class CachedAttention final : public SequenceAttention {
       a.q = q.slice(0, i, 1), a.o = o.slice(0, i, 1), a.lse = lse.slice(0, i, 1);
       a.k = contiguous_view(keys, DType::F32, Device::cpu(), {1, cached + S, heads_kv, dim});
       a.v = contiguous_view(values, DType::F32, Device::cpu(), {1, cached + S, heads_kv, dim});
-      attention::forward(attention::params_for(a.q, a.k, attention::MaskType::CausalBottomRight), a);
+      attention::AttnParams p = attention::params_for(a.q, a.k, attention::MaskType::CausalBottomRight);
+      p.window = masking_window(window, cached + S);
+      attention::forward(p, a);
     }
   }
 
   void backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                const TensorView&, const TensorView&, const TensorView&, const TensorView&) override {
+                const TensorView&, const TensorView&, const TensorView&, const TensorView&, int64_t) override {
     RT_CHECK(false, "generation: the KV-cache attention has no backward");
   }
 
@@ -94,7 +97,8 @@ struct Decoder {
       attention.start_layer(l, sequences);
       acts.x_in = std::move(x);
       x.assign(static_cast<size_t>(N * H), 0.f);
-      const LayerCall call{&config, &layout.layers[l], positions.data(), batch, S, &inv_freq, &attention};
+      const LayerCall call{&config, &layout.layers[l], positions.data(), batch, S, &inv_freq, &attention,
+                           config.layer_window(l)};
       decoder_layer_forward(call, weights, acts, x.data());
     }
     for (int64_t s : sequences) cache.length[s] += S;

@@ -1,5 +1,6 @@
 #include "ringtrain/model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ringtrain/core/checked.h"
@@ -107,24 +108,40 @@ RopeConfig rope_from_json(const Reader& r) {
   return rope;
 }
 
-// The window that applies to some layer, or 0. Qwen2/Qwen3 use it only with use_sliding_window (transformers
-// 5 also lists per-layer "layer_types"); Mistral whenever sliding_window is set.
-int64_t sliding_window_from_json(const Reader& r, Arch arch) {
-  if (!r.has("sliding_window")) return 0;
-  const int64_t w = r.integer("sliding_window");
-  if (w <= 0 || w > kMaxPositions) r.bad("sliding_window", cat("must be in [1, ", kMaxPositions, "] or null"));
-  if (arch == Arch::Mistral) return w;
-  bool used = r.boolean_or("use_sliding_window", false);
+// Which layers are windowed, as transformers decides: Mistral windows every layer when sliding_window is set;
+// Qwen2/Qwen3 drop the window unless use_sliding_window, then window the layers that "layer_types" names
+// "sliding_attention", or, without layer_types, the layers from max_window_layers on (default 28); Llama none.
+// Leaves c.sliding_window = 0 when no layer is windowed.
+void sliding_window_from_json(const Reader& r, ModelConfig& c) {
+  c.sliding_window = 0, c.full_attention_layers.clear();
+  if (c.arch == Arch::Llama) return;
+  const int64_t w = r.has("sliding_window") ? r.integer("sliding_window") : 0;
+  if (r.has("sliding_window") && (w <= 0 || w > kMaxPositions))
+    r.bad("sliding_window", cat("must be in [1, ", kMaxPositions, "] or null"));
+  if (c.arch == Arch::Mistral) {
+    c.sliding_window = w;
+    return;
+  }
+  std::vector<bool> full(static_cast<size_t>(c.layers));
   if (r.has("layer_types")) {
     const json& lt = r.j.at("layer_types");
-    if (!lt.is_array()) r.bad("layer_types", "expected a list");
-    for (const json& t : lt) {
-      if (!t.is_string()) r.bad("layer_types", "expected strings");
-      if (t == "sliding_attention") used = true;
-      else if (t != "full_attention") r.bad("layer_types", cat("unsupported layer type ", json_excerpt(t)));
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.layers)
+      r.bad("layer_types", cat("expected a list of num_hidden_layers = ", c.layers, " layer types"));
+    for (size_t l = 0; l < lt.size(); ++l) {
+      if (lt[l] != "sliding_attention" && lt[l] != "full_attention")
+        r.bad("layer_types", cat("entry ", l, " = ", json_excerpt(lt[l]), ": expected \"sliding_attention\" or "
+                                 "\"full_attention\""));
+      full[l] = lt[l] == "full_attention";
     }
+  } else {
+    const int64_t first = r.integer_or("max_window_layers", 28);
+    if (first < 0) r.bad("max_window_layers", "must not be negative");
+    for (int64_t l = 0; l < c.layers && l < first; ++l) full[static_cast<size_t>(l)] = true;
   }
-  return (arch == Arch::Llama || !used) ? 0 : w;
+  if (w == 0 || !r.boolean_or("use_sliding_window", false)) return;
+  if (std::find(full.begin(), full.end(), false) == full.end()) return;
+  c.sliding_window = w;
+  if (std::find(full.begin(), full.end(), true) != full.end()) c.full_attention_layers = std::move(full);
 }
 
 }  // namespace
@@ -196,7 +213,7 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   }
   c.qk_norm = c.arch == Arch::Qwen3;
   c.rope = rope_from_json(r);
-  c.sliding_window = sliding_window_from_json(r, c.arch);
+  sliding_window_from_json(r, c);
   const char* dtype_key = r.has("dtype") ? "dtype" : "torch_dtype";
   const std::string dt = r.string_or(dtype_key, "float32");
   if (dt == "float32") c.dtype = DType::F32;
@@ -246,10 +263,26 @@ json config_to_json(const ModelConfig& c) {
     j["rope_scaling"] = nullptr;
   }
   if (c.arch == Arch::Mistral) {
+    RT_CHECK(c.full_attention_layers.empty(), "config: MistralForCausalLM windows every layer; it has no full ones");
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   } else if (c.arch != Arch::Llama) {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    if (c.sliding_window > 0) {
+      // layer_types for transformers 5; max_window_layers (the leading full layers) for transformers 4 before
+      // layer_types existed, exact when the full layers come first.
+      json types = json::array();
+      int64_t leading_full = 0;
+      for (int64_t l = 0; l < c.layers; ++l) {
+        const bool full = c.layer_window(l) == 0;
+        types.push_back(full ? "full_attention" : "sliding_attention");
+        if (full && leading_full == l) ++leading_full;
+      }
+      j["layer_types"] = std::move(types);
+      j["max_window_layers"] = leading_full;
+    }
+  } else {
+    RT_CHECK(c.sliding_window == 0, "config: LlamaForCausalLM has no sliding window (", c.sliding_window, ")");
   }
   return j;
 }
@@ -258,13 +291,24 @@ void write_config(const std::filesystem::path& dir, const ModelConfig& c) {
   write_file_atomic(dir / "config.json", config_to_json(c).dump(2) + "\n");
 }
 
+int64_t ModelConfig::layer_window(int64_t layer) const {
+  RT_CHECK(layer >= 0 && layer < layers, "config: layer ", layer, " of ", layers);
+  RT_CHECK(full_attention_layers.empty() || static_cast<int64_t>(full_attention_layers.size()) == layers,
+           "config: full_attention_layers lists ", full_attention_layers.size(), " layers of ", layers);
+  if (sliding_window == 0 || (!full_attention_layers.empty() && full_attention_layers[static_cast<size_t>(layer)]))
+    return 0;
+  return sliding_window;
+}
+
 void check_sequence_supported(const ModelConfig& c, int64_t total_tokens) {
   RT_CHECK(total_tokens <= c.max_positions, "a sequence of ", total_tokens,
            " tokens is longer than config key 'max_position_embeddings' = ", c.max_positions);
-  RT_CHECK(c.sliding_window == 0 || total_tokens <= c.sliding_window, "config key 'sliding_window' = ",
-           c.sliding_window, " is shorter than the sequence (", total_tokens,
-           " tokens): the model's layers do not pass a sliding window to their attention calls yet, so this sequence "
-           "cannot be run exactly");
+}
+
+void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp) {
+  RT_CHECK(cp <= 1 || c.sliding_window == 0 || total_tokens <= c.sliding_window, "config key 'sliding_window' = ",
+           c.sliding_window, " is shorter than sequences of up to ", total_tokens, " tokens, which parallel.cp = ", cp,
+           " cannot run: context-parallel attention takes no sliding window yet (use parallel.cp = 1)");
 }
 
 }  // namespace ringtrain::model

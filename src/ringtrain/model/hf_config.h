@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,8 +36,15 @@ struct ModelConfig {
   bool qkv_bias = false;  // Qwen2 always; Llama/Qwen3 with attention_bias
   bool o_bias = false;    // Llama/Qwen3 with attention_bias
   bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k before RoPE
-  int64_t sliding_window = 0;  // keys older than this are masked; 0 = no window
-  DType dtype = DType::F32;    // storage dtype of the checkpoint ("torch_dtype" / "dtype")
+  // The window of the windowed layers (a query sees its `sliding_window` most recent keys); 0 when no layer has one.
+  int64_t sliding_window = 0;
+  // Per layer, or empty for none: true where the layer attends to the whole sequence despite sliding_window
+  // (Qwen2/Qwen3's "full_attention" layer_types). Mistral windows every layer.
+  std::vector<bool> full_attention_layers;
+  DType dtype = DType::F32;  // storage dtype of the checkpoint ("torch_dtype" / "dtype")
+
+  // The sliding window of `layer` (0: it sees every earlier key).
+  int64_t layer_window(int64_t layer) const;
 };
 
 // Parses and validates; `source` names the file in errors.
@@ -46,8 +54,11 @@ nlohmann::json config_to_json(const ModelConfig& c);
 // Writes DIR/config.json through a temporary file and a rename.
 void write_config(const std::filesystem::path& checkpoint_dir, const ModelConfig& c);
 
-// Error unless the model can run a sequence of `total_tokens` exactly (the layers do not pass a sliding window to
-// their attention calls yet; a window at least as long as the sequence masks nothing).
+// Error unless the model can run a sequence of `total_tokens` exactly (within max_position_embeddings).
 void check_sequence_supported(const ModelConfig& c, int64_t total_tokens);
+// Error unless sequences of up to `total_tokens` can run under context parallelism over `cp` ranks: the ring and
+// all-gather attention take no sliding window, so a window shorter than the sequence is refused (one at least as
+// long masks nothing). The error names sliding_window and parallel.cp.
+void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp);
 
 }  // namespace ringtrain::model

@@ -57,7 +57,8 @@ void Model<T>::zero_grads() {
 
 template <typename T>
 LayerCall Model<T>::layer_call(size_t layer, SequenceAttention& attention) const {
-  return LayerCall{&config_, &layout_.layers[layer], positions_.data(), batch_, seqlen_, &inv_freq_, &attention};
+  return LayerCall{&config_, &layout_.layers[layer], positions_.data(), batch_, seqlen_, &inv_freq_, &attention,
+                   config_.layer_window(static_cast<int64_t>(layer))};
 }
 
 template <typename T>

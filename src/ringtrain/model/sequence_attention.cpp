@@ -13,17 +13,24 @@ class LocalAttention final : public SequenceAttention {
  public:
   int64_t total_seqlen(int64_t local_seqlen) const override { return local_seqlen; }
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse) override {
+               const TensorView& lse, int64_t window) override {
     attention::AttnForwardArgs a;
     a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse;
-    attention::forward(attention::params_for(q, k, attention::MaskType::CausalTopLeft), a);
+    attention::forward(params(q, k, window), a);
   }
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv) override {
+                const TensorView& dv, int64_t window) override {
     attention::AttnBackwardArgs a;
     a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.lse = lse, a.dq = dq, a.dk = dk, a.dv = dv;
-    attention::backward(attention::params_for(q, k, attention::MaskType::CausalTopLeft), a);
+    attention::backward(params(q, k, window), a);
+  }
+
+ private:
+  static attention::AttnParams params(const TensorView& q, const TensorView& k, int64_t window) {
+    attention::AttnParams p = attention::params_for(q, k, attention::MaskType::CausalTopLeft);
+    p.window = masking_window(window, k.shape[1]);
+    return p;
   }
 };
 
@@ -42,29 +49,31 @@ class PackedAttention final : public SequenceAttention {
   }
   int64_t total_seqlen(int64_t) const override { return max_len_; }
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse) override {
+               const TensorView& lse, int64_t window) override {
     attention::AttnForwardArgs a;
     a.q = drop_row_dim(q), a.k = drop_row_dim(k), a.v = drop_row_dim(v), a.o = drop_row_dim(o),
     a.lse = drop_row_dim(lse);
     a.cu_seqlens_q = a.cu_seqlens_kv = cu_seqlens_on(q.device);
-    attention::forward(params(a.q, a.k), a);
+    attention::forward(params(a.q, a.k, window), a);
   }
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv) override {
+                const TensorView& dv, int64_t window) override {
     attention::AttnBackwardArgs a;
     a.q = drop_row_dim(q), a.k = drop_row_dim(k), a.v = drop_row_dim(v), a.o = drop_row_dim(o),
     a.dout = drop_row_dim(dout), a.lse = drop_row_dim(lse), a.dq = drop_row_dim(dq), a.dk = drop_row_dim(dk),
     a.dv = drop_row_dim(dv);
     a.cu_seqlens_q = a.cu_seqlens_kv = cu_seqlens_on(q.device);
-    attention::backward(params(a.q, a.k), a);
+    attention::backward(params(a.q, a.k, window), a);
   }
 
  private:
-  attention::AttnParams params(const TensorView& q, const TensorView& k) const {
+  attention::AttnParams params(const TensorView& q, const TensorView& k, int64_t window) const {
     RT_CHECK(q.shape[0] == cu_seqlens_.back(), "packed attention: ", q.shape[0], " rows for documents of ",
              cu_seqlens_.back(), " tokens");
-    return packed_params(q, k, docs_, max_len_);
+    attention::AttnParams p = packed_params(q, k, docs_, max_len_);
+    p.window = masking_window(window, max_len_);
+    return p;
   }
   // The offsets where the tensors are (uploaded once per device).
   TensorView cu_seqlens_on(Device device) {

@@ -20,13 +20,18 @@ class SequenceAttention {
   // Length of the longest sequence any token attends within: the whole sequence whose shard of `local_seqlen`
   // tokens this rank holds, or the longest packed document.
   virtual int64_t total_seqlen(int64_t local_seqlen) const = 0;
+  // `window`: the layer's sliding window (a query sees its `window` most recent keys, AttnParams::window), 0: none.
   virtual void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                       const TensorView& lse) = 0;
+                       const TensorView& lse, int64_t window) = 0;
   // dq, dk, dv overwritten.
   virtual void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                         const TensorView& dout, const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv) = 0;
+                        const TensorView& dv, int64_t window) = 0;
 };
+
+// The window to put in the params of a call whose sequences have at most `keys` keys: 0 when `window` masks nothing
+// there, so that backends which take no window stay eligible.
+inline int64_t masking_window(int64_t window, int64_t keys) { return window >= keys ? 0 : window; }
 
 // The whole sequence on this rank: causal (top-left) attention through attention::forward / backward.
 std::unique_ptr<SequenceAttention> make_local_attention();

@@ -687,6 +687,7 @@ void Config::validate_against(const model::ModelConfig& m) const {
            " exceeds the model's max_position_embeddings = ", m.max_positions, " (", name, ")");
   try {
     model::check_sequence_supported(m, policy.max_total_sequence_length);
+    model::check_context_parallel_supported(m, policy.max_total_sequence_length, parallel.cp);
   } catch (const Error& e) {
     throw Error(
         cat("policy.max_total_sequence_length = ", policy.max_total_sequence_length, " (", name, "): ", e.what()));

@@ -333,7 +333,7 @@ void GpuModel::layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf
                     a.rstd_k.ptr<float>(), a.qkv.ptr<bf16>(), at(W, w.q_norm), at(W, w.k_norm),
                     positions_.ptr<int32_t>(), inv_freq_.ptr<float>());
   attention.forward(bshd(a.q, B, S, c.heads, D), bshd(a.k, B, S, c.kv_heads, D), bshd(a.v, B, S, c.kv_heads, D),
-                    bshd(a.attn, B, S, c.heads, D), a.lse);
+                    bshd(a.attn, B, S, c.heads, D), a.lse, c.layer_window(static_cast<int64_t>(layer)));
   gemm_->linear_forward(a.mid.ptr<bf16>(), a.attn.ptr<bf16>(), W + w.o_w, at(W, w.o_b), N, qd, H, /*residual=*/x_in);
 
   rmsnorm_forward(s, a.norm2.ptr<bf16>(), a.rstd2.ptr<float>(), a.mid.ptr<bf16>(), W + w.post_norm, N, H, eps);
@@ -393,7 +393,8 @@ void GpuModel::layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x
                          N, qd, H);
   attention.backward(bshd(a.q, B, S, c.heads, D), bshd(a.k, B, S, c.kv_heads, D), bshd(a.v, B, S, c.kv_heads, D),
                      bshd(a.attn, B, S, c.heads, D), bshd(d_attn_, B, S, c.heads, D), a.lse,
-                     bshd(dq_, B, S, c.heads, D), bshd(dk_, B, S, c.kv_heads, D), bshd(dv_, B, S, c.kv_heads, D));
+                     bshd(dq_, B, S, c.heads, D), bshd(dk_, B, S, c.kv_heads, D), bshd(dv_, B, S, c.kv_heads, D),
+                     c.layer_window(static_cast<int64_t>(layer)));
   const QkvShape sh{N, c.heads, c.kv_heads, D, static_cast<float>(c.rms_eps)};
   qkv_split_backward(s, sh, d_qkv_.ptr<bf16>(), at(G, w.q_norm), at(G, w.k_norm), dq_.ptr<bf16>(), dk_.ptr<bf16>(),
                      dv_.ptr<bf16>(), a.qkv.ptr<bf16>(), at(W, w.q_norm), at(W, w.k_norm), a.rstd_q.ptr<float>(),

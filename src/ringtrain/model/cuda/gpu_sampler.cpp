@@ -52,15 +52,15 @@ class PrefillAttention final : public SequenceAttention {
       : cache_(cache), rows_(rows), packed_(make_packed_attention(std::move(prompt_lens))) {}
   int64_t total_seqlen(int64_t local_seqlen) const override { return packed_->total_seqlen(local_seqlen); }
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse) override {
+               const TensorView& lse, int64_t window) override {
     const int64_t n = k.shape[0] * k.shape[1];
     copy_rows(nullptr, cache_.at(layer_, 0), rows_, k.ptr<bf16>(), nullptr, n, cache_.row);
     copy_rows(nullptr, cache_.at(layer_, 1), rows_, v.ptr<bf16>(), nullptr, n, cache_.row);
     ++layer_;
-    packed_->forward(q, k, v, o, lse);
+    packed_->forward(q, k, v, o, lse, window);
   }
   void backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                const TensorView&, const TensorView&, const TensorView&, const TensorView&) override {
+                const TensorView&, const TensorView&, const TensorView&, const TensorView&, int64_t) override {
     RT_CHECK(false, "generation: the KV-cache attention has no backward");
   }
 
@@ -81,7 +81,7 @@ class DecodeAttention final : public SequenceAttention {
   void start_step() { layer_ = 0; }
   int64_t total_seqlen(int64_t) const override { return cache_.capacity; }
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse) override {
+               const TensorView& lse, int64_t /*window: masks nothing, generate() refuses a shorter one*/) override {
     const int64_t B = q.shape[0], heads_kv = k.shape[2], dim = k.shape[3];
     copy_rows(nullptr, cache_.at(layer_, 0), slots_, k.ptr<bf16>(), nullptr, B, cache_.row);
     copy_rows(nullptr, cache_.at(layer_, 1), slots_, v.ptr<bf16>(), nullptr, B, cache_.row);
@@ -113,7 +113,7 @@ class DecodeAttention final : public SequenceAttention {
     ++layer_;
   }
   void backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                const TensorView&, const TensorView&, const TensorView&, const TensorView&) override {
+                const TensorView&, const TensorView&, const TensorView&, const TensorView&, int64_t) override {
     RT_CHECK(false, "generation: the KV-cache attention has no backward");
   }
 
@@ -158,6 +158,11 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
   RT_CHECK(capacity < std::numeric_limits<int32_t>::max(), "generation: the longest prompt (", longest,
            " tokens) + max_new_tokens ", sampling.max_new_tokens, " does not fit int32 positions");
   check_sequence_supported(c, capacity + 1);
+  // The decode backend takes no sliding window yet; a window at least as long as every sequence masks nothing.
+  RT_CHECK(c.sliding_window == 0 || capacity + 1 <= c.sliding_window, "generation: config key 'sliding_window' = ",
+           c.sliding_window, " is shorter than the sequences of this call (up to ", capacity + 1,
+           " tokens: the longest prompt + max_new_tokens), and the GPU sampler's decode attention takes no sliding "
+           "window yet; sample on the CPU (a CPU policy) or keep sequences within the window");
   const std::string what = "generation: the GPU KV cache size";
   DeviceCache cache;
   cache.prompts = B, cache.capacity = capacity, cache.row = c.kv_heads * c.head_dim;
