@@ -5,7 +5,9 @@
 //    forward instead of prefill + cached steps, so every layer's bf16 outputs may round differently): each token
 //    within 4e-2 absolute plus four bf16 ulps of its magnitude (the largest difference seen over many seeds was
 //    0.053 at a logprob of -3.9), and their mean within 2e-2 (means seen: 0.005 to 0.010; a cache or position
-//    error moves most tokens by far more), for the four architectures, and after set_params (the next generate() must use the new weights);
+//    error moves most tokens by far more), for the four architectures, and after set_params (the next generate() must
+//    use the new weights); with sliding windows shorter than the sequences (decode's windowed calls, and the
+//    per-sequence calls of an allow-list without decode);
 //  - the CPU fp32 policy on the same (bf16-rounded) weights for greedy decoding: each greedy token must be the CPU's
 //    argmax or within the tolerance of it (a near-tie that bf16 arithmetic may break the other way);
 //  - itself: the same seed gives bit-identical samples, and a sequence keeps its samples when its companions and its
@@ -159,6 +161,48 @@ TEST(GpuSampler, WithoutDecodeInTheAllowListAttendsPerSequence) {
   const std::vector<Generation> gens = model::Sampler(*gpu, o).generate(prompts, s);
   EXPECT_EQ(attention::dispatch_counts().forward[static_cast<int>(attention::BackendId::Decode)], 0);
   expect_logprobs_match_score(*gpu, prompts, gens);
+}
+
+// Sliding windows shorter than the sequences (Mistral: both layers; Qwen2: the second, the first attending fully),
+// generating well past the window: the decode backend's windowed KV-cache calls, and the per-sequence calls without
+// decode in the allow-list, give the logprobs of the GPU policy's score (whose attention applies the same windows)
+// within the tolerance, while the same weights without the windows score the sampled tokens far from them.
+TEST(GpuSampler, SlidingWindowsLogprobsMatchScore) {
+  RT_REQUIRE_GPU();
+  constexpr int64_t kWindow = 16;
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (const Arch arch : {Arch::Mistral, Arch::Qwen2}) {
+    SCOPED_TRACE(model::arch_model_type(arch));
+    model::ModelConfig c = sampler_config(arch);
+    c.sliding_window = kWindow;
+    if (arch == Arch::Qwen2) c.full_attention_layers = {true, false};
+    const uint64_t weights = rng();
+    std::unique_ptr<model::Policy> gpu = gpu_policy(c, weights);
+    const auto prompts = prompts_of({5, 30, 3, 17, 1}, c.vocab, rng);
+    model::SamplingParams s;
+    s.max_new_tokens = 24, s.seed = rng();
+    attention::reset_dispatch_counts();
+    const std::vector<Generation> gens = model::Sampler(*gpu).generate(prompts, s);
+    EXPECT_EQ(attention::dispatch_counts().forward[static_cast<int>(attention::BackendId::Decode)],
+              c.layers * (s.max_new_tokens - 1));
+    expect_logprobs_match_score(*gpu, prompts, gens);
+
+    model::SamplerOptions o;
+    o.attention_backends = {attention::BackendId::Flash, attention::BackendId::Efficient, attention::BackendId::Math};
+    attention::reset_dispatch_counts();
+    const std::vector<Generation> per_sequence = model::Sampler(*gpu, o).generate(prompts, s);
+    EXPECT_EQ(attention::dispatch_counts().forward[static_cast<int>(attention::BackendId::Decode)], 0);
+    expect_logprobs_match_score(*gpu, prompts, per_sequence);
+
+    model::ModelConfig unwindowed = c;
+    unwindowed.sliding_window = 0, unwindowed.full_attention_layers.clear();
+    const model::TokenScores full = gpu_policy(unwindowed, weights)->score(continued(prompts, gens), false);
+    double moved = 0;
+    for (size_t b = 0; b < prompts.size(); ++b)
+      for (size_t i = 0; i < gens[b].tokens.size(); ++i)
+        moved = std::max<double>(moved, std::fabs(gens[b].logprobs[i] - full.logprobs[b][prompts[b].size() + i]));
+    EXPECT_GT(moved, 4 * kLogprobTol) << "the windows changed nothing";
+  }
 }
 
 TEST(GpuSampler, GreedyFollowsTheArgmaxAndTopKOneIsGreedy) {

@@ -38,7 +38,6 @@ class DecodeBackend final : public Backend {
                       cuda::kDecodeMaxRows, " rows per kv head)"));
     if (p.packed) r.push_back("packed (THD) sequences");
     if (p.has_bias) r.push_back("additive bias");
-    if (p.window > 0) r.push_back(window_reason(p, "the decode kernel reads every used cache row"));
     if (p.mask == MaskType::CausalTopLeft)
       r.push_back("causal top-left mask (a cache call aligns its rows to the used length: bottom-right or none)");
     if (p.seqlen_kv >= (int64_t(1) << 31)) r.push_back(cat("cache capacity ", p.seqlen_kv, " (needs < 2^31)"));
@@ -61,6 +60,9 @@ class DecodeBackend final : public Backend {
     c.heads_kv = static_cast<int>(p.heads_kv), c.head_dim = static_cast<int>(p.head_dim);
     c.seqlen_q = static_cast<int>(p.seqlen_q), c.capacity = static_cast<int>(p.seqlen_kv);
     c.mask = p.mask == MaskType::None ? cuda::kMaskNone : cuda::kMaskCausalBottomRight;
+    // A window of at least the capacity hides no key (row i's start is at most kv_used[b] - window <= 0): passed as
+    // none, which also keeps the kernel's start arithmetic within int.
+    c.window = p.window < p.seqlen_kv ? static_cast<int>(p.window) : 0;
     c.scale = p.scale();
     c.bf16 = p.dtype == DType::BF16;
     c.q = cuda::flash_rows(p, a.q, "decode", "q");

@@ -6,7 +6,10 @@
 // warp per row does the online softmax (exp2 on scores pre-scaled by log2 e), and one thread per pair of output
 // dimensions accumulates P V for its rows in fp32. With one split the block writes O and LSE; with several, each
 // writes its normalised partial O and LSE (fp32) to scratch and decode_merge_kernel combines them (the LSE merge of
-// ring attention). Masked keys never enter: a sequence reads only its first kv_used[b] keys.
+// ring attention). Masked keys never enter: a sequence reads only its first kv_used[b] keys, and under a sliding
+// window a block skips the key tiles wholly before its first row's window start (row 0 starts first): such a tile
+// would leave every row's state as it starts (m = -inf, l = 0, acc = 0), so skipping it changes no bit. A split
+// wholly before that start reads no key and writes LSE -inf, like a split past the used length.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -88,6 +91,9 @@ __global__ void __launch_bounds__(kThreads)
   const int G = c.heads_q / c.heads_kv, Sq = c.seqlen_q, R = G * Sq;
   const int used = min(max(c.kv_used[b], 0), c.capacity);
   const int k_begin = split * chunk, k_end = min(k_begin + chunk, used);
+  // Row i sees [limit - window, limit) with limit = used - Sq + i + 1 (key_start and key_limit in params.h).
+  const int first_start = c.window > 0 ? max(used - Sq + 1 - c.window, 0) : 0;
+  const int k_first = k_begin + max(first_start - k_begin, 0) / kTile * kTile;  // on the split's tile grid
 
   const T* Q = static_cast<const T*>(c.q.ptr);
   const float qscale = c.scale * kLog2e;
@@ -104,7 +110,7 @@ __global__ void __launch_bounds__(kThreads)
   const T* V = static_cast<const T*>(c.v.ptr) + b * c.v.batch_stride + hk * c.v.head_stride;
   __syncthreads();
 
-  for (int k0 = k_begin; k0 < k_end; k0 += kTile) {
+  for (int k0 = k_first; k0 < k_end; k0 += kTile) {
     const int n = min(kTile, k_end - k0);
     for (int idx = tid; idx < kTile * kChunks; idx += kThreads) {
       const int key = idx / kChunks, ch = idx % kChunks;
@@ -140,8 +146,8 @@ __global__ void __launch_bounds__(kThreads)
         const int r = r0 + 2 * j;
         if (r >= R) continue;
         const int i = r % Sq;
-        const int limit = c.mask == kMaskNone ? used : used - Sq + i + 1;
-        ps[r][key] = key < n && k0 + key < limit ? s[j] : -INFINITY;
+        const int limit = c.mask == kMaskNone ? used : used - Sq + i + 1, start = limit - c.window;
+        ps[r][key] = key < n && k0 + key < limit && (c.window == 0 || k0 + key >= start) ? s[j] : -INFINITY;
       }
     }
     __syncthreads();
@@ -198,7 +204,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block per query row (b, i, h), one thread per pair of dimensions.
+// One block per query row (b, i, h), one thread per pair of dimensions. A split in which the row sees no key (past
+// the used length, or before the row's window) has LSE -inf and O = 0: weight exactly 0, so the row's result is
+// that of its other splits alone, bit for bit.
 template <typename T, int D>
 __global__ void decode_merge_kernel(DecodeCall c, int splits, const float* part_o, const float* part_lse) {
   const int64_t rows = static_cast<int64_t>(c.batch) * c.seqlen_q * c.heads_q, row = blockIdx.x;

@@ -17,6 +17,7 @@ constexpr int kDecodeMaxRows = 16;
 struct DecodeCall {
   int batch = 1, heads_q = 1, heads_kv = 1, head_dim = 64, seqlen_q = 1, capacity = 0;
   int mask = kMaskCausalBottomRight;  // FlashMask: none or bottom-right (against kv_used)
+  int window = 0;  // sliding window in keys (AttnParams::window), bottom-right only, less than capacity; 0: none
   float scale = 1.f;
   bool bf16 = true;  // else fp16 (q, k, v)
   FlashRows q, k, v, o;  // o: the inputs' dtype or fp32

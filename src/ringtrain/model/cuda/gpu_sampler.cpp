@@ -72,8 +72,9 @@ class PrefillAttention final : public SequenceAttention {
 };
 
 // A decoding step: row b's key and value go to cache row slots[b], then row b attends to the first used[b] keys of
-// its prompt's cache: one KV-cache call (bottom-right causal) when a backend under the scopes serves it (decode),
-// else one ordinary call per sequence on its used prefix (an allow-list without decode: slower, and said once).
+// its prompt's cache (the last `window` of them under the layer's sliding window): one KV-cache call (bottom-right
+// causal) when a backend under the scopes serves it (decode), else one ordinary call per sequence on its used prefix
+// (an allow-list without decode: slower, and said once).
 class DecodeAttention final : public SequenceAttention {
  public:
   DecodeAttention(const DeviceCache& cache, const int32_t* slots, const int32_t* used, const int32_t* used_host)
@@ -81,7 +82,7 @@ class DecodeAttention final : public SequenceAttention {
   void start_step() { layer_ = 0; }
   int64_t total_seqlen(int64_t) const override { return cache_.capacity; }
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse, int64_t /*window: masks nothing, generate() refuses a shorter one*/) override {
+               const TensorView& lse, int64_t window) override {
     const int64_t B = q.shape[0], heads_kv = k.shape[2], dim = k.shape[3];
     copy_rows(nullptr, cache_.at(layer_, 0), slots_, k.ptr<bf16>(), nullptr, B, cache_.row);
     copy_rows(nullptr, cache_.at(layer_, 1), slots_, v.ptr<bf16>(), nullptr, B, cache_.row);
@@ -92,13 +93,17 @@ class DecodeAttention final : public SequenceAttention {
     a.kv_used = contiguous_view(const_cast<int32_t*>(used_), DType::I32, q.device, {B});
     attention::AttnParams p = attention::params_for(a.q, a.k, attention::MaskType::CausalBottomRight);
     p.kv_cache = true;
-    if (cache_calls_ < 0) {  // the same for every layer and step of the call: decided once
+    p.window = masking_window(window, cache_.capacity);
+    // The same for every step of the call and for every layer with the same window (a model has one window, on some
+    // layers or all): decided once per window or none.
+    int& cache_calls = cache_calls_[p.window > 0];
+    if (cache_calls < 0) {
       const attention::Selection s = attention::explain(p);
-      cache_calls_ = s.backend != nullptr;
-      if (!cache_calls_)
+      cache_calls = s.backend != nullptr;
+      if (!cache_calls)
         RT_LOG(Warn, "generation: attending per sequence, since no backend serves KV-cache calls\n", s.report());
     }
-    if (cache_calls_) {
+    if (cache_calls) {
       attention::forward(p, a);
     } else {
       for (int64_t b = 0; b < B; ++b) {
@@ -107,7 +112,9 @@ class DecodeAttention final : public SequenceAttention {
         one.q = q.slice(0, b, 1), one.o = o.slice(0, b, 1), one.lse = lse.slice(0, b, 1);
         one.k = contiguous_view(cache_.at(layer_, 0) + offset, DType::BF16, q.device, {1, n, heads_kv, dim});
         one.v = contiguous_view(cache_.at(layer_, 1) + offset, DType::BF16, q.device, {1, n, heads_kv, dim});
-        attention::forward(attention::params_for(one.q, one.k, attention::MaskType::CausalBottomRight), one);
+        attention::AttnParams one_p = attention::params_for(one.q, one.k, attention::MaskType::CausalBottomRight);
+        one_p.window = masking_window(window, n);
+        attention::forward(one_p, one);
       }
     }
     ++layer_;
@@ -121,7 +128,7 @@ class DecodeAttention final : public SequenceAttention {
   const DeviceCache& cache_;
   const int32_t *slots_, *used_, *used_host_;
   int64_t layer_ = 0;
-  int cache_calls_ = -1;  // whether a backend serves the KV-cache calls (-1: not asked yet)
+  int cache_calls_[2] = {-1, -1};  // whether a backend serves the KV-cache calls without / with a window (-1: unasked)
 };
 
 }  // namespace
@@ -158,11 +165,6 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
   RT_CHECK(capacity < std::numeric_limits<int32_t>::max(), "generation: the longest prompt (", longest,
            " tokens) + max_new_tokens ", sampling.max_new_tokens, " does not fit int32 positions");
   check_sequence_supported(c, capacity + 1);
-  // The decode backend takes no sliding window yet; a window at least as long as every sequence masks nothing.
-  RT_CHECK(c.sliding_window == 0 || capacity + 1 <= c.sliding_window, "generation: config key 'sliding_window' = ",
-           c.sliding_window, " is shorter than the sequences of this call (up to ", capacity + 1,
-           " tokens: the longest prompt + max_new_tokens), and the GPU sampler's decode attention takes no sliding "
-           "window yet; sample on the CPU (a CPU policy) or keep sequences within the window");
   const std::string what = "generation: the GPU KV cache size";
   DeviceCache cache;
   cache.prompts = B, cache.capacity = capacity, cache.row = c.kv_heads * c.head_dim;
