@@ -15,9 +15,13 @@
 #include "attention_test_util.h"
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/error.h"
+#include "window_reference.h"
 
 namespace ringtrain {
 namespace {
+
+using testing::hf_visible;
+using testing::window_bias;
 
 using attention::AttnBackwardArgs;
 using attention::AttnForwardArgs;
@@ -50,13 +54,6 @@ TensorView one_sequence(const TensorView& thd, int64_t start, int64_t n) {
   return v;
 }
 
-// Hugging Face's rule (masking_utils: causal and sliding_window_overlay), with the query's position in the keys'
-// coordinates: its row plus Skv - Sq under a bottom-right mask.
-bool hf_visible(MaskType m, int64_t w, int64_t i, int64_t j, int64_t sq, int64_t skv) {
-  const int64_t pos = m == MaskType::CausalBottomRight ? i + skv - sq : i;
-  return j <= pos && (w == 0 || pos - j < w);
-}
-
 TEST(WindowConvention, KeyRangeIsHuggingFacesSlidingWindow) {
   for (MaskType m : {MaskType::CausalTopLeft, MaskType::CausalBottomRight})
     for (auto [sq, skv] : {std::pair<int64_t, int64_t>{9, 9}, {4, 13}, {13, 4}, {1, 7}})
@@ -69,15 +66,6 @@ TEST(WindowConvention, KeyRangeIsHuggingFacesSlidingWindow) {
         }
   // Without a causal mask there is no window (validation refuses one).
   EXPECT_EQ(attention::key_start(MaskType::None, 3, 5, 9, 9), 0);
-}
-
-// The window as a dense bias [1, 1, Sq, Skv] fp64: 0 where Hugging Face's rule shows the key, -inf elsewhere.
-Tensor window_bias(MaskType m, int64_t w, int64_t sq, int64_t skv) {
-  Tensor b = Tensor::empty({1, 1, sq, skv}, DType::F64);
-  for (int64_t i = 0; i < sq; ++i)
-    for (int64_t j = 0; j < skv; ++j)
-      b.ptr<double>()[i * skv + j] = hf_visible(m, w, i, j, sq, skv) ? 0.0 : -std::numeric_limits<double>::infinity();
-  return b;
 }
 
 // The fp64 math backend on the problem without a window, with the window as a bias instead; outputs poisoned first.

@@ -15,27 +15,17 @@
 #include <limits>
 
 #include "gpu_attention_harness.h"
+#include "window_reference.h"
 
 namespace ringtrain {
 namespace {
 
+using testing::hf_visible;
+using testing::window_bias;
+
 using attention::BackendId;
 using attention::MaskType;
 using namespace testing::gpu;
-
-bool hf_visible(MaskType m, int64_t w, int64_t i, int64_t j, int64_t sq, int64_t skv) {
-  const int64_t pos = m == MaskType::CausalBottomRight ? i + skv - sq : i;
-  return j <= pos && (w == 0 || pos - j < w);
-}
-
-// The window as a bias [1, 1, Sq, Skv] fp64: 0 where Hugging Face's rule shows the key, -inf elsewhere.
-Tensor window_bias(MaskType m, int64_t w, int64_t sq, int64_t skv) {
-  Tensor b = Tensor::empty({1, 1, sq, skv}, DType::F64);
-  for (int64_t i = 0; i < sq; ++i)
-    for (int64_t j = 0; j < skv; ++j)
-      b.ptr<double>()[i * skv + j] = hf_visible(m, w, i, j, sq, skv) ? 0.0 : -std::numeric_limits<double>::infinity();
-  return b;
-}
 
 double tol_of(DType t) { return t == DType::F32 ? 1e-5 : t == DType::F16 ? 5e-3 : 1e-2; }
 double lse_tol_of(DType t) { return t == DType::F32 ? 1e-4 : 1e-3; }

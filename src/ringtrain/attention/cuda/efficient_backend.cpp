@@ -85,7 +85,7 @@ class EfficientBackend final : public Backend {
     check_output_dtype(p, a.o, "o");
     cuda::DeviceGuard guard(p.device.index);
     cuda::EffFwdCall c;
-    c.s = cuda::flash_shape(p, a.q, a.cu_seqlens_q, a.cu_seqlens_kv);
+    c.s = cuda::flash_shape(p, a.q, a.k, a.cu_seqlens_q, a.cu_seqlens_kv);
     c.elem = cuda::flash_elem(a.q, "efficient", "q");
     c.q = cuda::flash_rows(p, a.q, "efficient", "q");
     c.k = cuda::flash_rows(p, a.k, "efficient", "k");
@@ -109,7 +109,7 @@ class EfficientBackend final : public Backend {
     check_output_dtype(p, a.dv, "dv");
     cuda::DeviceGuard guard(p.device.index);
     cuda::EffBwdCall c;
-    c.s = cuda::flash_shape(p, a.q, a.cu_seqlens_q, a.cu_seqlens_kv);
+    c.s = cuda::flash_shape(p, a.q, a.k, a.cu_seqlens_q, a.cu_seqlens_kv);
     c.elem = cuda::flash_elem(a.q, "efficient", "q");
     c.q = cuda::flash_rows(p, a.q, "efficient", "q");
     c.k = cuda::flash_rows(p, a.k, "efficient", "k");

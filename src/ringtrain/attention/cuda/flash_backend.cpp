@@ -47,7 +47,7 @@ class FlashBackend final : public Backend {
     validate(p, a);
     cuda::DeviceGuard guard(p.device.index);
     cuda::FlashFwdCall c;
-    c.s = cuda::flash_shape(p, a.q, a.cu_seqlens_q, a.cu_seqlens_kv);
+    c.s = cuda::flash_shape(p, a.q, a.k, a.cu_seqlens_q, a.cu_seqlens_kv);
     c.q = rows_of(p, a.q, "q");
     c.k = rows_of(p, a.k, "k");
     c.v = rows_of(p, a.v, "v");
@@ -55,7 +55,6 @@ class FlashBackend final : public Backend {
     RT_CHECK(c.o.elem == FlashElem::F32 || a.o.dtype == p.dtype, "flash (cuda): 'o' is ", a.o.shape_str(),
              "; expected ", dtype_name(p.dtype), " or fp32");
     c.lse = cuda::flash_stats(p, a.lse);
-    c.kv_rows = p.packed ? a.k.shape[0] : p.seqlen_kv;
     cuda::flash_forward(c, static_cast<cudaStream_t>(a.stream));
   }
 
@@ -63,7 +62,7 @@ class FlashBackend final : public Backend {
     validate(p, a);
     cuda::DeviceGuard guard(p.device.index);
     cuda::FlashBwdCall c;
-    c.s = cuda::flash_shape(p, a.q, a.cu_seqlens_q, a.cu_seqlens_kv);
+    c.s = cuda::flash_shape(p, a.q, a.k, a.cu_seqlens_q, a.cu_seqlens_kv);
     c.q = rows_of(p, a.q, "q");
     c.k = rows_of(p, a.k, "k");
     c.v = rows_of(p, a.v, "v");

@@ -1,18 +1,25 @@
-// The `flash` backward on Hopper (fast mode): wgmma tensor cores in the FlashAttention-3 structure, without a
-// producer warp. One CTA of two warpgroups per (key tile of 128 keys, kv head, sequence); each warpgroup owns 64
-// keys and keeps their dK and dV in registers while the CTA walks every query tile (64 rows) of every query head
-// of the GQA group that can see them (causally and within a sliding window), Q / dO / LSE / Delta double-buffered
-// through cp.async. Per query tile, each warpgroup computes
-//   S^T = K Q^T and dP^T = V dO^T (shared operands), P^T and dS^T = P^T (dP^T - Delta) * scale in registers,
-//   dV += P^T dO and dK += dS^T Q (P^T and dS^T as register operands),
-//   and a 64 x 64 share of dQ = dS K from dS^T in shared memory: head dim 128 splits dQ's columns between the
-//   warpgroups, head dim 64 its keys.
+// The `flash` backward on Hopper (fast mode), warp-specialised in the FlashAttention-3 structure. One CTA per (key
+// tile of 128 keys, kv head, sequence) of three warpgroups:
+//  - the producer (one warp of warpgroup 0, its registers given back) copies K and V once, then for every query tile
+//    (64 rows) of every query head of the GQA group that can see the keys (causally and within a sliding window) its
+//    Q, dO, LSE and Delta into a ring of two shared-memory stages guarded by full and empty mbarriers (tma.cuh):
+//    bulk-tensor (TMA) copies, or zero-filling cp.async for tiles that reach past their sequence's end (a NaN there
+//    would survive the zeroed P^T and dS^T in 0 * NaN); LSE and Delta always by cp.async, zero-filled;
+//  - two consumers own 64 keys each and keep their dK and dV in registers. Per query tile each computes
+//      S^T = K Q^T and dP^T = V dO^T (shared operands), P^T and dS^T = P^T (dP^T - Delta) * scale in registers,
+//      dV += P^T dO and dK += dS^T Q (P^T and dS^T as register operands),
+//    and a 64 x 64 share of dQ = dS K from dS^T in shared memory (double-buffered, so that only the share's readers
+//    wait for its writers): head dim 128 splits dQ's columns between the consumers, head dim 64 its keys.
 // Each share is added to an fp32 accumulator in global memory by one bulk reduction (cp.reduce.async.bulk) of a
 // 16 KB staging block, in the order the registers hold it; flash_dq_convert_sm90_kernel reads that order back into
 // dq. The accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
+#include <cuda.h>
+
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cuda/flash_sm90.h"
 #include "ringtrain/attention/cuda/flash_tile.cuh"
+#include "ringtrain/attention/cuda/tma.cuh"
+#include "ringtrain/attention/cuda/tma_map.h"
 #include "ringtrain/attention/cuda/wgmma.cuh"
 
 namespace ringtrain::attention::cuda {
@@ -22,14 +29,22 @@ using namespace tile;
 
 template <int D>
 struct BwdSm90Config {
-  static constexpr int kThreads = 256, BM = 64, BN = 128;
+  static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = 64, BN = 128, kStages = 2;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
   static constexpr int kTileKV = BN * D * 2, kTileQ = BM * D * 2;
   static constexpr int kDsBytes = BN * BM * 2;  // dS^T, [BN keys][BM queries]
-  static constexpr int kDqBlock = BM * 64 * 4;  // one warpgroup's dQ share, 64 x 64 fp32
-  // dQ share of warpgroup w: head dim 128 -> columns [64w, 64w + 64) over all keys (block w of the tile);
+  static constexpr int kDqBlock = BM * 64 * 4;  // one consumer's dQ share, 64 x 64 fp32
+  // dQ share of consumer w: head dim 128 -> columns [64w, 64w + 64) over all keys (block w of the tile);
   // head dim 64 -> all columns over keys [64w, 64w + 64) (both add into block 0).
   static constexpr int kDqKeySteps = D == 128 ? BN / 16 : 4;
-  static constexpr int kSmemBytes = 2 * kTileKV + 4 * kTileQ + kDsBytes + 2 * kDqBlock + 2 * 2 * BM * 4 + 1024;
+  static constexpr int kStatBytes = 2 * BM * 4;  // per stage: BM LSE values, then BM Delta values
+  static constexpr int kBarriers = 1 + 2 * kStages;  // K/V; full and empty per stage
+  static constexpr int kSmemBytes = 1024 + 2 * kTileKV + 2 * kStages * kTileQ + 2 * kDsBytes + kConsumers * kDqBlock +
+                                    kStages * kStatBytes + 8 * kBarriers;
+};
+
+struct BwdMaps {
+  CUtensorMap q, dout, k, v;
 };
 
 struct BwdSm90Args {
@@ -54,92 +69,140 @@ __device__ __forceinline__ int dq_staged_index(int r, int c) {
   return (D == 128 ? (c / 64) * 64 * 64 : 0) + 2 * slot + cc % 2;
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
+// Shared memory of one CTA: K, V, the Q / dO / statistics ring, dS^T twice, the consumers' dQ staging, barriers.
+template <int D>
+struct BwdSmem {
+  using Cfg = BwdSm90Config<D>;
+  uint32_t k, v, q0, do0, ds0, dq0, stat0, bars;
+  const float* stats;  // stat0 as a generic pointer, for plain loads
+  __device__ explicit BwdSmem(unsigned char* base) {
+    k = (smem_u32(base) + 1023) & ~1023u;
+    v = k + Cfg::kTileKV;
+    q0 = v + Cfg::kTileKV;
+    do0 = q0 + Cfg::kStages * Cfg::kTileQ;
+    ds0 = do0 + Cfg::kStages * Cfg::kTileQ;
+    dq0 = ds0 + 2 * Cfg::kDsBytes;
+    stat0 = dq0 + Cfg::kConsumers * Cfg::kDqBlock;
+    bars = stat0 + Cfg::kStages * Cfg::kStatBytes;
+    stats = reinterpret_cast<const float*>(base + (stat0 - smem_u32(base)));
+  }
+  __device__ uint32_t q(int stage) const { return q0 + stage * Cfg::kTileQ; }
+  __device__ uint32_t dout(int stage) const { return do0 + stage * Cfg::kTileQ; }
+  __device__ uint32_t ds(int step) const { return ds0 + (step & 1) * Cfg::kDsBytes; }
+  __device__ uint32_t dq(int consumer) const { return dq0 + consumer * Cfg::kDqBlock; }
+  __device__ uint32_t stat(int stage) const { return stat0 + stage * Cfg::kStatBytes; }
+  __device__ uint32_t full_kv() const { return bars; }
+  __device__ uint32_t full(int stage) const { return bars + 8 * (1 + stage); }
+  __device__ uint32_t empty(int stage) const { return bars + 8 * (1 + Cfg::kStages + stage); }
+};
+
+// What a CTA works on: its keys and the query tiles that see them, walked head by head of the GQA group.
+struct BwdTile {
+  int b, hk, n0, group;
+  Seq seq;
+  int mb_first, mb_count, steps;
+  __device__ int head(int step) const { return hk * group + step / mb_count; }
+  __device__ int row0(int step, int bm) const { return (mb_first + step % mb_count) * bm; }
+};
+
+// Producer: K and V once, then per step Q, dO, LSE and Delta of query tile row0(step) of head(step).
+template <int D>
+__device__ __forceinline__ void produce_bwd(const BwdMaps& maps, const BwdSm90Args& a, const BwdSmem<D>& sm,
+                                            const BwdTile& w, int lane) {
   using Cfg = BwdSm90Config<D>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN;
-  extern __shared__ unsigned char smem[];
-  const uint32_t sK = (smem_u32(smem) + 1023) & ~1023u, sV = sK + Cfg::kTileKV, sQ0 = sV + Cfg::kTileKV;
-  const uint32_t sDO0 = sQ0 + 2 * Cfg::kTileQ, sDS = sDO0 + 2 * Cfg::kTileQ, sDQ = sDS + Cfg::kDsBytes;
-  const uint32_t sStat = sDQ + 2 * Cfg::kDqBlock;  // per buffer: BM LSE values, then BM Delta values
-  const float* stat = reinterpret_cast<const float*>(smem + (sStat - smem_u32(smem)));
-
-  const auto& c = a.c;
-  const FlashShape& s = c.s;
-  const int group = s.heads_q / s.heads_kv;
-  const int b = blockIdx.z, hk = blockIdx.y, n0 = blockIdx.x * BN;
-  const Seq seq = seq_of(s, b);
-  if (n0 >= seq.skv) return;
-  const int tid = threadIdx.x, wgi = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const bool causal = s.mask != kMaskNone;
-  const int key0 = n0 + wgi * 64 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
-
-  // Query tiles that see any of these keys (causally, and within a sliding window).
-  const TileRange tiles = query_tiles(s, seq, n0, n0 + BN, BM);
-  const int mb_first = tiles.first, mb_count = max(0, tiles.end - tiles.first);
-  const int steps = group * mb_count;
-  const int64_t tile_base = dq_tile_base(s, b);
-
-  auto prefetch = [&](int step, int buf) {
-    const int h = hk * group + step / mb_count, m0 = (mb_first + step % mb_count) * BM, rows = seq.sq - m0;
-    wg::load_panels<BM, D, Cfg::kThreads>(
-        sQ0 + buf * Cfg::kTileQ, static_cast<const uint16_t*>(c.q.ptr) + row_off(c.q, b, seq.q_row0 + m0, h),
-        c.q.row_stride, rows, tid);
-    wg::load_panels<BM, D, Cfg::kThreads>(
-        sDO0 + buf * Cfg::kTileQ, static_cast<const uint16_t*>(c.dout.ptr) + row_off(c.dout, b, seq.q_row0 + m0, h),
-        c.dout.row_stride, rows, tid);
-    if (tid < 2 * BM) {
-      const int i = tid % BM;
-      const FlashStats& src = tid < BM ? c.lse : a.delta;
-      const bool ok = i < rows;
-      cp_async4(sStat + (buf * 2 * BM + tid) * 4, ok ? src.ptr + stat_off(src, b, seq.q_row0 + m0 + i, h) : src.ptr,
-                ok);
+  const FlashBwdCall& c = a.c;
+  const int batch_coord = c.s.cu_q ? 0 : w.b;  // packed tensors are one batch entry of all rows
+  // A tile by TMA (its bytes announced to `full`) or, when it reaches past the sequence end, by zero-filling cp.async.
+  auto copy_tile = [&](uint32_t dst, const CUtensorMap* map, const FlashRows& t, int64_t row, int head, int rows,
+                       int rows_valid, uint32_t full) {
+    if (rows_valid >= rows) {
+      if (lane == 0) {
+        tma::expect_bytes(full, rows * D * 2);
+        for (int p = 0; p < D / 64; ++p)
+          tma::load_4d(dst + p * rows * 128, map, full, p * 64, int(row), head, batch_coord);
+      }
+    } else {
+      const uint16_t* g = static_cast<const uint16_t*>(t.ptr) + row_off(t, w.b, row, head);
+      if (rows == BN) wg::load_panels_by_warp<BN, D>(dst, g, t.row_stride, rows_valid, lane);
+      else wg::load_panels_by_warp<BM, D>(dst, g, t.row_stride, rows_valid, lane);
     }
   };
+  // A `full` barrier (one arrival) completes once the announced TMA bytes and every lane's cp.async have landed: the
+  // lanes' copy-tracking arrivals are counted in before lane 0's arrival.
+  auto arrive_full = [&](uint32_t full) {
+    tma::arrive_when_copied(full);
+    __syncwarp();
+    if (lane == 0) tma::arrive(full);
+  };
+  const int64_t kv_row = w.seq.kv_row0 + w.n0;
+  copy_tile(sm.k, &maps.k, c.k, kv_row, w.hk, BN, w.seq.skv - w.n0, sm.full_kv());
+  copy_tile(sm.v, &maps.v, c.v, kv_row, w.hk, BN, w.seq.skv - w.n0, sm.full_kv());
+  arrive_full(sm.full_kv());
 
-  const int keys = seq.skv - n0;
-  wg::load_panels<BN, D, Cfg::kThreads>(
-      sK, static_cast<const uint16_t*>(c.k.ptr) + row_off(c.k, b, seq.kv_row0 + n0, hk), c.k.row_stride, keys, tid);
-  wg::load_panels<BN, D, Cfg::kThreads>(
-      sV, static_cast<const uint16_t*>(c.v.ptr) + row_off(c.v, b, seq.kv_row0 + n0, hk), c.v.row_stride, keys, tid);
-  if (steps > 0) prefetch(0, 0);
-  cp_async_commit();
+  for (int step = 0; step < w.steps; ++step) {
+    const int stage = step % Cfg::kStages;
+    tma::wait(sm.empty(stage), ((step / Cfg::kStages) & 1) ^ 1);
+    const int h = w.head(step), m0 = w.row0(step, BM), rows = w.seq.sq - m0;
+    const int64_t q_row = w.seq.q_row0 + m0;
+    // LSE and Delta, zero-filled past the sequence: 2 x BM values.
+    for (int i = lane; i < 2 * BM; i += 32) {
+      const FlashStats& src = i < BM ? c.lse : a.delta;
+      const bool ok = i % BM < rows;
+      cp_async4(sm.stat(stage) + i * 4, ok ? src.ptr + stat_off(src, w.b, q_row + i % BM, h) : src.ptr, ok);
+    }
+    copy_tile(sm.q(stage), &maps.q, c.q, q_row, h, BM, rows, sm.full(stage));
+    copy_tile(sm.dout(stage), &maps.dout, c.dout, q_row, h, BM, rows, sm.full(stage));
+    arrive_full(sm.full(stage));
+  }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<D>& sm, const BwdTile& w, int wgi,
+                                            int ctid) {
+  using Cfg = BwdSm90Config<D>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN;
+  const FlashBwdCall& c = a.c;
+  const FlashShape& s = c.s;
+  const Seq& seq = w.seq;
+  const int n0 = w.n0, warp = ctid % 128 / 32, lane = ctid % 32, g = lane / 4, t = lane % 4;
+  const bool causal = s.mask != kMaskNone;
+  const int key0 = n0 + wgi * 64 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+  const int64_t tile_base = dq_tile_base(s, w.b);
 
   const float scale_log2 = s.scale * kLog2e;
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   const int dq_key_step0 = D == 128 ? 0 : wgi * 4, dq_panel = D == 128 ? wgi : 0;
-  const uint32_t s_dq = sDQ + wgi * Cfg::kDqBlock;
+  const uint32_t s_dq = sm.dq(wgi);
 
-  for (int step = 0; step < steps; ++step) {
-    const int buf = step & 1;
-    const int h = hk * group + step / mb_count, m0 = (mb_first + step % mb_count) * BM;
-    const uint32_t sQ = sQ0 + buf * Cfg::kTileQ, sDO = sDO0 + buf * Cfg::kTileQ;
-    const float* s_lse = stat + buf * 2 * BM;
+  if (w.steps > 0) {
+    tma::wait(sm.full_kv(), 0);
+    if (n0 + BN > seq.skv) wg::fence_async_smem();  // copied by cp.async: the generic proxy
+  }
+  for (int step = 0; step < w.steps; ++step) {
+    const int stage = step % Cfg::kStages;
+    const int h = w.head(step), m0 = w.row0(step, BM);
+    const uint32_t sQ = sm.q(stage), sDO = sm.dout(stage), sDS = sm.ds(step);
+    const float* s_lse = sm.stats + stage * Cfg::kStatBytes / 4;
     const float* s_delta = s_lse + BM;
-    wg::cp_async_wait<0>();
-    wg::fence_async_smem();
-    __syncthreads();  // this step's tiles visible; every warpgroup is done with the previous step's
+    tma::wait(sm.full(stage), (step / Cfg::kStages) & 1);
+    wg::fence_async_smem();  // the statistics (and a tile past the sequence end) came by cp.async
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys; the next step's copies go out meanwhile.
+    // S^T = K Q^T and dP^T = V dO^T for this consumer's 64 keys.
     float sp[BM / 2], dp[BM / 2];
     wg::fence();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k)
-      wg::Mma<T, BM>::template ss<0, 0>(sp, wg::desc_k(sK, BN, wgi * 64, k), wg::desc_k(sQ, BM, 0, k), k > 0);
+      wg::Mma<T, BM>::template ss<0, 0>(sp, wg::desc_k(sm.k, BN, wgi * 64, k), wg::desc_k(sQ, BM, 0, k), k > 0);
     wg::commit();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k)
-      wg::Mma<T, BM>::template ss<0, 0>(dp, wg::desc_k(sV, BN, wgi * 64, k), wg::desc_k(sDO, BM, 0, k), k > 0);
+      wg::Mma<T, BM>::template ss<0, 0>(dp, wg::desc_k(sm.v, BN, wgi * 64, k), wg::desc_k(sDO, BM, 0, k), k > 0);
     wg::commit();
-    if (step + 1 < steps) {
-      prefetch(step + 1, buf ^ 1);
-      cp_async_commit();
-    }
     wg::wait<1>();
     wg::keep(sp);
-
     // P^T, then zeros where the query row is past the sequence or cannot see the key (only tiles that have such).
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
@@ -211,14 +274,16 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
     wg::commit();
 
     wg::fence_async_smem();
-    if (tid % 128 == 0) wg::bulk_wait_read();  // this warpgroup's previous dQ reduction has read its staging block
-    __syncthreads();                            // dS^T complete
+    if (ctid % 128 == 0) wg::bulk_wait_read();  // this consumer's previous dQ reduction has read its staging block
+    // dS^T complete: at D = 128 every consumer reads every key's, at D = 64 only its own keys'.
+    if constexpr (D == 128) wg::named_sync(3, Cfg::kConsumers * 128);
+    else wg::named_sync(1 + wgi, 128);
     float dq[32];
     wg::fence();
 #pragma unroll
     for (int k = 0; k < Cfg::kDqKeySteps; ++k)
       wg::Mma<T, 64>::template ss<1, 1>(dq, wg::desc_mn(sDS, BN, dq_key_step0 + k, 0),
-                                        wg::desc_mn(sK, BN, dq_key_step0 + k, dq_panel), k > 0);
+                                        wg::desc_mn(sm.k, BN, dq_key_step0 + k, dq_panel), k > 0);
     wg::commit();
     wg::wait<0>();
     wg::keep(dq);
@@ -226,8 +291,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
     wg::keep(dv);
     wg::keep(pt);
     wg::keep(dst);
+    // This step's Q, dO and statistics are read. Every thread arrives: its own plain loads of the statistics precede
+    // its own arrival, so the producer's refill is ordered after all of them.
+    tma::arrive(sm.empty(stage));
 
-    // This warpgroup's dQ share to its staging block (consecutive lanes, consecutive 8 bytes), then one bulk add.
+    // This consumer's dQ share to its staging block (consecutive lanes, consecutive 8 bytes), then one bulk add.
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -239,24 +307,64 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_sm90_kernel(BwdSm90Args a) {
     }
     wg::fence_async_smem();
     wg::named_sync(1 + wgi, 128);
-    if (tid % 128 == 0) {
+    if (ctid % 128 == 0) {
       float* acc_tile = a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D;
       wg::bulk_reduce_add_f32(acc_tile + (D == 128 ? wgi * BM * 64 : 0), s_dq, Cfg::kDqBlock);
     }
   }
-  if (tid % 128 == 0) wg::bulk_wait();
+  if (ctid % 128 == 0) wg::bulk_wait();
 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = key0 + 8 * half;
     if (key >= seq.skv) continue;
-    const int64_t koff = row_off(c.dk, b, seq.kv_row0 + key, hk) + 2 * t;
-    const int64_t voff = row_off(c.dv, b, seq.kv_row0 + key, hk) + 2 * t;
+    const int64_t koff = row_off(c.dk, w.b, seq.kv_row0 + key, w.hk) + 2 * t;
+    const int64_t voff = row_off(c.dv, w.b, seq.kv_row0 + key, w.hk) + 2 * t;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       store_pair<T>(c.dk.ptr, c.dk.elem, koff + 8 * j, dk[4 * j + 2 * half], dk[4 * j + 2 * half + 1], c.accumulate);
       store_pair<T>(c.dv.ptr, c.dv.elem, voff + 8 * j, dv[4 * j + 2 * half], dv[4 * j + 2 * half + 1], c.accumulate);
     }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdSm90Config<D>::kThreads, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdMaps maps, const BwdSm90Args a) {
+  using Cfg = BwdSm90Config<D>;
+  extern __shared__ unsigned char smem[];
+  const BwdSmem<D> sm(smem);
+  const FlashShape& s = a.c.s;
+  BwdTile w;
+  w.b = blockIdx.z;
+  w.hk = blockIdx.y;
+  w.n0 = blockIdx.x * Cfg::BN;
+  w.group = s.heads_q / s.heads_kv;
+  w.seq = seq_of(s, w.b);
+  if (w.n0 >= w.seq.skv) return;
+  const TileRange tiles = query_tiles(s, w.seq, w.n0, w.n0 + Cfg::BN, Cfg::BM);
+  w.mb_first = tiles.first;
+  w.mb_count = max(0, tiles.end - tiles.first);
+  w.steps = w.group * w.mb_count;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    tma::barrier_init(sm.full_kv(), 1);
+    for (int st = 0; st < Cfg::kStages; ++st) {
+      tma::barrier_init(sm.full(st), 1);
+      tma::barrier_init(sm.empty(st), 128 * Cfg::kConsumers);
+    }
+    tma::barrier_init_fence();
+  }
+  __syncthreads();
+  // The role as a warp-uniform value, so that the compiler gives each branch the registers its setmaxnreg sets.
+  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (warpgroup == 0) {
+    tma::release_registers<Cfg::kProducerRegs>();
+    if (tid < 32 && w.steps > 0) produce_bwd<D>(maps, a, sm, w, tid);
+    return;
+  } else {
+    tma::claim_registers<Cfg::kConsumerRegs>();
+    consume_bwd<T, D>(a, sm, w, warpgroup - 1, tid - 128);
   }
 }
 
@@ -288,12 +396,20 @@ void launch_bwd(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t str
   RT_CUDA_CHECK(cudaMemsetAsync(a.dq_acc, 0, acc_bytes, stream),
                 cat("zeroing the flash dQ accumulator", flash_shape_str(s)));
 
+  const bool packed = s.cu_q != nullptr;
+  const int batches = packed ? 1 : s.batch;
+  const int64_t q_rows = packed ? s.total_q : s.seqlen_q, kv_rows = packed ? s.total_kv : s.seqlen_kv;
+  BwdMaps maps;
+  maps.q = panel_map(c.q, q_rows, s.heads_q, batches, D, Cfg::BM, "q");
+  maps.dout = panel_map(c.dout, q_rows, s.heads_q, batches, D, Cfg::BM, "dout");
+  maps.k = panel_map(c.k, kv_rows, s.heads_kv, batches, D, Cfg::BN, "k");
+  maps.v = panel_map(c.v, kv_rows, s.heads_kv, batches, D, Cfg::BN, "v");
   auto kernel = flash_bwd_sm90_kernel<T, D>;
   RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
                 cat("flash_bwd_sm90_kernel<D=", D, ">: setting ", Cfg::kSmemBytes, " bytes of shared memory"));
   const dim3 grid((s.seqlen_kv + Cfg::BN - 1) / Cfg::BN, s.heads_kv, s.batch);
   if (grid.x > 0) {
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, a);
     RT_CUDA_CHECK(cudaGetLastError(), cat("launching flash_bwd_sm90_kernel grid (", grid.x, ", ", grid.y, ", ",
                                           grid.z, ")", flash_shape_str(s)));
   }

@@ -47,7 +47,8 @@ std::string flash_shape_str(const FlashShape& s) {
              " Skv=", s.seqlen_kv);
 }
 
-FlashShape flash_shape(const AttnParams& p, const TensorView& q, const TensorView& cu_q, const TensorView& cu_kv) {
+FlashShape flash_shape(const AttnParams& p, const TensorView& q, const TensorView& k, const TensorView& cu_q,
+                       const TensorView& cu_kv) {
   RT_CHECK(p.seqlen_q < (int64_t(1) << 31) && p.seqlen_kv < (int64_t(1) << 31),
            "attention (cuda): sequence too long for the kernels' 32-bit row counts: ", p.describe());
   FlashShape s;
@@ -58,6 +59,7 @@ FlashShape flash_shape(const AttnParams& p, const TensorView& q, const TensorVie
   s.seqlen_q = static_cast<int>(p.seqlen_q);
   s.seqlen_kv = static_cast<int>(p.seqlen_kv);
   s.total_q = p.packed ? q.shape[0] : p.batch * p.seqlen_q;
+  s.total_kv = p.packed ? k.shape[0] : p.batch * p.seqlen_kv;
   if (p.packed) {
     s.cu_q = static_cast<const int*>(cu_q.data);
     s.cu_kv = static_cast<const int*>(cu_kv.data);

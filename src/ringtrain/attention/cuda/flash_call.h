@@ -13,6 +13,7 @@ FlashElem flash_elem(const TensorView& t, const char* backend, const char* name)
 bool rows_aligned(const AttnParams& p, const TensorView& t, int64_t bytes);
 FlashRows flash_rows(const AttnParams& p, const TensorView& t, const char* backend, const char* name);
 FlashStats flash_stats(const AttnParams& p, const TensorView& lse);
-FlashShape flash_shape(const AttnParams& p, const TensorView& q, const TensorView& cu_q, const TensorView& cu_kv);
+FlashShape flash_shape(const AttnParams& p, const TensorView& q, const TensorView& k, const TensorView& cu_q,
+                       const TensorView& cu_kv);
 
 }  // namespace ringtrain::attention::cuda

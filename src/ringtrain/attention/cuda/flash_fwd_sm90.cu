@@ -59,20 +59,6 @@ struct FwdTile {
   int n_first, n_tiles;     // the key tiles any of them sees: [n_first, n_tiles) (n_first > 0 under a window)
 };
 
-// cp.async of a [ROWS][C] tile into a panel tile by the producer warp's 32 lanes, rows >= rows_valid zero-filled.
-// A loop, not unrolled: the producer runs on few registers.
-template <int ROWS, int C>
-__device__ __forceinline__ void load_panels_by_warp(uint32_t dst, const uint16_t* g, int64_t row_stride,
-                                                    int rows_valid, int lane) {
-  constexpr int kChunks = C / 8;
-#pragma unroll 1
-  for (int i = lane; i < ROWS * kChunks; i += 32) {
-    const int r = i / kChunks, col = (i % kChunks) * 8;
-    const bool ok = r < rows_valid;
-    tile::cp_async16(dst + wg::panel_off(ROWS, r, col), ok ? g + r * row_stride + col : g, ok);
-  }
-}
-
 // Producer: Q once, then K_n and V_n for n = 0 .. n_tiles - 1 into stage n % kStages as the consumers free it.
 template <int D>
 __device__ __forceinline__ void produce(const FwdMaps& maps, const FlashFwdCall& c, const FwdSmem<D>& sm,
@@ -98,7 +84,7 @@ __device__ __forceinline__ void produce(const FwdMaps& maps, const FlashFwdCall&
           tma::load_4d(dst + p * BN * 128, map, full, p * 64, int(w.seq.kv_row0) + n * BN, w.hk, batch_coord);
       }
     } else {
-      load_panels_by_warp<BN, D>(dst, g + int64_t(n) * BN * stride, stride, keys_left, lane);
+      wg::load_panels_by_warp<BN, D>(dst, g + int64_t(n) * BN * stride, stride, keys_left, lane);
       tma::arrive_when_copied(full);
       __syncwarp();
       if (lane == 0) tma::arrive(full);
@@ -320,8 +306,9 @@ void launch_fwd(const FlashFwdCall& c, cudaStream_t stream) {
   const int batches = packed ? 1 : c.s.batch;
   FwdMaps maps;
   maps.q = panel_map(c.q, packed ? c.s.total_q : c.s.seqlen_q, c.s.heads_q, batches, D, Tiles::BM, "q");
-  maps.k = panel_map(c.k, c.kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "k");
-  maps.v = panel_map(c.v, c.kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "v");
+  const int64_t kv_rows = packed ? c.s.total_kv : c.s.seqlen_kv;
+  maps.k = panel_map(c.k, kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "k");
+  maps.v = panel_map(c.v, kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "v");
   const dim3 grid((c.s.seqlen_q + Tiles::BM - 1) / Tiles::BM, c.s.heads_q, c.s.batch);
   kernel<<<grid, Tiles::kThreads, kSmem, stream>>>(maps, c);
   RT_CUDA_CHECK(cudaGetLastError(), cat("flash: launching flash_fwd_sm90_kernel<D=", D, "> grid (", grid.x, ", ",

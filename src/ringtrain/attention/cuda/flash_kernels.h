@@ -31,6 +31,7 @@ struct FlashShape {
   int batch = 1, heads_q = 1, heads_kv = 1, head_dim = 64;
   int seqlen_q = 0, seqlen_kv = 0;           // packed: the longest sequence
   int64_t total_q = 0;                       // rows of the q-side tensors (packed: Tq; else B * Sq)
+  int64_t total_kv = 0;                      // rows of the k/v-side tensors (packed: Tkv; else B * Skv)
   const int* cu_q = nullptr;                 // packed only: int32 [B + 1] on the device
   const int* cu_kv = nullptr;
   int mask = kMaskNone;
@@ -43,7 +44,6 @@ struct FlashFwdCall {
   FlashShape s;
   FlashRows q, k, v, o;  // o may be fp32
   FlashStats lse;
-  int64_t kv_rows = 0;   // rows of k/v per batch entry (packed: Tkv; else Skv), the extent of their tensor maps
 };
 
 struct FlashBwdCall {

@@ -37,6 +37,10 @@ __device__ __forceinline__ void arrive_if(uint32_t bar, bool pred) {
 __device__ __forceinline__ void arrive_expect_bytes(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// Announces bytes that TMA copies will deliver to the barrier's current phase, without arriving.
+__device__ __forceinline__ void expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\n"

@@ -43,6 +43,20 @@ __device__ __forceinline__ void load_panels(uint32_t sdst, const uint16_t* g, in
   }
 }
 
+// cp.async of a [ROWS][C] tile into a panel tile by the producer warp's 32 lanes, rows >= rows_valid zero-filled.
+// A loop, not unrolled: the producer runs on few registers.
+template <int ROWS, int C>
+__device__ __forceinline__ void load_panels_by_warp(uint32_t dst, const uint16_t* g, int64_t row_stride,
+                                                    int rows_valid, int lane) {
+  constexpr int kChunks = C / 8;
+#pragma unroll 1
+  for (int i = lane; i < ROWS * kChunks; i += 32) {
+    const int r = i / kChunks, col = (i % kChunks) * 8;
+    const bool ok = r < rows_valid;
+    tile::cp_async16(dst + panel_off(ROWS, r, col), ok ? g + r * row_stride + col : g, ok);
+  }
+}
+
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
