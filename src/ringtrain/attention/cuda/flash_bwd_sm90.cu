@@ -356,8 +356,7 @@ __global__ void __launch_bounds__(BwdSm90Config<D>::kThreads, 1)
     tma::barrier_init_fence();
   }
   __syncthreads();
-  // The role as a warp-uniform value, so that the compiler gives each branch the registers its setmaxnreg sets.
-  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const int warpgroup = tma::warpgroup_index();
   if (warpgroup == 0) {
     tma::release_registers<Cfg::kProducerRegs>();
     if (tid < 32 && w.steps > 0) produce_bwd<D>(maps, a, sm, w, tid);

@@ -282,9 +282,7 @@ __global__ void __launch_bounds__(FwdSm90Shape<D>::kThreads, 1)
   }
   __syncthreads();
 
-  // The role as a warp-uniform value (a shuffle from lane 0), so that the compiler gives each branch the registers
-  // its setmaxnreg sets.
-  const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const int warpgroup = tma::warpgroup_index();
   if (warpgroup == 0) {
     tma::release_registers<Tiles::kProducerRegs>();
     if (tid < 32) produce<D>(maps, c, sm, w, tid);

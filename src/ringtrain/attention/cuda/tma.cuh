@@ -71,6 +71,10 @@ __device__ __forceinline__ void arrive_when_copied(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// This thread's warpgroup as a warp-uniform value (a shuffle from lane 0), so that the compiler gives each branch of
+// a role split the registers its setmaxnreg sets.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
+
 // Register reallocation between warpgroups: the producer gives registers back, the consumers take them. Needs a
 // register cap at entry (__launch_bounds__(threads, 1)).
 template <int N>
