@@ -28,6 +28,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 CUtensorMap panel_map(const FlashRows& t, int64_t rows, int heads, int batches, int head_dim, int box_rows,
                       const char* what) {
   RT_CHECK(t.elem != FlashElem::F32, "flash (cuda): '", what, "' must be 16-bit for a tensor map");
+  RT_CHECK(rows < (int64_t(1) << 31), "flash (cuda): '", what, "' has ", rows,
+           " rows; the kernels' tensor-map coordinates are 32-bit (needs < 2^31)");
   constexpr uint64_t kElem = 2;
   // A size-1 dimension's stride is never stepped; any valid stride (a multiple of 16 bytes) describes it.
   const int64_t batch_stride = batches > 1 ? t.batch_stride : t.head_stride;
