@@ -107,6 +107,27 @@ expect_error config-is-directory 'cfg_dir/config.json: it is a directory' "$bin"
 copy_ck cfg_long && set_key cfg_long hidden_act "\"$(printf '%0500d' 0)\""
 expect_error config-long-value-truncated "key 'hidden_act' = \"0+\.\.\.: unsupported" "$bin" logprobs --model cfg_long --data good.jsonl
 
+# --- sliding windows (config.json of Qwen2 / Mistral checkpoints) ---
+# add_key DIR JSON: puts one more top-level key first in DIR/config.json.
+add_key() { sed -i "s/^{/{$2,/" "$1/config.json"; }
+"$bin" init-model --arch qwen2 --out q2 --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32 >/dev/null
+"$bin" init-model --arch mistral --out mi --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32 >/dev/null
+rm -rf win_list && cp -r q2 win_list && add_key win_list '"layer_types": 5'
+expect_error config-layer-types-not-list "key 'layer_types' = 5: expected a list of num_hidden_layers = 1" \
+  "$bin" logprobs --model win_list --data five.jsonl
+rm -rf win_type && cp -r q2 win_type && add_key win_type '"layer_types": ["banded"]'
+expect_error config-layer-types-unknown 'entry 0 = "banded": expected "sliding_attention" or "full_attention"' \
+  "$bin" logprobs --model win_type --data five.jsonl
+rm -rf win_max && cp -r q2 win_max && add_key win_max '"max_window_layers": -1'
+expect_error config-negative-max-window-layers "key 'max_window_layers' = -1: must not be negative" \
+  "$bin" logprobs --model win_max --data five.jsonl
+rm -rf win_zero && cp -r mi win_zero && set_key win_zero sliding_window 0
+expect_error config-zero-sliding-window "key 'sliding_window' = 0: must be in \\[1, " \
+  "$bin" logprobs --model win_zero --data five.jsonl
+rm -rf win_cp && cp -r mi win_cp && set_key win_cp sliding_window 2
+expect_error window-under-cp 'a sliding window .*window=2.* is not supported under context parallelism' \
+  "$bin" logprobs --model win_cp --data five.jsonl --cp 2
+
 # --- safetensors ---
 st_size=$(stat -c %s ck/model.safetensors)
 copy_ck st_trunc && head -c $((st_size - 3)) ck/model.safetensors >st_trunc/model.safetensors

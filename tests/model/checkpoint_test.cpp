@@ -283,7 +283,7 @@ TEST(HfConfig, SlidingWindowRules) {
   EXPECT_EQ(c.layer_window(0), 0);  // the first max_window_layers layers attend fully
   EXPECT_EQ(c.layer_window(1), 16);
   EXPECT_EQ(c.layer_window(2), 16);
-  EXPECT_NO_THROW(model::check_sequence_supported(c, 17));  // the window no longer limits the sequence
+  EXPECT_NO_THROW(model::check_sequence_supported(c, 17));  // a window shorter than the sequence does not limit it
   q["max_window_layers"] = 0;
   c = model::parse_config(q, "c");
   EXPECT_TRUE(c.full_attention_layers.empty());

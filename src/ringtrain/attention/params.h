@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ringtrain/core/host_device.h"
 #include "ringtrain/core/tensor.h"
 
 namespace ringtrain::attention {
@@ -61,7 +62,7 @@ struct AttnParams {
 };
 
 // Number of keys query row i (0-based) may see in a segment of sq queries and skv keys.
-inline int64_t key_limit(MaskType m, int64_t i, int64_t sq, int64_t skv) {
+RT_HOST_DEVICE inline int64_t key_limit(MaskType m, int64_t i, int64_t sq, int64_t skv) {
   int64_t lim = skv;
   if (m == MaskType::CausalTopLeft) lim = i + 1;
   if (m == MaskType::CausalBottomRight) lim = i + 1 + skv - sq;
@@ -70,7 +71,7 @@ inline int64_t key_limit(MaskType m, int64_t i, int64_t sq, int64_t skv) {
 
 // First key query row i may see: 0 without a window, else the unclamped causal limit minus the window, clamped to
 // [0, skv]. Row i sees [key_start, key_limit), nothing when key_start >= key_limit.
-inline int64_t key_start(MaskType m, int64_t window, int64_t i, int64_t sq, int64_t skv) {
+RT_HOST_DEVICE inline int64_t key_start(MaskType m, int64_t window, int64_t i, int64_t sq, int64_t skv) {
   if (window <= 0 || m == MaskType::None) return 0;
   const int64_t start = i + 1 + (m == MaskType::CausalBottomRight ? skv - sq : 0) - window;
   return start < 0 ? 0 : (start > skv ? skv : start);

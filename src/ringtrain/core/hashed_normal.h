@@ -5,11 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define RT_HOST_DEVICE __host__ __device__
-#else
-#define RT_HOST_DEVICE
-#endif
+#include "ringtrain/core/host_device.h"
 
 namespace ringtrain {
 

@@ -144,7 +144,9 @@ __device__ __forceinline__ void consume(const FlashFwdCall& c, const FwdSmem<D>&
   // limit or the start of a row's window pay for it.
   auto mask = [&](int n) {
     const int n0 = n * BN;
-    const bool before_start = n0 < tile::key_start(s, w.seq, w.m0 + BM - 1);  // the tile's last row starts latest
+    // The tile's last row starts latest. Recomputed per tile: holding it across the loop made the D = 128 consumer
+    // spill.
+    const bool before_start = n0 < tile::key_start(s, w.seq, w.m0 + BM - 1);
     if (!before_start && n0 + BN <= w.seq.skv && (s.mask == kMaskNone || n0 + BN <= w.m0 + 1 + w.seq.shift)) return;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

@@ -16,21 +16,6 @@ constexpr int kThreads = 256;
 using ringtrain::cuda_ops::from_float;
 using ringtrain::cuda_ops::to_float;
 
-// Same rule as attention::key_limit (params.h), on the device.
-__device__ inline int64_t device_key_limit(MaskType m, int64_t i, int64_t sq, int64_t skv) {
-  int64_t lim = skv;
-  if (m == MaskType::CausalTopLeft) lim = i + 1;
-  if (m == MaskType::CausalBottomRight) lim = i + 1 + skv - sq;
-  return lim < 0 ? 0 : (lim > skv ? skv : lim);
-}
-
-// Same rule as attention::key_start (params.h): the first key a row sees under a sliding window.
-__device__ inline int64_t device_key_start(MaskType m, int64_t window, int64_t i, int64_t sq, int64_t skv) {
-  if (window <= 0 || m == MaskType::None) return 0;
-  const int64_t start = i + 1 + (m == MaskType::CausalBottomRight ? skv - sq : 0) - window;
-  return start < 0 ? 0 : (start > skv ? skv : start);
-}
-
 __device__ inline float block_sum(float v, float* shared) {
   for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -88,7 +73,7 @@ __global__ void softmax_kernel(float* scores, int64_t sq, int64_t skv, int64_t l
   __shared__ float sm_m[kThreads / 32], sm_l[kThreads / 32];
   const int64_t row = blockIdx.x, h = row / sq, i = row % sq;
   float* s = scores + row * ld;
-  const int64_t lim = device_key_limit(mask, i, sq, skv), first = device_key_start(mask, window, i, sq, skv);
+  const int64_t lim = key_limit(mask, i, sq, skv), first = key_start(mask, window, i, sq, skv);
   float m = -INFINITY, l = 0.f;
   for (int64_t j = first + threadIdx.x; j < lim; j += kThreads) merge_max_sum(m, l, s[j], 1.f);
   for (int off = 16; off > 0; off /= 2) merge_max_sum(m, l, __shfl_xor_sync(0xffffffffu, m, off),
@@ -118,8 +103,8 @@ __global__ void backward_rows_kernel(float* scores, float* dp, const float* o, c
   const float di = block_sum(partial, sm);
   const float row_lse = lse.data[(head0 + h) * lse.head_stride + (row0 + i) * lse.row_stride];
   // A row that saw no key (LSE = -inf) has P = 0 and no gradient.
-  const int64_t lim = row_lse == -INFINITY ? 0 : device_key_limit(mask, i, sq, skv);
-  const int64_t first = device_key_start(mask, window, i, sq, skv);
+  const int64_t lim = row_lse == -INFINITY ? 0 : key_limit(mask, i, sq, skv);
+  const int64_t first = key_start(mask, window, i, sq, skv);
   float* s = scores + row * ld;
   float* g = dp + row * ld;
   for (int64_t j = threadIdx.x; j < skv; j += kThreads) {
