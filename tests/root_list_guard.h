@@ -9,7 +9,7 @@ struct RootListGuard {
   RootListGuard() = default;
   RootListGuard(const RootListGuard&) = delete;
   RootListGuard& operator=(const RootListGuard&) = delete;
-  ~RootListGuard() { attention::set_root_backends(attention::default_backends(), "default order"); }
+  ~RootListGuard() { attention::reset_root_backends(); }
 };
 
 }  // namespace ringtrain::testing

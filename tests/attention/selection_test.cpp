@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "attention_test_util.h"
@@ -148,6 +149,43 @@ TEST_F(Selection, DecisionIsDeterministicAndCached) {
   const auto c = explain(other);
   EXPECT_EQ(c.backend->id(), BackendId::Math);
   EXPECT_NE(candidate(c, BackendId::Flash).reasons.at(0).find("fp64"), std::string::npos);
+}
+
+// A forward-only scope reorders the default order only: flash first on CUDA at head dim 64 (the same members),
+// nothing else for other head dims or the CPU; a list set explicitly stays as given; outside the scope, the default.
+TEST_F(Selection, ForwardOnlyScopeReordersOnlyTheDefaultOrder) {
+  AttnParams gpu64 = cpu_params();
+  gpu64.device = Device::cuda(0);
+  gpu64.dtype = DType::BF16;
+  AttnParams gpu128 = gpu64;
+  gpu128.head_dim = 128;
+  std::vector<BackendId> fwd = default_forward_only_backends(gpu64), all = default_backends();
+  EXPECT_EQ(fwd.front(), BackendId::Flash);
+  EXPECT_NE(fwd, all);
+  std::sort(fwd.begin(), fwd.end()), std::sort(all.begin(), all.end());
+  EXPECT_EQ(fwd, all);
+  EXPECT_EQ(default_forward_only_backends(gpu128), default_backends());
+  EXPECT_EQ(default_forward_only_backends(cpu_params()), default_backends());
+
+  if (std::getenv("RINGTRAIN_SDPA_BACKENDS")) GTEST_SKIP() << "RINGTRAIN_SDPA_BACKENDS sets the order explicitly";
+  reset_root_backends();
+  {
+    const BackendScope no_backward = BackendScope::forward_only();
+    const auto s = explain(gpu64);
+    EXPECT_EQ(s.candidates.front().id, BackendId::Flash) << s.report();
+    EXPECT_NE(s.scopes.find("default order for forward-only calls"), std::string::npos) << s.scopes;
+    EXPECT_NE(s.scopes.find("> forward only"), std::string::npos) << s.scopes;
+    EXPECT_EQ(explain(gpu128).candidates.front().id, BackendId::Cudnn);
+    EXPECT_EQ(select(cpu_params()).id(), BackendId::Flash);
+    BackendScope model("model", {BackendId::Math});  // narrows as ever
+    EXPECT_EQ(select(cpu_params()).id(), BackendId::Math);
+  }
+  const auto outside = explain(gpu64);  // the cache keeps the two decisions apart
+  EXPECT_EQ(outside.candidates.front().id, BackendId::Cudnn) << outside.report();
+  EXPECT_EQ(outside.scopes.find("forward"), std::string::npos) << outside.scopes;
+  set_root_backends(default_backends(), "test");
+  const BackendScope no_backward = BackendScope::forward_only();
+  EXPECT_EQ(explain(gpu64).candidates.front().id, BackendId::Cudnn);  // an explicit list is used as given
 }
 
 // A KV-cache call (the sampler's decoding step) on the CPU: every CPU backend rejects it with the KV-cache reason,

@@ -30,11 +30,13 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model_test_util.h"
+#include "ringtrain/attention/selection.h"
 #include "ringtrain/comm/rendezvous.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/logprobs.h"
 #include "ringtrain/model/policy.h"
+#include "root_list_guard.h"
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -192,6 +194,9 @@ Run run_model(GpuModel& m, const std::vector<int32_t>& ids, const std::vector<fl
 }
 
 void check_checkpointing() {
+  // One explicit order: scoring would otherwise take the forward-only default order (another backend, other bits).
+  const testing::RootListGuard restore;
+  attention::set_root_backends(attention::default_backends(), "test: one backend for scoring and training");
   std::mt19937_64 rng(testing::fresh_seed());
   model::ModelConfig c = testing::tiny_config(model::Arch::Qwen3, /*tied=*/true, /*layers=*/3);
   c.hidden = 128, c.heads = 4, c.kv_heads = 2, c.head_dim = 64, c.ffn = 256, c.vocab = 500;

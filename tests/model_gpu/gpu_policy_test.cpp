@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -231,6 +232,56 @@ TEST_P(GpuPolicyPackedBackend, MatchesCpuF64) {
   EXPECT_EQ(n.backward[gpu], c.layers) << attention::format_dispatch_counts(n);
   // Besides, only the CPU reference's math calls: one per layer and direction.
   EXPECT_EQ(n.total(), 2 * c.layers + n.forward[math] + n.backward[math]) << attention::format_dispatch_counts(n);
+}
+
+// Under the default order, scoring (no backward) runs flash's forward at head dim 64, the faster forward alone, and a
+// training forward with its backward stays on cuDNN, the faster pair (attention/selection.h).
+TEST(GpuPolicySelection, ScoringTakesTheForwardOnlyOrderTrainingTheDefault) {
+  RT_REQUIRE_GPU();
+  if (std::getenv("RINGTRAIN_SDPA_BACKENDS")) GTEST_SKIP() << "RINGTRAIN_SDPA_BACKENDS sets the order explicitly";
+  attention::reset_root_backends();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = gpu_config(Arch::Llama, false);
+  const TokenBatch batch = packed_mixed_lengths(c, rng);
+  std::unique_ptr<Policy> gpu = model::make_policy(c, gpu_params(c, rng), gpu_options());
+  attention::AttnParams p;  // the model's packed call
+  p.device = Device::cuda(0);
+  p.dtype = DType::BF16;
+  p.batch = static_cast<int64_t>(batch.sequences.size());
+  p.heads_q = c.heads, p.heads_kv = c.kv_heads, p.head_dim = c.head_dim;
+  p.seqlen_q = p.seqlen_kv = 130;
+  p.mask = attention::MaskType::CausalTopLeft;
+  p.packed = true;
+  const attention::Selection training = attention::explain(p);
+  ASSERT_NE(training.backend, nullptr) << training.report();
+  attention::BackendId scoring_id;
+  {
+    const attention::BackendScope no_backward = attention::BackendScope::forward_only();
+    const attention::Selection scoring = attention::explain(p);
+    ASSERT_NE(scoring.backend, nullptr) << scoring.report();
+    scoring_id = scoring.backend->id();
+  }
+  const int fwd = static_cast<int>(scoring_id), train = static_cast<int>(training.backend->id());
+
+  attention::reset_dispatch_counts();
+  gpu->score(batch, /*for_backward=*/false, /*with_entropy=*/false);
+  attention::DispatchCounts n = attention::dispatch_counts();
+  EXPECT_EQ(n.forward[fwd], c.layers) << attention::format_dispatch_counts(n);
+  EXPECT_EQ(n.total(), c.layers) << attention::format_dispatch_counts(n);
+
+  attention::reset_dispatch_counts();
+  const model::TokenScores scores = gpu->score(batch, /*for_backward=*/true, /*with_entropy=*/false);
+  std::vector<std::vector<float>> d(scores.logprobs.size());
+  for (size_t b = 0; b < d.size(); ++b) d[b].assign(scores.logprobs[b].size(), 1.f);
+  gpu->backward(d);
+  n = attention::dispatch_counts();
+  EXPECT_EQ(n.forward[train], c.layers) << attention::format_dispatch_counts(n);
+  EXPECT_EQ(n.backward[train], c.layers) << attention::format_dispatch_counts(n);
+  EXPECT_EQ(n.total(), 2 * c.layers) << attention::format_dispatch_counts(n);
+  // On a GPU with both, the two orders differ: flash for scoring, cuDNN for training.
+  if (training.backend->id() == attention::BackendId::Cudnn) {
+    EXPECT_EQ(scoring_id, attention::BackendId::Flash);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GpuPolicyPackedBackend,

@@ -16,6 +16,7 @@ struct ScopeEntry {
   std::string label;
   std::vector<BackendId> allowed;
   bool requires_cp = false;
+  bool forward_only = false;
 };
 
 thread_local std::vector<ScopeEntry> t_scopes;
@@ -25,6 +26,7 @@ struct RootList {
   bool set = false;
   std::vector<BackendId> ids;
   std::string source;
+  bool is_default = false;  // neither RINGTRAIN_SDPA_BACKENDS nor set_root_backends() chose it
 };
 
 RootList& root() {
@@ -32,10 +34,17 @@ RootList& root() {
   return r;
 }
 
-std::pair<std::vector<BackendId>, std::string> root_with_source() {
+struct Root {
+  std::vector<BackendId> ids;
+  std::string source;
+  bool is_default = false;
+};
+
+Root root_list() {
   RootList& r = root();
   std::lock_guard<std::mutex> lock(r.mu);
   if (!r.set) {
+    r.is_default = false;
     if (const char* env = std::getenv("RINGTRAIN_SDPA_BACKENDS"); env && *env) {
       try {
         r.ids = parse_backend_list(env);
@@ -46,10 +55,27 @@ std::pair<std::vector<BackendId>, std::string> root_with_source() {
     } else {
       r.ids = default_backends();
       r.source = "default order";
+      r.is_default = true;
     }
     r.set = true;
   }
-  return {r.ids, r.source};
+  return {r.ids, r.source, r.is_default};
+}
+
+bool any_forward_only(const std::vector<ScopeEntry>& scopes) {
+  for (const ScopeEntry& sc : scopes)
+    if (sc.forward_only) return true;
+  return false;
+}
+
+// The root order for these params: the default order becomes the forward-only one under a forward-only scope.
+Root effective_root(const AttnParams& p, const std::vector<ScopeEntry>& scopes) {
+  Root r = root_list();
+  if (r.is_default && any_forward_only(scopes)) {
+    r.ids = default_forward_only_backends(p);
+    r.source = "default order for forward-only calls";
+  }
+  return r;
 }
 
 bool contains(const std::vector<BackendId>& v, BackendId id) {
@@ -76,7 +102,8 @@ Selection decide(const AttnParams& p, const std::vector<BackendId>& root_ids, co
   s.params = p.describe();
   s.scopes = cat("root [", format_backend_list(root_ids), "] (", root_source, ")");
   for (const ScopeEntry& sc : scopes)
-    s.scopes += cat(" > ", sc.label, sc.requires_cp ? "" : cat(" [", format_backend_list(sc.allowed), "]"));
+    s.scopes += cat(" > ", sc.label,
+                    sc.requires_cp || sc.forward_only ? "" : cat(" [", format_backend_list(sc.allowed), "]"));
 
   auto judge = [&](BackendId id) {
     CandidateReport c;
@@ -143,17 +170,22 @@ std::string Selection::report() const {
 }
 
 BackendScope::BackendScope(std::string label, std::vector<BackendId> allowed)
-    : BackendScope(std::move(label), std::move(allowed), false) {}
+    : BackendScope(std::move(label), std::move(allowed), false, false) {}
 
-BackendScope::BackendScope(std::string label, std::vector<BackendId> allowed, bool requires_cp) {
-  t_scopes.push_back({std::move(label), std::move(allowed), requires_cp});
+BackendScope::BackendScope(std::string label, std::vector<BackendId> allowed, bool requires_cp, bool forward_only) {
+  t_scopes.push_back({std::move(label), std::move(allowed), requires_cp, forward_only});
 }
 
 BackendScope BackendScope::context_parallel(int cp_size) {
   RT_CHECK(cp_size >= 1, "context-parallel size must be >= 1, got ", cp_size);
   // cp = 1 is plain attention: the scope is still pushed so that the stack is uniform, but it narrows nothing.
   return BackendScope(cat("context-parallel cp=", cp_size),
-                      std::vector<BackendId>(std::begin(kAllBackends), std::end(kAllBackends)), cp_size > 1);
+                      std::vector<BackendId>(std::begin(kAllBackends), std::end(kAllBackends)), cp_size > 1, false);
+}
+
+BackendScope BackendScope::forward_only() {
+  return BackendScope("forward only", std::vector<BackendId>(std::begin(kAllBackends), std::end(kAllBackends)), false,
+                      true);
 }
 
 BackendScope::BackendScope(BackendScope&& other) noexcept : active_(other.active_) { other.active_ = false; }
@@ -166,6 +198,12 @@ std::vector<BackendId> default_backends() {
   return {BackendId::Cudnn, BackendId::Flash, BackendId::Efficient, BackendId::Decode, BackendId::Math};
 }
 
+std::vector<BackendId> default_forward_only_backends(const AttnParams& p) {
+  if (p.device.is_cuda() && p.head_dim == 64)
+    return {BackendId::Flash, BackendId::Cudnn, BackendId::Efficient, BackendId::Decode, BackendId::Math};
+  return default_backends();
+}
+
 void set_root_backends(std::vector<BackendId> ids, std::string source) {
   RT_CHECK(!ids.empty(), "the attention backend allow-list is empty (", source, ")");
   {
@@ -174,18 +212,30 @@ void set_root_backends(std::vector<BackendId> ids, std::string source) {
     r.ids = std::move(ids);
     r.source = std::move(source);
     r.set = true;
+    r.is_default = false;
   }
   clear_selection_cache();
 }
 
-std::vector<BackendId> root_backends() { return root_with_source().first; }
+void reset_root_backends() {
+  {
+    RootList& r = root();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.set = false;
+  }
+  clear_selection_cache();
+}
+
+std::vector<BackendId> root_backends() { return root_list().ids; }
 
 Selection explain(const AttnParams& p) {
   validate_params(p);
-  auto [ids, source] = root_with_source();
+  const Root r = effective_root(p, t_scopes);
+  const std::vector<BackendId>& ids = r.ids;
+  const std::string& source = r.source;
   std::string key = p.key() + "#" + format_backend_list(ids) + "#" + source;
   for (const ScopeEntry& sc : t_scopes)
-    key += cat("#", sc.label, sc.requires_cp ? "*" : "", format_backend_list(sc.allowed));
+    key += cat("#", sc.label, sc.requires_cp ? "*" : "", sc.forward_only ? "^" : "", format_backend_list(sc.allowed));
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);

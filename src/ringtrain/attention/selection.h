@@ -4,7 +4,9 @@
 // set_root_backends() (CLI), or the default preference order. Scopes (BackendScope) nest per
 // thread and can only narrow: a scope keeps the candidates of the enclosing ones that it also lists, in
 // the enclosing order; listing a backend the enclosing scopes excluded does not bring it back. A context-
-// parallel scope additionally keeps only implementations declared cp_capable(). The first candidate whose
+// parallel scope additionally keeps only implementations declared cp_capable(). A forward-only scope narrows
+// nothing; it says no backward follows its calls, so that the default order (and only the default order) may put
+// the backend with the faster forward first. The first candidate whose
 // implementation supports the params wins. Decisions are cached per (params, scope stack) and every
 // dispatch is counted per backend.
 #pragma once
@@ -38,6 +40,8 @@ class BackendScope {
   BackendScope(std::string label, std::vector<BackendId> allowed);
   // Context parallelism of size cp (> 1): only implementations declared cp_capable() remain.
   static BackendScope context_parallel(int cp_size);
+  // No backward follows the calls in this scope (scoring, generation): see default_forward_only_backends().
+  static BackendScope forward_only();
   ~BackendScope();
   BackendScope(const BackendScope&) = delete;
   BackendScope& operator=(const BackendScope&) = delete;
@@ -45,14 +49,21 @@ class BackendScope {
   BackendScope& operator=(BackendScope&&) = delete;
 
  private:
-  BackendScope(std::string label, std::vector<BackendId> allowed, bool requires_cp);
+  BackendScope(std::string label, std::vector<BackendId> allowed, bool requires_cp, bool forward_only);
   bool active_ = true;
 };
 
-// The default preference order: measured on H200 (docs/PERF.md); on CPU only flash and math exist.
+// The default preference order: measured on H200 (docs/PERF.md); on CPU only flash and math exist. cuDNN leads
+// because its forward+backward is the faster pair.
 std::vector<BackendId> default_backends();
+// The default order for a call under a forward-only scope: flash first on CUDA at head dim 64, where its forward
+// alone is the faster one (docs/PERF.md, "Backends for forward-only calls"); default_backends() otherwise.
+std::vector<BackendId> default_forward_only_backends(const AttnParams& p);
 // Root allow-list for the process; RINGTRAIN_SDPA_BACKENDS (if set) is read at first use unless this is called.
+// A list set here or by the variable is used as given, forward-only scopes included.
 void set_root_backends(std::vector<BackendId> ids, std::string source);
+// Back to the state before any set_root_backends(): the variable, else the default orders, read at next use.
+void reset_root_backends();
 std::vector<BackendId> root_backends();
 
 // The decision for these params under the current thread's scopes (cached; never throws).

@@ -1,5 +1,7 @@
 #include "ringtrain/model/cuda/gpu_model.h"
 
+#include <optional>
+
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
@@ -301,6 +303,8 @@ const bf16* GpuModel::forward_on_device(const int32_t* tokens, const int32_t* po
 const bf16* GpuModel::run_forward(SequenceAttention& attention, bool for_backward) {
   const int64_t N = batch_ * seqlen_, H = config_.hidden;
   attention::BackendScope scope("model", options_.allowed_backends());
+  std::optional<attention::BackendScope> no_backward;
+  if (!for_backward) no_backward.emplace(attention::BackendScope::forward_only());
 
   const bf16* W = weights_.ptr<bf16>();
   embedding_forward(stream(), layer_input(0), tokens_.ptr<int32_t>(), W + dev_.embed, N, H);
