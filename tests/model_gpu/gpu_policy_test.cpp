@@ -196,6 +196,19 @@ INSTANTIATE_TEST_SUITE_P(Arch, GpuPolicy,
                                            Variant{"qwen2_bias", Arch::Qwen2, false},
                                            Variant{"llama", Arch::Llama, false}));
 
+// What the model's packed attention asks for on packed_mixed_lengths' batch (its longest sequence: 130 tokens).
+attention::AttnParams packed_call_params(const ModelConfig& c, const TokenBatch& batch) {
+  attention::AttnParams p;
+  p.device = Device::cuda(0);
+  p.dtype = DType::BF16;
+  p.batch = static_cast<int64_t>(batch.sequences.size());
+  p.heads_q = c.heads, p.heads_kv = c.kv_heads, p.head_dim = c.head_dim;
+  p.seqlen_q = p.seqlen_kv = 130;
+  p.mask = attention::MaskType::CausalTopLeft;
+  p.packed = true;
+  return p;
+}
+
 // The packed batch through each GPU attention backend alone (the model's allow-list): one packed call per layer
 // and direction, on that backend. A backend that cannot serve these params on this GPU skips with its reason.
 class GpuPolicyPackedBackend : public ::testing::TestWithParam<attention::BackendId> {};
@@ -208,14 +221,7 @@ TEST_P(GpuPolicyPackedBackend, MatchesCpuF64) {
   const std::vector<float> params = gpu_params(c, rng);
   const TokenBatch batch = packed_mixed_lengths(c, rng);
 
-  attention::AttnParams p;  // what the model's packed attention asks for
-  p.device = Device::cuda(0);
-  p.dtype = DType::BF16;
-  p.batch = static_cast<int64_t>(batch.sequences.size());
-  p.heads_q = c.heads, p.heads_kv = c.kv_heads, p.head_dim = c.head_dim;
-  p.seqlen_q = p.seqlen_kv = 130;
-  p.mask = attention::MaskType::CausalTopLeft;
-  p.packed = true;
+  const attention::AttnParams p = packed_call_params(c, batch);
   {
     attention::BackendScope only("test", {id});
     const attention::Selection sel = attention::explain(p);
@@ -244,14 +250,7 @@ TEST(GpuPolicySelection, ScoringTakesTheForwardOnlyOrderTrainingTheDefault) {
   const ModelConfig c = gpu_config(Arch::Llama, false);
   const TokenBatch batch = packed_mixed_lengths(c, rng);
   std::unique_ptr<Policy> gpu = model::make_policy(c, gpu_params(c, rng), gpu_options());
-  attention::AttnParams p;  // the model's packed call
-  p.device = Device::cuda(0);
-  p.dtype = DType::BF16;
-  p.batch = static_cast<int64_t>(batch.sequences.size());
-  p.heads_q = c.heads, p.heads_kv = c.kv_heads, p.head_dim = c.head_dim;
-  p.seqlen_q = p.seqlen_kv = 130;
-  p.mask = attention::MaskType::CausalTopLeft;
-  p.packed = true;
+  const attention::AttnParams p = packed_call_params(c, batch);
   const attention::Selection training = attention::explain(p);
   ASSERT_NE(training.backend, nullptr) << training.report();
   attention::BackendId scoring_id;
