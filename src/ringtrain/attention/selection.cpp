@@ -21,12 +21,16 @@ struct ScopeEntry {
 
 thread_local std::vector<ScopeEntry> t_scopes;
 
-struct RootList {
-  std::mutex mu;
-  bool set = false;
+struct Root {
   std::vector<BackendId> ids;
   std::string source;
   bool is_default = false;  // neither RINGTRAIN_SDPA_BACKENDS nor set_root_backends() chose it
+};
+
+struct RootList {
+  std::mutex mu;
+  bool set = false;
+  Root list;
 };
 
 RootList& root() {
@@ -34,33 +38,25 @@ RootList& root() {
   return r;
 }
 
-struct Root {
-  std::vector<BackendId> ids;
-  std::string source;
-  bool is_default = false;
-};
-
 Root root_list() {
   RootList& r = root();
   std::lock_guard<std::mutex> lock(r.mu);
   if (!r.set) {
-    r.is_default = false;
     if (const char* env = std::getenv("RINGTRAIN_SDPA_BACKENDS"); env && *env) {
       try {
-        r.ids = parse_backend_list(env);
+        r.list = {parse_backend_list(env), "RINGTRAIN_SDPA_BACKENDS", false};
       } catch (const Error& e) {
         throw Error(cat("environment variable RINGTRAIN_SDPA_BACKENDS: ", e.what()));
       }
-      r.source = "RINGTRAIN_SDPA_BACKENDS";
     } else {
-      r.ids = default_backends();
-      r.source = "default order";
-      r.is_default = true;
+      r.list = {default_backends(), "default order", true};
     }
     r.set = true;
   }
-  return {r.ids, r.source, r.is_default};
+  return r.list;
 }
+
+std::vector<BackendId> all_backends() { return {std::begin(kAllBackends), std::end(kAllBackends)}; }
 
 bool any_forward_only(const std::vector<ScopeEntry>& scopes) {
   for (const ScopeEntry& sc : scopes)
@@ -179,13 +175,12 @@ BackendScope::BackendScope(std::string label, std::vector<BackendId> allowed, bo
 BackendScope BackendScope::context_parallel(int cp_size) {
   RT_CHECK(cp_size >= 1, "context-parallel size must be >= 1, got ", cp_size);
   // cp = 1 is plain attention: the scope is still pushed so that the stack is uniform, but it narrows nothing.
-  return BackendScope(cat("context-parallel cp=", cp_size),
-                      std::vector<BackendId>(std::begin(kAllBackends), std::end(kAllBackends)), cp_size > 1, false);
+  return BackendScope(cat("context-parallel cp=", cp_size), all_backends(), cp_size > 1, false);
 }
 
-BackendScope BackendScope::forward_only() {
-  return BackendScope("forward only", std::vector<BackendId>(std::begin(kAllBackends), std::end(kAllBackends)), false,
-                      true);
+BackendScope BackendScope::forward_only(bool when) {
+  if (!when) return BackendScope();
+  return BackendScope("forward only", all_backends(), false, true);
 }
 
 BackendScope::BackendScope(BackendScope&& other) noexcept : active_(other.active_) { other.active_ = false; }
@@ -209,10 +204,8 @@ void set_root_backends(std::vector<BackendId> ids, std::string source) {
   {
     RootList& r = root();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.ids = std::move(ids);
-    r.source = std::move(source);
+    r.list = {std::move(ids), std::move(source), false};
     r.set = true;
-    r.is_default = false;
   }
   clear_selection_cache();
 }
@@ -231,9 +224,7 @@ std::vector<BackendId> root_backends() { return root_list().ids; }
 Selection explain(const AttnParams& p) {
   validate_params(p);
   const Root r = effective_root(p, t_scopes);
-  const std::vector<BackendId>& ids = r.ids;
-  const std::string& source = r.source;
-  std::string key = p.key() + "#" + format_backend_list(ids) + "#" + source;
+  std::string key = p.key() + "#" + format_backend_list(r.ids) + "#" + r.source;
   for (const ScopeEntry& sc : t_scopes)
     key += cat("#", sc.label, sc.requires_cp ? "*" : "", sc.forward_only ? "^" : "", format_backend_list(sc.allowed));
   Cache& c = cache();
@@ -242,7 +233,7 @@ Selection explain(const AttnParams& p) {
     auto it = c.entries.find(key);
     if (it != c.entries.end()) return it->second;
   }
-  Selection s = decide(p, ids, source, t_scopes);
+  Selection s = decide(p, r.ids, r.source, t_scopes);
   RT_LOG(Debug, s.report());
   std::lock_guard<std::mutex> lock(c.mu);
   return c.entries.emplace(key, std::move(s)).first->second;

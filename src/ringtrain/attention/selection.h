@@ -40,8 +40,9 @@ class BackendScope {
   BackendScope(std::string label, std::vector<BackendId> allowed);
   // Context parallelism of size cp (> 1): only implementations declared cp_capable() remain.
   static BackendScope context_parallel(int cp_size);
-  // No backward follows the calls in this scope (scoring, generation): see default_forward_only_backends().
-  static BackendScope forward_only();
+  // No backward follows the calls in this scope (scoring, generation): see default_forward_only_backends(). With
+  // `when` false the scope does nothing (for a caller that knows the direction only at run time).
+  static BackendScope forward_only(bool when = true);
   ~BackendScope();
   BackendScope(const BackendScope&) = delete;
   BackendScope& operator=(const BackendScope&) = delete;
@@ -50,6 +51,7 @@ class BackendScope {
 
  private:
   BackendScope(std::string label, std::vector<BackendId> allowed, bool requires_cp, bool forward_only);
+  BackendScope() : active_(false) {}  // pushes nothing
   bool active_ = true;
 };
 

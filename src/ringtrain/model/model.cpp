@@ -1,6 +1,5 @@
 #include "ringtrain/model/model.h"
 
-#include <optional>
 #include <type_traits>
 
 #include "ringtrain/attention/selection.h"
@@ -77,8 +76,7 @@ const std::vector<T>& Model<T>::forward(const int32_t* tokens, const int32_t* po
   batch_ = batch, seqlen_ = seqlen;
   acts_.resize(for_backward ? config_.layers : 1);
   attention::BackendScope scope("model", options_.allowed_backends());
-  std::optional<attention::BackendScope> no_backward;
-  if (!for_backward) no_backward.emplace(attention::BackendScope::forward_only());
+  const attention::BackendScope no_backward = attention::BackendScope::forward_only(!for_backward);
 
   std::vector<T> x(N * H);
   embedding_forward(x.data(), tokens, weights() + layout_.embed, N, H, config_.vocab);

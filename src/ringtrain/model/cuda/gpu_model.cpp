@@ -1,7 +1,5 @@
 #include "ringtrain/model/cuda/gpu_model.h"
 
-#include <optional>
-
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
@@ -303,8 +301,7 @@ const bf16* GpuModel::forward_on_device(const int32_t* tokens, const int32_t* po
 const bf16* GpuModel::run_forward(SequenceAttention& attention, bool for_backward) {
   const int64_t N = batch_ * seqlen_, H = config_.hidden;
   attention::BackendScope scope("model", options_.allowed_backends());
-  std::optional<attention::BackendScope> no_backward;
-  if (!for_backward) no_backward.emplace(attention::BackendScope::forward_only());
+  const attention::BackendScope no_backward = attention::BackendScope::forward_only(!for_backward);
 
   const bf16* W = weights_.ptr<bf16>();
   embedding_forward(stream(), layer_input(0), tokens_.ptr<int32_t>(), W + dev_.embed, N, H);
