@@ -9,7 +9,9 @@
 //    tile n and the P V GEMM of tile n - 1 run on the tensor cores while the softmax of tile n runs; across them,
 //    named barriers hand the tensor cores over in turn (ping-pong), so one consumer's GEMMs are issued while the
 //    others compute their softmax.
-// The epilogue normalises O once and stores it with the LSE.
+// The epilogue normalises O once and stores it with the LSE: a consumer whose 64 rows all lie inside the sequence
+// writes them into its rows of the Q tile and stores them with TMA (16-bit O); rows at a sequence's end, and an fp32
+// O, go from registers.
 #include <cuda.h>
 
 #include "ringtrain/attention/cuda/cuda_util.h"
@@ -25,6 +27,8 @@ namespace {
 
 struct FwdMaps {
   CUtensorMap q, k, v;
+  CUtensorMap o;  // made when O is 16-bit (an fp32 O is stored from registers)
+  bool o_by_tma;
 };
 
 // Shared memory of one CTA: Q, the K and V rings (1024-byte aligned panel tiles) and their barriers.
@@ -100,10 +104,42 @@ __device__ __forceinline__ void produce(const FwdMaps& maps, const FlashFwdCall&
   }
 }
 
+// A consumer's 64 rows of O, all inside the sequence, through shared memory and one TMA store per 64-column panel:
+// the rows go into the consumer's own rows of the Q tile (no other consumer reads them, and its last score GEMM has
+// completed), in the 128-byte swizzle of the Q and O maps (16-byte chunk c of row r at chunk c ^ (r % 8)), which also
+// keeps a warp's 4-byte writes on 32 distinct banks.
+template <typename T, int D>
+__device__ __forceinline__ void store_o_by_tma(const FwdMaps& maps, const FlashFwdCall& c, const FwdSmem<D>& sm,
+                                               const FwdTile& w, int ci, int ctid, const float (&o)[D / 2],
+                                               const float (&inv)[2]) {
+  constexpr int BM = FwdSm90Shape<D>::BM;
+  const int warp = (ctid % 128) / 32, lane = ctid % 32, g = lane / 4, t = lane % 4;
+  const uint32_t rows = sm.q + ci * 64 * 128;  // panel p at + p * BM * 128
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warp * 16 + g + 8 * half;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t at = rows + (j / 8) * BM * 128 + r * 128 + (((j % 8) ^ g) * 16) + 4 * t;
+      const uint32_t pair = tile::pack2<T>(o[4 * j + 2 * half] * inv[half], o[4 * j + 2 * half + 1] * inv[half]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pair) : "memory");
+    }
+  }
+  wg::fence_async_smem();
+  wg::named_sync(1 + FwdSm90Shape<D>::kConsumers + ci, 128);  // past the ping-pong barriers 1 .. kConsumers
+  if (ctid % 128 == 0) {
+    const int batch_coord = c.s.cu_q ? 0 : w.b;
+#pragma unroll
+    for (int p = 0; p < D / 64; ++p)
+      tma::store_4d(&maps.o, rows + p * BM * 128, p * 64, int(w.seq.q_row0) + w.m0 + ci * 64, w.h, batch_coord);
+    tma::store_commit_and_wait_read();
+  }
+}
+
 // Consumer `ci`: rows [64 ci, 64 ci + 64) of the tile.
 template <typename T, int D>
-__device__ __forceinline__ void consume(const FlashFwdCall& c, const FwdSmem<D>& sm, const FwdTile& w, int ci,
-                                        int ctid) {
+__device__ __forceinline__ void consume(const FwdMaps& maps, const FlashFwdCall& c, const FwdSmem<D>& sm,
+                                        const FwdTile& w, int ci, int ctid) {
   using Tiles = FwdSm90Shape<D>;
   constexpr int BM = Tiles::BM, BN = Tiles::BN, kStages = Tiles::kStages;
   const FlashShape& s = c.s;
@@ -219,18 +255,27 @@ __device__ __forceinline__ void consume(const FlashFwdCall& c, const FwdSmem<D>&
   }
 
   // Epilogue: O = acc / l (0 for a row that saw no key), LSE = max * scale + ln(l) (-inf for such a row).
+  float inv[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float l = softmax.total(half);
+    inv[half] = l > 0.f ? 1.f / l : 0.f;
+    const int row = row0 + 8 * half;
+    if (t == 0 && row < w.seq.sq) c.lse.ptr[tile::stat_off(c.lse, w.b, w.seq.q_row0 + row, w.h)] = softmax.lse(half, l);
+  }
+  if (maps.o_by_tma && w.m0 + ci * 64 + 64 <= w.seq.sq) {
+    store_o_by_tma<T, D>(maps, c, sm, w, ci, ctid, o, inv);
+    return;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
-    const float l = softmax.total(half);
     if (row >= w.seq.sq) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
     const int64_t ooff = tile::row_off(c.o, w.b, w.seq.q_row0 + row, w.h) + 2 * t;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      tile::store_pair<T>(c.o.ptr, c.o.elem, ooff + 8 * j, o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv,
-                          false);
-    if (t == 0) c.lse.ptr[tile::stat_off(c.lse, w.b, w.seq.q_row0 + row, w.h)] = softmax.lse(half, l);
+      tile::store_pair<T>(c.o.ptr, c.o.elem, ooff + 8 * j, o[4 * j + 2 * half] * inv[half],
+                          o[4 * j + 2 * half + 1] * inv[half], false);
   }
 }
 
@@ -273,6 +318,7 @@ __global__ void __launch_bounds__(FwdSm90Shape<D>::kThreads, 1)
     tma::prefetch_map(&maps.q);
     tma::prefetch_map(&maps.k);
     tma::prefetch_map(&maps.v);
+    if (maps.o_by_tma) tma::prefetch_map(&maps.o);
     tma::barrier_init(sm.full_q(), 1);
     for (int st = 0; st < Tiles::kStages; ++st) {
       tma::barrier_init(sm.full_k(st), 1);
@@ -291,7 +337,7 @@ __global__ void __launch_bounds__(FwdSm90Shape<D>::kThreads, 1)
     return;
   } else {
     tma::claim_registers<Tiles::kConsumerRegs>();
-    consume<T, D>(c, sm, w, warpgroup - 1, tid - 128);
+    consume<T, D>(maps, c, sm, w, warpgroup - 1, tid - 128);
   }
 }
 
@@ -309,6 +355,9 @@ void launch_fwd(const FlashFwdCall& c, cudaStream_t stream) {
   const int64_t kv_rows = packed ? c.s.total_kv : c.s.seqlen_kv;
   maps.k = panel_map(c.k, kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "k");
   maps.v = panel_map(c.v, kv_rows, c.s.heads_kv, batches, D, Tiles::BN, "v");
+  maps.o_by_tma = c.o.elem != FlashElem::F32;
+  maps.o = maps.o_by_tma ? panel_map(c.o, packed ? c.s.total_q : c.s.seqlen_q, c.s.heads_q, batches, D, 64, "o")
+                         : CUtensorMap{};
   const dim3 grid((c.s.seqlen_q + Tiles::BM - 1) / Tiles::BM, c.s.heads_q, c.s.batch);
   kernel<<<grid, Tiles::kThreads, kSmem, stream>>>(maps, c);
   RT_CUDA_CHECK(cudaGetLastError(), cat("flash: launching flash_fwd_sm90_kernel<D=", D, "> grid (", grid.x, ", ",
