@@ -252,7 +252,7 @@ expect_error grpo-timeout-negative '--timeout: Value -1 not in range 1 to 604800
 expect_error config-backend-twice 'attention.backends\[1\] = math: listed twice' "$bin" config run.yaml \
   'attention.backends=[math, math]'
 printf 'policy:\n  model_name: "builtin:tiny\\x00evil"\n' > nul_value.yaml
-expect_error config-nul-in-value 'builtin:tiny\\x00evil: unknown builtin model' "$bin" config nul_value.yaml
+expect_error config-nul-in-value 'nul_value.yaml:2: policy.model_name: holds a NUL byte' "$bin" config nul_value.yaml
 expect_error train-missing-data 'nothere.jsonl: no such file' "$bin" train --config run.yaml train.data=nothere.jsonl
 touch ckpt_file
 expect_error train-checkpoint-dir-file 'train.checkpoint_dir = ckpt_file: not a directory' \
@@ -290,6 +290,41 @@ expect_error logprobs-model-and-reference '--reference needs --config' "$bin" lo
 mkdir -p ckpt_earlier/step_1 && echo '{}' > ckpt_earlier/step_1/trainer_state.json
 expect_error train-fresh-over-checkpoint 'ckpt_earlier/step_1 is a checkpoint of an earlier run: pass --resume' \
   "$bin" train --config run.yaml train.checkpoint_dir=ckpt_earlier
+# NUL bytes, which YAML's and JSON's parsers take for the end of the text, and a tag YAML would drop.
+sed 's|data: good.jsonl|data: "good.jsonl\\0.extra"|' run.yaml > nul_path.yaml
+expect_error config-nul-in-path 'nul_path.yaml:11: train.data: holds a NUL byte' \
+  "$bin" train --config nul_path.yaml train.checkpoint_dir=nul_ck
+[ ! -e nul_ck ] || { echo "FAIL config-nul-in-path: the checkpoint folder was made"; failures=$((failures + 1)); }
+printf '{"input_ids":[1,2,3]}\000garbage {{{\n' > nul_row.jsonl
+expect_error data-nul-in-line 'nul_row.jsonl:1: a NUL byte at byte 22' "$bin" train --config run.yaml train.data=nul_row.jsonl
+printf '{"prompt":"123","answer":"321"}\000x\n' > nul_prompts.jsonl
+expect_error prompts-nul-in-line 'nul_prompts.jsonl:1: a NUL byte at byte 32' "$bin" grpo --config run.yaml \
+  policy.model_name=builtin:char-tiny grpo.prompts=nul_prompts.jsonl policy.train_global_batch_size=2 \
+  grpo.num_prompts_per_step=1 grpo.num_generations_per_prompt=2 loss_fn.type=clipped_pg grpo.max_new_tokens=4
+printf '{"input_ids":[1,2,3],"\\u0000x\\u001b[31m":1}\n' > control_key.jsonl
+expect_error data-control-bytes-in-key "unknown field '\\\\x00x\\\\x1b\\[31m' .*expected" \
+  "$bin" train --config run.yaml train.data=control_key.jsonl
+sed 's|steps: 1|steps: !foo 1|' run.yaml > local_tag.yaml
+expect_error config-local-tag "local_tag.yaml:10: train.steps: the tag '!foo' is not one ringtrain reads" \
+  "$bin" config local_tag.yaml
+printf '{"input_ids":[1,2,3],"token_mask":[1,0,0]}\n{"input_ids":[4,5],"sample_mask":0}\n{"input_ids":[6]}\n' \
+  > no_target.jsonl
+expect_error train-no-loss-target 'no_target.jsonl: no sequence has a loss target' \
+  "$bin" train --config run.yaml train.data=no_target.jsonl
+# Resuming from a checkpoint whose folder or data position was tampered with.
+for i in 1 2 3 4; do printf '{"input_ids":[%d,2,3,4]}\n' "$i"; done > four.jsonl
+"$bin" train --config run.yaml train.data=four.jsonl train.steps=2 train.checkpoint_dir=tampered \
+  train.checkpoint_every=1 >/dev/null 2>&1 || { echo "FAIL: the run that makes the tampered checkpoints"; exit 1; }
+cp -r tampered/step_1 tampered/step_9
+expect_error resume-copied-checkpoint 'tampered/step_9: its trainer_state.json records step 1' \
+  "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
+rm -rf tampered/step_9
+sed -i 's/"epoch": 0,/"epoch": 2305843009213693952,/' tampered/step_2/trainer_state.json
+expect_error resume-epoch-overflow 'data position \(epoch 2305843009213693952, index 2\): .* overflows 64 bits' \
+  "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
+sed -i 's/"epoch": 2305843009213693952,/"epoch": 0.5,/' tampered/step_2/trainer_state.json
+expect_error resume-fractional-epoch 'data.epoch = 0.5: expected a non-negative integer' \
+  "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
 
 expect_error rollouts-model-and-shape 'bench rollouts: --model names the model; drop --layers' \
   "$bin" bench rollouts --device cpu --model builtin:tiny --layers 3

@@ -293,6 +293,25 @@ TEST(Json, NestingBeyondTheLimitIsAnErrorNamingTheSource) {
   EXPECT_TRUE(long_value.ends_with("..."));
 }
 
+TEST(Json, ANulByteIsAnErrorNotTheEndOfTheText) {
+  // nlohmann's parser stops at a NUL: without the check the text below would parse as {"a": 1}.
+  const std::string text = std::string(R"({"a": 1})") + '\0' + "} not json {";
+  try {
+    parse_json(text, "f.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f.json: a NUL byte at byte 9"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Error, ControlBytesOfAMessageAreShownEscapedAndNothingIsCutOff) {
+  const std::string key = std::string("a") + '\0' + "b\x1b[31m";
+  const Error e(cat("unknown field '", key, "'\n\tsecond line\x7f"));
+  // what() is a C string: a raw NUL would have ended the message after "a".
+  EXPECT_EQ(std::string(e.what()), "unknown field 'a\\x00b\\x1b[31m'\n\tsecond line\\x7f");
+  EXPECT_EQ(printable("plain text, UTF-8 \xc3\xa9"), "plain text, UTF-8 \xc3\xa9");
+}
+
 TEST(SysError, MessageNamesWhatPathAndReason) {
   EXPECT_EQ(sys_message("cannot open", "/x/y", ENOENT), "cannot open /x/y: No such file or directory");
 }

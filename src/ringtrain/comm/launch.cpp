@@ -129,7 +129,12 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
     --running;
     const int code = exit_code(status);
     if (code != 0 && !terminating) {
-      std::fprintf(stderr, "ringtrain launch: rank %d failed (exit code %d); stopping the other ranks\n", rank, code);
+      // A rank killed by a signal gives 128 + its number, as a shell reports it; the message names the signal, so
+      // that a crashed rank is not taken for a crashed launcher.
+      const std::string how = WIFSIGNALED(status) ? cat("killed by signal ", WTERMSIG(status), " (",
+                                                        ::strsignal(WTERMSIG(status)), "), exit code ", code)
+                                                  : cat("exit code ", code);
+      std::fprintf(stderr, "ringtrain launch: rank %d failed (%s); stopping the other ranks\n", rank, how.c_str());
       result = code;
       terminating = true;
       for (pid_t p : pids)

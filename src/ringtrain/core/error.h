@@ -4,13 +4,18 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace ringtrain {
 
+// The message as it can be printed whole: control bytes other than newline and tab (a NUL would end what() there,
+// an escape sequence would reach the terminal) shown as \xNN.
+std::string printable(std::string_view message);
+
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  explicit Error(const std::string& what) : std::runtime_error(printable(what)) {}
 };
 
 // Concatenates any streamable values: cat("shape ", 3, "x", 4).

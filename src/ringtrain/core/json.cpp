@@ -4,8 +4,14 @@
 
 namespace ringtrain {
 
+void check_no_nul(std::string_view text, const std::string& source) {
+  const size_t at = text.find('\0');
+  RT_CHECK(at == std::string_view::npos, source, ": a NUL byte at byte ", at + 1, " (JSON text holds none)");
+}
+
 nlohmann::json parse_json(std::string_view text, const std::string& source) {
   using nlohmann::json;
+  check_no_nul(text, source);
   // The callback sees every container start with its depth before the parser descends into it, and every key
   // before its value.
   ObjectKeys keys;

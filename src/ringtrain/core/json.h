@@ -31,8 +31,12 @@ class ObjectKeys {
   std::vector<std::set<std::string>> open_;
 };
 
+// An Error naming `source` when `text` holds a NUL byte: nlohmann's parser takes it for the end of the input, so what
+// follows it would be ignored unseen.
+void check_no_nul(std::string_view text, const std::string& source);
+
 // Parses `text`; an Error names `source` (file, or file:line) and what is wrong, including too deep nesting and a
-// key given twice in one object.
+// key given twice in one object, and a NUL byte.
 nlohmann::json parse_json(std::string_view text, const std::string& source);
 
 // The value's JSON text, cut to `max_chars` with "..." (for error messages).

@@ -38,6 +38,7 @@ std::vector<Example> read_prompt_file(const std::filesystem::path& path, const C
     if (!any && !in) break;
     if (blank(line)) continue;
     const std::string where = cat(name, ":", number);
+    check_no_nul(line, where);
     // Records are flat: the callback refuses any object or array inside the top-level one before it is parsed.
     ObjectKeys keys;
     const nlohmann::json::parser_callback_t flat = [&](int depth, nlohmann::json::parse_event_t event,

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/params.h"
@@ -225,14 +226,7 @@ void publish(const fs::path& tmp, const fs::path& dest) {
   fs::remove_all(old);
 }
 
-json read_json(const fs::path& path) {
-  const std::string text = model::read_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(cat(path.string(), ": not valid JSON: ", e.what()));
-  }
-}
+json read_json(const fs::path& path) { return parse_json(model::read_file(path), path.string()); }
 
 // The config as JSON without the storage dtype (a bf16 and an fp32 checkpoint of one model are the same model).
 json model_fingerprint(model::ModelConfig c) {
@@ -411,11 +405,17 @@ TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& train
                ": not a ringtrain training state of version ", kVersion);
       check_files(dir, st.at("files"), state_path);
       check_same_model(dir / "config.json", trainer.policy().config());
-      steps = st.at("step").get<int64_t>();
-      optimizer_steps = st.at("optimizer_steps").get<int64_t>();
-      schedule_position = st.at("schedule_position").get<int64_t>();
-      progress.epoch = st.at("data").at("epoch").get<int64_t>();
-      progress.index = st.at("data").at("index").get<int64_t>();
+      // get<int64_t> would truncate 4.7 to 4 and wrap 2^64 - 1 to -1.
+      const auto counter = [&](const json& v, const char* key) {
+        RT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, state_path.string(), ": ", key, " = ",
+                 json_excerpt(v), ": expected a non-negative integer");
+        return v.get<int64_t>();
+      };
+      steps = counter(st.at("step"), "step");
+      optimizer_steps = counter(st.at("optimizer_steps"), "optimizer_steps");
+      schedule_position = counter(st.at("schedule_position"), "schedule_position");
+      progress.epoch = counter(st.at("data").at("epoch"), "data.epoch");
+      progress.index = counter(st.at("data").at("index"), "data.index");
       progress.rng = st.at("rng").get<std::string>();
       std::vector<std::string> files = st.at("optimizer_files").get<std::vector<std::string>>();
       for (const std::string& f : files)

@@ -44,12 +44,6 @@ std::string node_kind(const YAML::Node& n) {
   }
 }
 
-// The whole text of a scalar, or an error naming the key and what was found instead.
-const std::string& scalar(const YAML::Node& n, const std::string& key, const std::string& where) {
-  RT_CHECK(n.IsScalar(), where, ": ", key, ": expected a single value, got a ", node_kind(n));
-  return n.Scalar();
-}
-
 // A short excerpt of a value for messages (a hostile value may be megabytes long): at most 40 characters, control
 // bytes (a NUL would end the message) shown as \xNN.
 std::string excerpt(const std::string& s) {
@@ -65,6 +59,19 @@ std::string excerpt(const std::string& s) {
     }
   }
   return s.size() <= 40 ? out : out + "...";
+}
+
+// The whole text of a scalar, or an error naming the key and what was found instead. A NUL (a quoted "\0" in the
+// file) is refused: paths and names would end there unseen.
+const std::string& scalar(const YAML::Node& n, const std::string& key, const std::string& where) {
+  RT_CHECK(n.IsScalar(), where, ": ", key, ": expected a single value, got a ", node_kind(n));
+  RT_CHECK(n.Scalar().find('\0') == std::string::npos, where, ": ", key, ": holds a NUL byte");
+  // "?" plain, "!" quoted, "tag:yaml.org,2002:..." the core schema's (!!str, !!int, ...); a local tag (!foo) would
+  // otherwise be dropped unseen.
+  const std::string& tag = n.Tag();
+  RT_CHECK(tag == "?" || tag == "!" || tag.starts_with("tag:yaml.org,2002:"), where, ": ", key, ": the tag '",
+           excerpt(tag), "' is not one ringtrain reads (values take no tags)");
+  return n.Scalar();
 }
 
 int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string& where, int64_t lo, int64_t hi) {

@@ -15,6 +15,7 @@ struct TwiceGiven {
 
 nlohmann::ordered_json parse_json_line(std::string_view line, int max_depth, const std::string& where) {
   using json = nlohmann::ordered_json;
+  check_no_nul(line, where);
   // The callback sees a container's depth before it is entered (the outermost one at 0), and every key.
   ObjectKeys keys;
   const json::parser_callback_t limit = [&](int depth, json::parse_event_t event, json& parsed) {

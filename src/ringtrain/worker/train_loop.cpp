@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/worker/policy_worker.h"
 
@@ -78,8 +79,24 @@ void check_fresh_run(const Config& c, const TrainRunOptions& o) {
            "that run, or choose another train.checkpoint_dir");
 }
 
+namespace {
+
+// Whether some sequence of the data is in the loss with a target token (entry 0 of a token_mask is never one).
+bool has_loss_target(const Dataset& data) {
+  for (const Sample& x : data.samples)
+    if (x.sample_mask != 0.0f && std::any_of(x.token_mask.begin() + std::min<size_t>(1, x.token_mask.size()),
+                                             x.token_mask.end(), [](float m) { return m != 0.0f; }))
+      return true;
+  return false;
+}
+
+}  // namespace
+
 int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& data, const TrainRunOptions& o) {
   const bool lead = world.rank() == 0;
+  // Steps on such data would still move the weights (weight decay) and report a loss of 0.
+  RT_CHECK(has_loss_target(data), "train.data = ", c.train.data, ": no sequence has a loss target (every one has "
+           "sample_mask 0, a token_mask of zeros after position 0, or a single token)");
   // On every rank, so that all of them stop before any weight is loaded; the lead makes its metrics files only after
   // the PolicyWorker's mesh is formed (a collective), so no rank can see them here.
   check_fresh_run(c, o);
@@ -96,9 +113,15 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       const train::TrainingProgress p = worker.load(*from);
       RT_CHECK(p.rng == rng_state(c), from->string(), ": the data order was drawn with '", p.rng, "', this run's is '",
                rng_state(c), "' (train.seed differs)");
-      step = p.epoch * schedule.steps_per_epoch() + p.index / c.policy.train_global_batch_size;
-      RT_CHECK(step == worker.trainer().steps_taken(), from->string(), ": the data position (epoch ", p.epoch,
-               ", index ", p.index, ") is not the step the trainer took (", worker.trainer().steps_taken(), ")");
+      const int64_t taken = worker.trainer().steps_taken();
+      RT_CHECK(from->filename() == cat(kStepPrefix, taken), from->string(), ": its trainer_state.json records step ",
+               taken, "; the folder of that step is ", cat(kStepPrefix, taken), " (a renamed or copied checkpoint "
+               "would be taken for the newest)");
+      // The counters are non-negative (load checks them) but a hostile epoch could still overflow the product.
+      const std::string what = cat(from->string(), ": the data position (epoch ", p.epoch, ", index ", p.index, ")");
+      step = checked_add(checked_mul(p.epoch, schedule.steps_per_epoch(), what),
+                         p.index / c.policy.train_global_batch_size, what);
+      RT_CHECK(step == taken, what, " is not the step the trainer took (", taken, ")");
       if (lead)
         std::fprintf(stderr, "ringtrain train: resuming from %s (step %lld)\n", from->string().c_str(),
                      static_cast<long long>(step));
