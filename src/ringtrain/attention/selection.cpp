@@ -1,5 +1,7 @@
 #include "ringtrain/attention/selection.h"
 
+#include <algorithm>
+
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -58,16 +60,10 @@ Root root_list() {
 
 std::vector<BackendId> all_backends() { return {std::begin(kAllBackends), std::end(kAllBackends)}; }
 
-bool any_forward_only(const std::vector<ScopeEntry>& scopes) {
-  for (const ScopeEntry& sc : scopes)
-    if (sc.forward_only) return true;
-  return false;
-}
-
 // The root order for these params: the default order becomes the forward-only one under a forward-only scope.
 Root effective_root(const AttnParams& p, const std::vector<ScopeEntry>& scopes) {
   Root r = root_list();
-  if (r.is_default && any_forward_only(scopes)) {
+  if (r.is_default && std::any_of(scopes.begin(), scopes.end(), [](const ScopeEntry& sc) { return sc.forward_only; })) {
     r.ids = default_forward_only_backends(p);
     r.source = "default order for forward-only calls";
   }

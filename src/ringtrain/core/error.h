@@ -9,9 +9,10 @@
 
 namespace ringtrain {
 
-// The message as it can be printed whole: control bytes other than newline and tab (a NUL would end what() there,
-// an escape sequence would reach the terminal) shown as \xNN.
-std::string printable(std::string_view message);
+// The text as it can be printed whole: control bytes (a NUL would end what() there, an escape sequence would reach
+// the terminal) shown as \xNN; newline and tab kept when line_breaks (a message), escaped too when not (a value
+// quoted on one line).
+std::string printable(std::string_view text, bool line_breaks = true);
 
 class Error : public std::runtime_error {
  public:

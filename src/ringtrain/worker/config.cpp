@@ -8,7 +8,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <cstdio>
 #include <map>
 #include <set>
 
@@ -44,21 +43,10 @@ std::string node_kind(const YAML::Node& n) {
   }
 }
 
-// A short excerpt of a value for messages (a hostile value may be megabytes long): at most 40 characters, control
-// bytes (a NUL would end the message) shown as \xNN.
+// A short excerpt of a value for messages (a hostile value may be megabytes long): at most 40 bytes, on one line.
 std::string excerpt(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < 40; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return s.size() <= 40 ? out : out + "...";
+  const std::string cut = printable(std::string_view(s).substr(0, 40), /*line_breaks=*/false);
+  return s.size() <= 40 ? cut : cut + "...";
 }
 
 // The whole text of a scalar, or an error naming the key and what was found instead. A NUL (a quoted "\0" in the

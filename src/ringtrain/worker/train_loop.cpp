@@ -114,9 +114,10 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       RT_CHECK(p.rng == rng_state(c), from->string(), ": the data order was drawn with '", p.rng, "', this run's is '",
                rng_state(c), "' (train.seed differs)");
       const int64_t taken = worker.trainer().steps_taken();
-      RT_CHECK(from->filename() == cat(kStepPrefix, taken), from->string(), ": its trainer_state.json records step ",
-               taken, "; the folder of that step is ", cat(kStepPrefix, taken), " (a renamed or copied checkpoint "
-               "would be taken for the newest)");
+      const std::string folder = cat(kStepPrefix, taken);
+      RT_CHECK(from->filename() == folder, from->string(), ": its trainer_state.json records step ", taken,
+               "; the folder of that step is ", folder, " (a renamed or copied checkpoint would be taken for the "
+               "newest)");
       // The counters are non-negative (load checks them) but a hostile epoch could still overflow the product.
       const std::string what = cat(from->string(), ": the data position (epoch ", p.epoch, ", index ", p.index, ")");
       step = checked_add(checked_mul(p.epoch, schedule.steps_per_epoch(), what),
