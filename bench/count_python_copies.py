@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Counts the device-to-host copies that CUDA tensor inputs cost the Python module: the same GPU worker calls
-(get_logprobs and train on builtin:tiny, bf16) run twice, in two processes traced by bench/kernel_trace.cpp (CUPTI),
-once fed NumPy arrays and once fed PyTorch CUDA tensors of the same values; the difference between the two traces'
-device-to-host copies is what reading CUDA inputs costs (the worker's own copies, its results, are in both).
+"""Counts the device-to-host copies of the Python module's calls on a GPU worker (builtin:tiny, bf16) fed NumPy
+arrays or PyTorch CUDA tensors of the same values: one process per (method, input kind), each traced by
+bench/kernel_trace.cpp (CUPTI), making the worker and then calling the method CALLS times; a process that only makes
+the worker gives the baseline, so (copies - baseline) / CALLS is what one call costs. get_logprobs and
+get_reference_logprobs on CUDA input_ids take the zero-copy path (the ids read in place, the results written on the
+GPU); train reads every array into host memory.
 
   PYTHONPATH=PKG_DIR python3 bench/count_python_copies.py --trace-lib build/libringtrain_kernel_trace.so
 """
@@ -15,51 +17,57 @@ import tempfile
 from kernel_trace_summary import copy_totals
 
 CALLS = 5
+B, S = 4, 64
+METHODS = ("get_logprobs", "get_reference_logprobs", "train")
 
 
-def work(kind):
+def work(method, kind):
     import numpy as np
     import torch
 
     import ringtrain
 
-    cfg = {"policy": {"model_name": "builtin:tiny", "train_global_batch_size": 4, "train_micro_batch_size": 2,
-                      "logprob_batch_size": 4, "max_total_sequence_length": 64, "precision": "bfloat16"},
+    cfg = {"policy": {"model_name": "builtin:tiny", "train_global_batch_size": B, "train_micro_batch_size": 2,
+                      "logprob_batch_size": B, "max_total_sequence_length": S, "precision": "bfloat16"},
            "loss_fn": {"type": "nll"}, "device": "cuda", "train": {"seed": 1}}
     worker = ringtrain.PolicyWorker(cfg)
     rng = np.random.default_rng(1)
-    for _ in range(CALLS):
-        batch = {"input_ids": rng.integers(0, 256, (4, 64)), "token_mask": rng.integers(0, 2, (4, 64)) > 0}
+    torch.cuda.synchronize()
+    for _ in range(CALLS if method != "none" else 0):
+        batch = {"input_ids": rng.integers(0, 256, (B, S)), "token_mask": rng.integers(0, 2, (B, S)) > 0}
         if kind == "cuda":
             batch = {k: torch.from_numpy(v).cuda() for k, v in batch.items()}
             torch.cuda.synchronize()
-        worker.get_logprobs(batch)
-        worker.train(batch)
+        out = getattr(worker, method)(batch)
+        if method != "train":
+            key = "logprobs" if method == "get_logprobs" else "reference_logprobs"
+            assert (out[key].device.type if kind == "cuda" else "cpu") == ("cuda" if kind == "cuda" else "cpu")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace-lib", help="libringtrain_kernel_trace.so")
-    p.add_argument("--work", choices=["numpy", "cuda"], help=argparse.SUPPRESS)
+    p.add_argument("--work", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.work:
-        return work(a.work)
+        return work(*a.work)
     if not a.trace_lib:
         p.error("--trace-lib is required")
     counts = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("numpy", "cuda"):
-            trace = os.path.join(tmp, kind + ".csv")
+        for method, kind in [("none", "numpy")] + [(m, k) for m in METHODS for k in ("numpy", "cuda")]:
+            trace = os.path.join(tmp, f"{method}-{kind}.csv")
             env = dict(os.environ, CUDA_INJECTION64_PATH=os.path.abspath(a.trace_lib), RINGTRAIN_KERNEL_TRACE=trace)
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--work", kind], env=env, check=True)
-            counts[kind] = copy_totals(trace)["device->host"]
-    for kind, (count, nbytes, _) in counts.items():
-        print(f"inputs as {kind}: {count} device-to-host copies, {nbytes} bytes "
-              f"({CALLS} get_logprobs + {CALLS} train calls)")
-    extra = counts["cuda"][0] - counts["numpy"][0]
-    extra_bytes = counts["cuda"][1] - counts["numpy"][1]
-    print(f"CUDA inputs cost {extra} device-to-host copies ({extra_bytes} bytes) more than NumPy inputs: "
-          f"{extra / (2 * CALLS):.1f} per call")
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--work", method, kind], env=env, check=True)
+            counts[method, kind] = copy_totals(trace)["device->host"][:2]
+    base_n, base_bytes = counts["none", "numpy"]
+    print(f"input_ids int64 [{B}, {S}] = {B * S * 8} bytes, token_mask bool = {B * S} bytes; {CALLS} calls each; "
+          f"making the worker alone: {base_n} device-to-host copies, {base_bytes} bytes")
+    for method in METHODS:
+        for kind in ("numpy", "cuda"):
+            n, nbytes = counts[method, kind]
+            print(f"{method:24s} inputs as {kind:5s}: {(n - base_n) / CALLS:6.1f} device-to-host copies per call, "
+                  f"{(nbytes - base_bytes) / CALLS:9.1f} bytes per call")
 
 
 if __name__ == "__main__":

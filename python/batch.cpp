@@ -161,9 +161,17 @@ std::optional<Elem> dlpack_elem(const dl::DataType& t) {
 
 std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
 
+// An array exported through DLPack, as its producer lays it out; `release` hands it back.
+struct Exported {
+  int device_type = 0, device_id = 0;
+  Elem elem = Elem::U8;
+  std::vector<int64_t> shape, byte_strides;
+  const char* base = nullptr;
+  std::shared_ptr<dl::ManagedTensor> release;
+};
+
 // nullopt: the producer could not export this array (NumPy's bool arrays), and the buffer protocol is there instead.
-std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
-  using Managed = std::shared_ptr<dl::ManagedTensor>;
+std::optional<Exported> export_dlpack(py::handle obj, const std::string& key) {
   const py::tuple dev = obj.attr("__dlpack_device__")();
   const int device_type = dev[0].cast<int>(), device_id = dev[1].cast<int>();
   if (device_type != dl::kCPU && device_type != dl::kCUDAHost && device_type != dl::kCUDA)
@@ -184,7 +192,9 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
     throw py::value_error(cat(key, ": __dlpack__() did not return a 'dltensor' capsule"));
   }
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // consumed: the deleter is ours to call
-  const Managed release(managed, [](dl::ManagedTensor* m) {
+  Exported out;
+  out.device_type = device_type, out.device_id = device_id;
+  out.release = std::shared_ptr<dl::ManagedTensor>(managed, [](dl::ManagedTensor* m) {
     if (m->deleter) m->deleter(m);
   });
   const dl::Tensor& t = managed->dl_tensor;
@@ -201,13 +211,26 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
       strides[static_cast<size_t>(d)] = d == t.ndim - 1 ? size : strides[static_cast<size_t>(d) + 1] * shape[d + 1];
     }
   }
-  const char* base = static_cast<const char*>(t.data) + t.byte_offset;
-  if (device_type != dl::kCUDA) return view(key, base, *elem, shape, strides, release);
-  if (!find_device_ops(DeviceKind::CUDA))
+  out.elem = *elem;
+  out.shape = std::move(shape);
+  out.byte_strides = std::move(strides);
+  out.base = static_cast<const char*>(t.data) + t.byte_offset;
+  if (device_type == dl::kCUDA && !find_device_ops(DeviceKind::CUDA))
     throw py::value_error(cat(key, ": a CUDA tensor, but this build of ringtrain has no CUDA (pass .cpu() tensors)"));
-  // The worker takes host vectors: a CUDA tensor is copied to host memory here (a device-to-host copy).
-  if (t.ndim > kMaxDims) throw py::value_error(cat(key, ": ", t.ndim, " dimensions"));
-  HostArray shaped = view(key, base, *elem, shape, strides, nullptr);  // the shape checked before any copy
+  return out;
+}
+
+std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
+  std::optional<Exported> e = export_dlpack(obj, key);
+  if (!e) return std::nullopt;
+  const std::vector<int64_t>& shape = e->shape;
+  const std::vector<int64_t>& strides = e->byte_strides;
+  const char* base = e->base;
+  const int64_t size = static_cast<int64_t>(elem_size(e->elem));
+  if (e->device_type != dl::kCUDA) return view(key, base, e->elem, shape, strides, e->release);
+  // The samples path takes host vectors: a CUDA tensor is copied to host memory here (a device-to-host copy).
+  if (shape.size() > static_cast<size_t>(kMaxDims)) throw py::value_error(cat(key, ": ", shape.size(), " dimensions"));
+  HostArray shaped = view(key, base, e->elem, shape, strides, nullptr);  // the shape checked before any copy
   // The bytes the strides reach, [lo, hi) around base: for a broadcast (stride 0) only the stored ones.
   int64_t lo = 0, hi = size;
   for (size_t d = 0; d < shape.size(); ++d) {
@@ -217,7 +240,7 @@ std::optional<HostArray> read_dlpack(py::handle obj, const std::string& key) {
   auto host = std::make_shared<std::vector<char>>(static_cast<size_t>(hi - lo));
   {
     py::gil_scoped_release unlocked;
-    copy_bytes(host->data(), Device::cpu(), base + lo, Device::cuda(device_id), host->size());
+    copy_bytes(host->data(), Device::cpu(), base + lo, Device::cuda(e->device_id), host->size());
   }
   shaped.base = host->data() - lo;
   shaped.owner = std::move(host);
@@ -268,9 +291,6 @@ std::string known_keys() {
   return s;
 }
 
-}  // namespace
-
-namespace {
 const char* element_at(const HostArray& a, int64_t i) {
   int64_t off = 0;
   for (size_t d = a.shape.size(); d-- > 0;) {
@@ -279,6 +299,24 @@ const char* element_at(const HostArray& a, int64_t i) {
   }
   return a.base + off;
 }
+
+// Each row's length from input_lengths ([B] integers in [1, S]), S for every row without it.
+std::vector<int64_t> row_lengths(const HostArray* a, int64_t B, int64_t S) {
+  std::vector<int64_t> lengths(static_cast<size_t>(B), S);
+  if (!a) return lengths;
+  if (!a->integer) throw py::value_error(cat(a->key, ": expected an integer dtype, got ", a->dtype));
+  if (a->shape != std::vector<int64_t>{B})
+    throw py::value_error(cat(a->key, ": shape ", shape_str(a->shape), " does not match input_ids ", shape_str({B, S}),
+                              ": expected [B] = ", shape_str({B})));
+  for (int64_t b = 0; b < B; ++b) {
+    const double l = a->at(b);
+    if (l < 1 || l > static_cast<double>(S))
+      throw py::value_error(cat(a->key, ": input_lengths[", b, "] = ", a->text(b), " is not in [1, S = ", S, "]"));
+    lengths[static_cast<size_t>(b)] = static_cast<int64_t>(l);
+  }
+  return lengths;
+}
+
 }  // namespace
 
 double HostArray::at(int64_t i) const { return element(element_at(*this, i), static_cast<Elem>(elem)); }
@@ -299,6 +337,93 @@ HostArray read_array(py::handle obj, const std::string& key) {
   if (PyObject_CheckBuffer(obj.ptr())) return read_buffer(obj, key);
   throw py::type_error(cat(key, ": expected an array (NumPy, PyTorch, __dlpack__ or the buffer protocol), got ",
                            type_name(obj)));
+}
+
+DeviceArray read_device_array(py::handle obj, const std::string& key) {
+  if (!py::hasattr(obj, "__dlpack__") || !py::hasattr(obj, "__dlpack_device__"))
+    throw py::type_error(cat(key, ": expected a CUDA tensor, got ", type_name(obj)));
+  std::optional<Exported> e = export_dlpack(obj, key);
+  if (!e || e->device_type != dl::kCUDA) throw py::type_error(cat(key, ": expected a CUDA tensor"));
+  DType dtype;
+  switch (e->elem) {
+    case Elem::I32: dtype = DType::I32; break;
+    case Elem::I64: dtype = DType::I64; break;
+    case Elem::F32: dtype = DType::F32; break;
+    default: throw py::type_error(cat(key, ": a CUDA tensor of ", elem_name(e->elem), " (int32, int64 or float32 here)"));
+  }
+  if (e->shape.size() != 2) throw py::value_error(cat(key, ": expected shape [B, S], got ", shape_str(e->shape)));
+  const int64_t size = static_cast<int64_t>(dtype_size(dtype));
+  DeviceArray a;
+  a.view.data = const_cast<char*>(e->base);
+  a.view.dtype = dtype;
+  a.view.device = Device::cuda(e->device_id);
+  a.view.ndim = 2;
+  for (int d = 0; d < 2; ++d) {
+    a.view.shape[d] = e->shape[static_cast<size_t>(d)];
+    if (e->byte_strides[static_cast<size_t>(d)] % size != 0)
+      throw py::value_error(cat(key, ": strides that are not whole elements"));
+    a.view.stride[d] = e->byte_strides[static_cast<size_t>(d)] / size;
+    if (a.view.shape[d] > 1 && a.view.stride[d] < 0) throw py::value_error(cat(key, ": negative strides"));
+  }
+  a.owner = e->release;
+  return a;
+}
+
+RowsBatch read_rows_batch(py::handle batch_obj, const worker::Config& config, int64_t vocab, const std::string& what) {
+  if (!py::isinstance<py::dict>(batch_obj) && !py::hasattr(batch_obj, "keys"))
+    throw py::type_error(cat(what, ": the batch must be a dict of arrays, got ", type_name(batch_obj)));
+  const py::dict batch = py::isinstance<py::dict>(batch_obj) ? py::reinterpret_borrow<py::dict>(batch_obj)
+                                                              : py::dict(py::reinterpret_borrow<py::object>(batch_obj));
+  for (const auto& [k, v] : batch) {
+    if (!py::isinstance<py::str>(k))
+      throw py::type_error(cat(what, ": batch keys must be strings, got ", type_name(k)));
+    const std::string key = k.cast<std::string>();
+    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end())
+      throw py::value_error(cat(what, ": unknown batch key '", key, "' (the keys are ", known_keys(), ")"));
+  }
+  if (!batch.contains("input_ids")) throw py::value_error(cat(what, ": the batch has no 'input_ids'"));
+  RowsBatch out;
+  out.ids = read_device_array(batch["input_ids"], cat(what, ": input_ids"));
+  const TensorView& ids = out.ids.view;
+  if (ids.dtype == DType::F32) throw py::value_error(cat(what, ": input_ids: expected an integer dtype, got float32"));
+  const int64_t B = ids.shape[0], S = ids.shape[1];
+  if (B < 1 || S < 1) throw py::value_error(cat(what, ": input_ids: the batch is empty (shape ", ids.shape_str(), ")"));
+  std::optional<HostArray> lengths;
+  for (const auto& [k, v] : batch) {
+    const std::string key = k.cast<std::string>(), name = cat(what, ": ", key);
+    if (key == "input_ids") continue;
+    if (key == "input_lengths") {
+      lengths = read_array(v, name);
+      continue;
+    }
+    // Scoring reads none of the other fields: their shapes are checked (a CUDA tensor's from its DLPack header).
+    std::optional<Exported> e;
+    if (py::hasattr(v, "__dlpack__") && py::hasattr(v, "__dlpack_device__") && !py::isinstance<py::array>(v))
+      e = export_dlpack(v, name);
+    const std::vector<int64_t> shape = e ? e->shape : read_array(v, name).shape;
+    const bool per_sequence = key == "sample_mask" || key == "advantages", per_token = key != "sample_mask";
+    if (!((per_token && shape == std::vector<int64_t>{B, S}) || (per_sequence && shape == std::vector<int64_t>{B})))
+      throw py::value_error(cat(name, ": shape ", shape_str(shape), " does not match input_ids ", shape_str({B, S})));
+  }
+  out.rows.ids = ids;
+  out.rows.lengths = row_lengths(lengths ? &*lengths : nullptr, B, S);
+  const int64_t max_length = config.policy.max_total_sequence_length;
+  for (int64_t b = 0; b < B; ++b)
+    if (out.rows.lengths[static_cast<size_t>(b)] > max_length)
+      throw py::value_error(cat(what, ": input_ids: sample ", b, " has ", out.rows.lengths[static_cast<size_t>(b)],
+                                " tokens; policy.max_total_sequence_length allows 1 to ", max_length));
+  int64_t bad = 0;
+  {
+    py::gil_scoped_release unlocked;
+    bad = device_ops(ids, "input_ids").first_outside(ids, out.rows.lengths, vocab);
+  }
+  if (bad >= 0) {
+    int64_t value = 0;
+    copy(contiguous_view(&value, DType::I64, Device::cpu(), {1, 1}), ids.slice(0, bad / S, 1).slice(1, bad % S, 1));
+    throw py::value_error(cat(what, ": input_ids: input_ids[", bad / S, ", ", bad % S, "] = ", value,
+                              " is not a token id in [0, ", vocab, ")"));
+  }
+  return out;
 }
 
 Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t vocab, const std::string& what) {
@@ -345,17 +470,7 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
     return f == arrays.end() ? nullptr : &f->second;
   };
 
-  std::vector<int64_t> lengths(static_cast<size_t>(B), S);
-  if ((get = field("input_lengths"))) {
-    if (!get->integer) fail(*get, cat("expected an integer dtype, got ", get->dtype));
-    check_shape(*get, false, true);
-    for (int64_t b = 0; b < B; ++b) {
-      const double l = get->at(b);
-      if (l < 1 || l > static_cast<double>(S))
-        fail(*get, cat("input_lengths[", b, "] = ", get->text(b), " is not in [1, S = ", S, "]"));
-      lengths[static_cast<size_t>(b)] = static_cast<int64_t>(l);
-    }
-  }
+  const std::vector<int64_t> lengths = row_lengths(field("input_lengths"), B, S);
   Batch out;
   out.columns = S;
   out.samples.resize(static_cast<size_t>(B));

@@ -9,7 +9,8 @@
 //   sample_mask          [B] 0/1: 0 leaves the sequence out of the loss; default 1
 //   advantages           [B, S] per token, or [B] one number per sequence (floating)
 //   generation_logprobs, prev_logprobs, reference_logprobs   [B, S] floating, entry 0 unused
-// CUDA tensors are copied to host memory (the worker takes host vectors): there is no zero-copy path.
+// CUDA tensors are copied to host memory by read_batch (worker::Samples are host vectors); read_rows_batch leaves a
+// CUDA input_ids where it is (get_logprobs and get_reference_logprobs on a GPU worker: the zero-copy path).
 // Sizes are checked before anything of the batch's size is allocated: S beyond policy.max_total_sequence_length
 // (without input_lengths) and B x S beyond kMaxBatchElements are errors naming input_ids.
 #pragma once
@@ -24,6 +25,7 @@
 
 #include "ringtrain/worker/config.h"
 #include "ringtrain/worker/data.h"
+#include "ringtrain/worker/policy_worker.h"
 
 namespace ringtrain::python {
 
@@ -54,6 +56,24 @@ HostArray read_array(py::handle obj, const std::string& key);
 
 // The most elements ([B, S]) of one batch: its results alone are B x S float32.
 constexpr int64_t kMaxBatchElements = int64_t{1} << 32;
+
+// A CUDA tensor read in place: its view and what keeps it alive (the DLPack capsule's tensor). Needs the GIL, also to
+// be destroyed.
+struct DeviceArray {
+  TensorView view;
+  std::shared_ptr<const void> owner;
+};
+// A CUDA tensor of int32, int64 or float32 and shape [B, S], any strides; a TypeError / ValueError naming `key`.
+DeviceArray read_device_array(py::handle obj, const std::string& key);
+
+// The batch of a scoring call on CUDA input_ids: ids read in place, lengths from input_lengths (host values; a CUDA
+// input_lengths is copied, B integers), checked as read_batch checks them (the token ids on the device, one 8-byte
+// verdict back). The other keys are checked by name only: scoring does not read them.
+struct RowsBatch {
+  DeviceArray ids;
+  worker::TokenRowsBatch rows;
+};
+RowsBatch read_rows_batch(py::handle batch, const worker::Config& config, int64_t vocab, const std::string& what);
 
 struct Batch {
   std::vector<worker::Sample> samples;

@@ -111,6 +111,33 @@ class Worker {
     return out;
   }
 
+  // The zero-copy forms (ringtrain/__init__.py chooses them for CUDA input_ids on this worker's GPU): input_ids read
+  // in place, the scores written into the caller's float32 CUDA tensors (entropy: None for none).
+  void get_logprobs_into(py::handle batch, py::handle logprobs, py::handle entropy) {
+    const RowsBatch b = read_rows_batch(batch, config_, model_.vocab, "get_logprobs");
+    const DeviceArray lp = read_device_array(logprobs, "get_logprobs: logprobs");
+    const DeviceArray ent = entropy.is_none() ? DeviceArray{} : read_device_array(entropy, "get_logprobs: entropy");
+    py::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_call(mu_);
+    group_->run([&](int, worker::PolicyWorker& w) { w.get_logprobs_into(b.rows, lp.view, ent.view); });
+  }
+
+  void get_reference_logprobs_into(py::handle batch, py::handle logprobs) {
+    const RowsBatch b = read_rows_batch(batch, config_, model_.vocab, "get_reference_logprobs");
+    const DeviceArray lp = read_device_array(logprobs, "get_reference_logprobs: reference_logprobs");
+    py::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_call(mu_);
+    group_->run([&](int, worker::PolicyWorker& w) { w.get_reference_logprobs_into(b.rows, lp.view); });
+  }
+
+  // The GPU whose CUDA tensors the zero-copy forms take: this process's one rank's, or -1 (a CPU worker, whose
+  // in-process ranks would share one result tensor).
+  int zero_copy_device() {
+    if (group_->local_ranks() != 1) return -1;
+    const Device d = group_->lead().policy().device();
+    return d.is_cuda() ? d.index : -1;
+  }
+
   py::dict train(py::handle batch) {
     const Batch b = read_batch(batch, config_, model_.vocab, "train");
     check_train_batch(b, config_);
@@ -269,6 +296,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("config"), py::arg("is_text"), py::arg("source"), py::arg("overrides"), py::arg("timeout_s"))
       .def("get_logprobs", &Worker::get_logprobs, py::arg("batch"), py::arg("with_entropy").noconvert() = false)
       .def("get_reference_logprobs", &Worker::get_reference_logprobs, py::arg("batch"))
+      .def("get_logprobs_into", &Worker::get_logprobs_into, py::arg("batch"), py::arg("logprobs"), py::arg("entropy"))
+      .def("get_reference_logprobs_into", &Worker::get_reference_logprobs_into, py::arg("batch"),
+           py::arg("reference_logprobs"))
+      .def_property_readonly("zero_copy_device", &Worker::zero_copy_device)
       .def("train", &Worker::train, py::arg("batch"))
       .def("save", &Worker::save, py::arg("dir"), py::arg("epoch"), py::arg("index"), py::arg("rng"))
       .def("load", &Worker::load, py::arg("dir"))

@@ -17,10 +17,16 @@ protocol, or nested lists), with the keys of the JSONL data rows (src/ringtrain/
     reference_logprobs   [B, S] the reference policy's logprobs (absent: computed when the loss needs them)
 
 Results are [B, S] float32 arrays padded with 0 (position 0 and positions past a row's length are 0): NumPy arrays,
-or PyTorch tensors on the device of the inputs when the batch held PyTorch tensors. The worker computes on host
-vectors, so inputs are read into host memory and results are made in host memory: a CUDA tensor costs a
-device-to-host copy on the way in (ordered after the producer's work on its current stream through DLPack's
-stream argument) and a host-to-device copy on the way out. There is no zero-copy path.
+or PyTorch tensors on the device of the inputs when the batch held PyTorch tensors.
+
+CUDA tensors: on a GPU worker, get_logprobs and get_reference_logprobs read a PyTorch CUDA ``input_ids`` (int32 or
+int64, any strides) of the worker's GPU in place and write the results into new CUDA tensors there, with no copy to
+the host (the token-id check sends one 8-byte verdict back; ``input_lengths`` as a CUDA tensor is copied, B
+integers; the other keys are not read by scoring and are checked by name only). The worker's work runs on CUDA's
+legacy default stream, ordered after the caller's pending work on those tensors through DLPack's stream argument,
+and the call returns when the results are complete. Every other case (train, a CPU worker, other devices or dtypes)
+reads the arrays into host memory: a CUDA tensor costs one device-to-host copy on the way in, and results a
+host-to-device copy on the way out.
 
 Ranks: with ``device: cpu`` every rank of the dp x cp mesh is a thread of this process (one process runs any
 world size; each call runs on all ranks and returns rank 0's results). With ``device: cuda`` each process is one
@@ -109,6 +115,20 @@ def _torch_device(batch):
     return None
 
 
+def _zero_copy_ids(batch, gpu):
+    """batch's input_ids when scoring can read it in place: a 2-D int32 / int64 PyTorch tensor on CUDA device `gpu`."""
+    if gpu < 0 or not isinstance(batch, _Mapping) or "input_ids" not in batch:
+        return None
+    ids = batch["input_ids"]
+    if type(ids).__module__.split(".")[0] != "torch":
+        return None
+    import torch
+
+    if not (ids.is_cuda and ids.device.index == gpu and ids.dim() == 2 and ids.dtype in (torch.int32, torch.int64)):
+        return None
+    return ids
+
+
 def _results(out, device):
     if device is None:
         return out
@@ -131,11 +151,28 @@ class PolicyWorker:
 
     def get_logprobs(self, batch, with_entropy=False):
         """{'logprobs': [B, S] float32} (and 'entropy' with with_entropy): entry p = log p(token p | tokens < p)."""
-        return _results(self._w.get_logprobs(batch, _flag(with_entropy, "with_entropy")), _torch_device(batch))
+        with_entropy = _flag(with_entropy, "with_entropy")
+        ids = _zero_copy_ids(batch, self._w.zero_copy_device)
+        if ids is None:
+            return _results(self._w.get_logprobs(batch, with_entropy), _torch_device(batch))
+        import torch
+
+        out = {"logprobs": torch.empty(ids.shape, dtype=torch.float32, device=ids.device)}
+        if with_entropy:
+            out["entropy"] = torch.empty(ids.shape, dtype=torch.float32, device=ids.device)
+        self._w.get_logprobs_into(batch, out["logprobs"], out.get("entropy"))
+        return out
 
     def get_reference_logprobs(self, batch):
         """{'reference_logprobs': [B, S] float32} under the reference weights (the config's model as loaded)."""
-        return _results(self._w.get_reference_logprobs(batch), _torch_device(batch))
+        ids = _zero_copy_ids(batch, self._w.zero_copy_device)
+        if ids is None:
+            return _results(self._w.get_reference_logprobs(batch), _torch_device(batch))
+        import torch
+
+        out = {"reference_logprobs": torch.empty(ids.shape, dtype=torch.float32, device=ids.device)}
+        self._w.get_reference_logprobs_into(batch, out["reference_logprobs"])
+        return out
 
     def train(self, batch):
         """One optimizer step on exactly policy.train_global_batch_size sequences (DPO: pairs as consecutive rows,

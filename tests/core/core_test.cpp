@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "ringtrain/core/checked.h"
@@ -183,6 +184,62 @@ TEST(AsyncOps, DeviceKernelsMatchTheHost) {
   RT_REQUIRE_GPU();
   check_async_ops(Device::cuda(0));
   cuda_synchronize(0);
+}
+
+// first_outside over random int32 / int64 ids viewed transposed (row stride 1), with random lengths and a few planted
+// ids outside [0, limit) both inside and past the rows' lengths, against a plain scan of the host values.
+void check_first_outside(Device dev) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (const DType dtype : {DType::I32, DType::I64})
+    for (int trial = 0; trial < 20; ++trial) {
+      const int64_t R = 1 + static_cast<int64_t>(rng() % 9), C = 1 + static_cast<int64_t>(rng() % 300);
+      const int64_t limit = 1000;
+      std::vector<int64_t> values(static_cast<size_t>(R * C));  // [C, R] storage: element (r, c) at c * R + r
+      for (int64_t& v : values) v = static_cast<int64_t>(rng() % limit);
+      std::vector<int64_t> lengths(static_cast<size_t>(R));
+      for (int64_t& l : lengths) l = static_cast<int64_t>(rng() % static_cast<uint64_t>(C + 1));
+      for (int k = trial % 4; k > 0; --k) {
+        const int64_t bad[] = {-1, limit, limit + 7, std::numeric_limits<int32_t>::min()};
+        values[rng() % values.size()] = bad[rng() % 4];
+      }
+      int64_t want = -1;
+      for (int64_t r = 0; r < R && want < 0; ++r)
+        for (int64_t c = 0; c < lengths[static_cast<size_t>(r)]; ++c) {
+          const int64_t v = values[static_cast<size_t>(c * R + r)];
+          if (v < 0 || v >= limit) {
+            want = r * C + c;
+            break;
+          }
+        }
+      Tensor host = Tensor::empty({C, R}, dtype);
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (dtype == DType::I32)
+          host.ptr<int32_t>()[i] = static_cast<int32_t>(values[i]);
+        else
+          host.ptr<int64_t>()[i] = values[i];
+      }
+      Tensor stored = Tensor::empty({C, R}, dtype, dev);
+      copy(stored, host);
+      TensorView ids = stored.view();
+      ids.shape = {R, C, 0, 0};
+      ids.stride = {1, R, 0, 0};
+      EXPECT_EQ(device_ops(ids, "test").first_outside(ids, lengths, limit), want)
+          << dtype_name(dtype) << " [" << R << ", " << C << "] trial " << trial;
+    }
+  Tensor ids = Tensor::zeros({2, 3}, DType::I32, dev);
+  const DeviceOps& ops = device_ops(ids, "test");
+  EXPECT_THROW(ops.first_outside(ids, {1}, 5), Error);
+  EXPECT_THROW(ops.first_outside(ids, {1, 4}, 5), Error);
+  EXPECT_THROW(ops.first_outside(ids, {1, -1}, 5), Error);
+  Tensor floats = Tensor::zeros({2, 3}, DType::F32, dev);
+  EXPECT_THROW(ops.first_outside(floats, {1, 1}, 5), Error);
+}
+
+TEST(DeviceOps, FirstOutsideOnTheHost) { check_first_outside(Device::cpu()); }
+
+TEST(DeviceOps, FirstOutsideOnTheGpuMatchesAHostScan) {
+  RT_REQUIRE_GPU();
+  check_first_outside(Device::cuda(0));
 }
 
 TEST(DeviceOps, HostViewsUseTheHostTable) {

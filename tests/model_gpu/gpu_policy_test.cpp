@@ -28,6 +28,7 @@
 #include "ringtrain/attention/cpu/cpu_backends.h"
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/tensor.h"
 #include "ringtrain/model/policy.h"
 #include "test_util.h"
 
@@ -347,6 +348,85 @@ TEST(GpuPolicyFused, ScoreAndBackwardEqualsScoreThenBackward) {
       worst = std::max(worst, err);
     }
     std::printf("[fused vs two calls] packed %d: worst relative gradient difference %.3g\n", int(packed), worst);
+  }
+}
+
+// score_into over an int64 id view on the GPU (column stride 2, the sequences in a permuted order of rows, one row
+// unused, ids outside the vocabulary past each length): the very scores of score() (the same layout through the same
+// kernels) at [row, p] for 1 <= p < length, and every other entry of the NaN-poisoned results left as it was. Ids on
+// the host with results on the GPU (the host fallback) give the same. A bad id is an error naming row and position.
+TEST(GpuPolicyRows, ScoreIntoReadsGpuIdsInPlaceAndEqualsScore) {
+  RT_REQUIRE_GPU();
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = gpu_config(Arch::Qwen2, false);
+  const auto policy = model::make_policy(c, gpu_params(c, rng), gpu_options());
+  for (const bool packed : {false, true}) {
+    TokenBatch batch = packed_mixed_lengths(c, rng);
+    batch.packed = packed;
+    const model::TokenScores want = policy->score(batch, false, true);
+    const auto B = static_cast<int64_t>(batch.sequences.size()), R = B + 1;
+    int64_t C = 0;
+    for (const auto& seq : batch.sequences) C = std::max(C, static_cast<int64_t>(seq.size()) + 2);
+    std::vector<int64_t> order(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) order[static_cast<size_t>(r)] = r;
+    std::shuffle(order.begin(), order.end(), rng);  // sequence i at row order[i]; row order[B] unused
+    Tensor host_ids = Tensor::empty({R, 2 * C}, DType::I64);
+    for (int64_t i = 0; i < R * 2 * C; ++i) host_ids.ptr<int64_t>()[i] = c.vocab + 11;
+    model::TokenRows rows;
+    rows.packed = packed;
+    for (int64_t i = 0; i < B; ++i) {
+      const auto& seq = batch.sequences[static_cast<size_t>(i)];
+      const int64_t r = order[static_cast<size_t>(i)];
+      for (size_t p = 0; p < seq.size(); ++p) host_ids.ptr<int64_t>()[r * 2 * C + 2 * static_cast<int64_t>(p)] = seq[p];
+      rows.rows.push_back(r);
+      rows.lengths.push_back(static_cast<int64_t>(seq.size()));
+    }
+    Tensor dev_ids = Tensor::empty({R, 2 * C}, DType::I64, Device::cuda(0));
+    copy(dev_ids, host_ids);
+    const auto every_other_column = [&](const TensorView& v) {
+      TensorView out = v;
+      out.shape = {R, C, 0, 0};
+      out.stride = {2 * C, 2, 0, 0};
+      return out;
+    };
+    for (const bool ids_on_gpu : {true, false}) {
+      rows.ids = every_other_column(ids_on_gpu ? dev_ids.view() : host_ids.view());
+      Tensor lp = Tensor::empty({R, C}, DType::F32, Device::cuda(0)), ent = Tensor::empty({R, C}, DType::F32, Device::cuda(0));
+      fill(lp, NAN), fill(ent, NAN);
+      policy->score_into(rows, lp, ent);
+      Tensor lp_host = Tensor::empty({R, C}, DType::F32), ent_host = Tensor::empty({R, C}, DType::F32);
+      copy(lp_host, lp), copy(ent_host, ent);
+      std::vector<bool> written(static_cast<size_t>(R * C), false);
+      for (int64_t i = 0; i < B; ++i) {
+        const int64_t r = order[static_cast<size_t>(i)];
+        for (int64_t p = 1; p < rows.lengths[static_cast<size_t>(i)]; ++p) {
+          written[static_cast<size_t>(r * C + p)] = true;
+          ASSERT_EQ(lp_host.ptr<float>()[r * C + p], want.logprobs[static_cast<size_t>(i)][static_cast<size_t>(p)])
+              << "packed " << packed << " gpu ids " << ids_on_gpu << " sequence " << i << " position " << p;
+          ASSERT_EQ(ent_host.ptr<float>()[r * C + p], want.entropy[static_cast<size_t>(i)][static_cast<size_t>(p)])
+              << "packed " << packed << " gpu ids " << ids_on_gpu << " sequence " << i << " position " << p;
+        }
+      }
+      for (int64_t k = 0; k < R * C; ++k)
+        if (!written[static_cast<size_t>(k)]) {
+          ASSERT_TRUE(std::isnan(lp_host.ptr<float>()[k])) << "entry " << k << " written";
+          ASSERT_TRUE(std::isnan(ent_host.ptr<float>()[k])) << "entry " << k << " written";
+        }
+    }
+    rows.ids = every_other_column(dev_ids.view());
+    const int64_t r = rows.rows[1];
+    const int64_t saved = host_ids.ptr<int64_t>()[r * 2 * C];  // position 0: inside every sequence
+    host_ids.ptr<int64_t>()[r * 2 * C] = c.vocab;
+    copy(dev_ids, host_ids);
+    Tensor lp = Tensor::zeros({R, C}, DType::F32, Device::cuda(0));
+    try {
+      policy->score_into(rows, lp, {});
+      ADD_FAILURE() << "a token id outside the vocabulary was scored";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(cat("token id ", c.vocab, " at position 0 of row ", r)), std::string::npos)
+          << e.what();
+    }
+    host_ids.ptr<int64_t>()[r * 2 * C] = saved;
   }
 }
 

@@ -93,6 +93,27 @@ class TestGpuWorker(unittest.TestCase):
                 self.assertEqual((out[key].dtype, out[key].device.type), (torch.float32, device), key)
                 np.testing.assert_array_equal(out[key].cpu().numpy(), want[key], err_msg=f"{device} {key}")
 
+    def test_cuda_ids_are_scored_in_place_into_cuda_results(self):
+        import torch
+
+        ids, lengths = padded_ids(self.rows, rng=self.rng)
+        host = {"input_ids": ids, "input_lengths": lengths}
+        want = self.gpu.get_logprobs(host, with_entropy=True)
+        want_ref = self.gpu.get_reference_logprobs(host)["reference_logprobs"]
+        # Every other column of a wider tensor: a strided view; the columns between and past each length hold ids
+        # outside the vocabulary, which must never be read.
+        wide = torch.full((ids.shape[0], 2 * ids.shape[1]), 10**6, dtype=torch.int64, device="cuda")
+        wide[:, ::2] = torch.from_numpy(ids).cuda()
+        for view in (wide[:, ::2], wide[:, ::2].to(torch.int32)):
+            batch = {"input_ids": view, "input_lengths": torch.from_numpy(lengths),
+                     "token_mask": torch.ones(ids.shape, dtype=torch.bool, device="cuda")}
+            out = self.gpu.get_logprobs(batch, with_entropy=True)
+            ref = self.gpu.get_reference_logprobs(batch)["reference_logprobs"]
+            for key, got, expected in (("logprobs", out["logprobs"], want["logprobs"]),
+                                       ("entropy", out["entropy"], want["entropy"]), ("reference", ref, want_ref)):
+                self.assertEqual((got.device, got.dtype, tuple(got.shape)), (view.device, torch.float32, ids.shape))
+                np.testing.assert_array_equal(got.cpu().numpy(), expected, err_msg=f"{view.dtype} {key}")
+
     def test_a_bad_cuda_batch_raises_naming_the_key(self):
         import torch
 

@@ -205,6 +205,20 @@ class TestBadInputs(unittest.TestCase):
         with self.assertRaisesRegex(exc, pattern):
             getattr(self.worker, method)(batch)
 
+    def test_the_zero_copy_path_is_for_cuda_tensors_of_a_gpu_worker(self):
+        # A CPU worker's in-process ranks would share one result tensor: it never takes the zero-copy path.
+        self.assertEqual(self.worker._w.zero_copy_device, -1)
+        out = np.zeros(self.ids.shape, np.float32)
+        for args, pattern in (((self.ids, out, None), "input_ids: expected a CUDA tensor"),
+                              (([[1, 2]], out, None), "input_ids: expected a CUDA tensor, got list"),
+                              ((self.ids, out, out), "input_ids: expected a CUDA tensor")):
+            with self.assertRaisesRegex(TypeError, pattern):
+                self.worker._w.get_logprobs_into({"input_ids": args[0]}, args[1], args[2])
+        with self.assertRaisesRegex(ValueError, "unknown batch key 'ids'"):
+            self.worker._w.get_reference_logprobs_into({"ids": self.ids}, out)
+        with self.assertRaisesRegex(ValueError, "has no 'input_ids'"):
+            self.worker._w.get_reference_logprobs_into({}, out)
+
     def test_every_bad_input_raises_naming_the_field(self):
         ids = self.ids
         f32 = lambda shape: np.zeros(shape, np.float32)  # noqa: E731

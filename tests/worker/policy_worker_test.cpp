@@ -100,6 +100,122 @@ TEST(PolicyWorker, LogprobsOverDpAndCpEqualEachSequenceScoredAlone) {
   }
 }
 
+// The samples as rows of an int64 [B, C] view with a column stride of 2 (a non-contiguous caller's array); columns
+// past a row's length hold ids outside the vocabulary, which must never be read.
+struct StridedRows {
+  std::vector<int64_t> storage;
+  TokenRowsBatch batch;
+};
+StridedRows strided_rows(const std::vector<Sample>& samples, int64_t vocab) {
+  StridedRows r;
+  int64_t C = 0;
+  for (const Sample& s : samples) C = std::max(C, s.length() + 3);
+  const auto B = static_cast<int64_t>(samples.size());
+  r.storage.assign(static_cast<size_t>(B * C * 2), vocab + 5);
+  for (int64_t b = 0; b < B; ++b) {
+    const Sample& s = samples[static_cast<size_t>(b)];
+    for (int64_t p = 0; p < s.length(); ++p) r.storage[static_cast<size_t>((b * C + p) * 2)] = s.input_ids[p];
+    r.batch.lengths.push_back(s.length());
+  }
+  r.batch.ids = contiguous_view(r.storage.data(), DType::I64, Device::cpu(), {B, C});
+  r.batch.ids.stride = {2 * C, 2, 0, 0};
+  return r;
+}
+
+// f() throws an Error whose message holds `part`.
+template <typename F>
+void expect_error(F&& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one with: " << part;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+// Row b of a [B, C] result against sequence b's scores: equal over the sequence, exactly 0 past it.
+void expect_rows_match(const std::vector<float>& rows, int64_t C, const std::vector<std::vector<float>>& want,
+                       const std::string& what) {
+  for (size_t b = 0; b < want.size(); ++b)
+    for (int64_t p = 0; p < C; ++p) {
+      const float got = rows[b * static_cast<size_t>(C) + static_cast<size_t>(p)];
+      if (p < static_cast<int64_t>(want[b].size())) {
+        ASSERT_TRUE(std::isfinite(got)) << what << " row " << b << " position " << p;
+        EXPECT_EQ(got, want[b][static_cast<size_t>(p)]) << what << " row " << b << " position " << p;
+      } else {
+        EXPECT_EQ(got, 0.0f) << what << " row " << b << " position " << p << " (past the row's length)";
+      }
+    }
+}
+
+// get_logprobs_into over a strided int64 view equals get_logprobs on the samples, value for value (the same
+// microbatches through the same policy), on every rank of dp x cp = 2 x 2 and 2 x 1, padded and packed, with the
+// results poisoned with NaN first; the reference scores likewise.
+TEST(PolicyWorker, RowsScoringEqualsSampleScoring) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<Sample> samples = random_samples(rng, 7, 256);
+  const StridedRows rows = strided_rows(samples, 256);
+  const int64_t B = rows.batch.ids.shape[0], C = rows.batch.ids.shape[1];
+  for (const auto& [dp, cp] : {std::pair{2, 2}, std::pair{2, 1}})
+    for (const bool packing : {false, true}) {
+      const Config c =
+          tiny_config(dp, cp, {packing ? "policy.sequence_packing.enabled=true" : "policy.logprob_batch_size=2"});
+      const std::string what = cat("dp ", dp, " cp ", cp, " packing ", packing);
+      comm::run_ranks(dp * cp, kTimeout, [&](comm::Communicator& world) {
+        PolicyWorker w(c, world);
+        const LogprobResult want = w.get_logprobs(samples, true);
+        const LogprobResult want_ref = w.get_reference_logprobs(samples);
+        std::vector<float> lp(static_cast<size_t>(B * C), NAN), ent(lp), ref(lp);
+        w.get_logprobs_into(rows.batch, contiguous_view(lp.data(), DType::F32, Device::cpu(), {B, C}),
+                            contiguous_view(ent.data(), DType::F32, Device::cpu(), {B, C}));
+        w.get_reference_logprobs_into(rows.batch, contiguous_view(ref.data(), DType::F32, Device::cpu(), {B, C}));
+        expect_rows_match(lp, C, want.logprobs, what + " logprobs");
+        expect_rows_match(ent, C, want.entropy, what + " entropy");
+        expect_rows_match(ref, C, want_ref.logprobs, what + " reference");
+      });
+    }
+}
+
+// What the rows path refuses, naming the sample and position, before any rank scores; a rank that refused can
+// still score.
+TEST(PolicyWorker, RowsScoringChecksIdsLengthsAndResultViews) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<Sample> samples = random_samples(rng, 3, 256);
+  StridedRows rows = strided_rows(samples, 256);
+  const int64_t B = rows.batch.ids.shape[0], C = rows.batch.ids.shape[1];
+  std::vector<float> lp(static_cast<size_t>(B * C), NAN);
+  const TensorView out = contiguous_view(lp.data(), DType::F32, Device::cpu(), {B, C});
+  comm::run_ranks(1, kTimeout, [&](comm::Communicator& world) {
+    PolicyWorker w(tiny_config(1, 1), world);
+    int64_t& planted = rows.storage[static_cast<size_t>((1 * C + 1) * 2)];
+    const int64_t original = planted;
+    planted = 256;
+    expect_error([&] { w.get_logprobs_into(rows.batch, out); },
+                 "get_logprobs: sample 1 input_ids[1] = 256 is not a token id in [0, 256)");
+    planted = -3;
+    expect_error([&] { w.get_logprobs_into(rows.batch, out); }, "sample 1 input_ids[1] = -3");
+    planted = original;
+    TokenRowsBatch longer = rows.batch;
+    longer.lengths[2] = C + 1;
+    expect_error([&] { w.get_logprobs_into(longer, out); }, "sample 2 has length");
+    longer.lengths[2] = 0;
+    expect_error([&] { w.get_logprobs_into(longer, out); }, "sample 2 has 0 tokens");
+    longer.lengths.pop_back();
+    expect_error([&] { w.get_logprobs_into(longer, out); }, "2 lengths for 3 rows");
+    const TensorView narrow = contiguous_view(lp.data(), DType::F32, Device::cpu(), {B, C - 1});
+    expect_error([&] { w.get_logprobs_into(rows.batch, narrow); }, "contiguous float32");
+    TensorView strided_out = out;
+    strided_out.stride[0] = C + 1;
+    expect_error([&] { w.get_logprobs_into(rows.batch, strided_out); }, "contiguous float32");
+    TensorView ids32 = rows.batch.ids;
+    ids32.dtype = DType::F32;
+    expect_error([&] { w.get_logprobs_into({ids32, rows.batch.lengths}, out); }, "int32 or int64");
+    const LogprobResult want = w.get_logprobs(samples);
+    w.get_logprobs_into(rows.batch, out);
+    expect_rows_match(lp, C, want.logprobs, "after the refusals");
+  });
+}
+
 TEST(PolicyWorker, PackedScoringEqualsUnpacked) {
   std::mt19937_64 rng(testing::fresh_seed());
   const std::vector<Sample> samples = random_samples(rng, 9, 256);

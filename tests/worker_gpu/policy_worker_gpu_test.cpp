@@ -1,5 +1,6 @@
 // The policy worker on GPUs (bf16 policy, NCCL world): the reference weights swapped in from host memory without a
-// second copy of the weights on the GPU and swapped back bit for bit, and `ringtrain train` with device=cuda (one
+// second copy of the weights on the GPU and the trained ones rewritten bit for bit, the zero-copy scoring of id rows
+// in GPU memory, and `ringtrain train` with device=cuda (one
 // process per GPU through `ringtrain launch`) against the CPU's fp32 run of the same config. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -15,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/device_info.h"
+#include "ringtrain/core/error.h"
+#include "ringtrain/core/tensor.h"
 #include "ringtrain/worker/policy_worker.h"
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_NCCL
@@ -25,6 +28,72 @@ namespace ringtrain::worker {
 namespace {
 
 namespace fs = std::filesystem;
+
+// get_logprobs_into / get_reference_logprobs_into on int32 ids in GPU memory and GPU results (the Python module's
+// zero-copy path): the scores of get_logprobs on the same samples exactly, zero past each length, and a bad id named
+// as get_logprobs names it.
+TEST(PolicyWorkerGpu, RowsOnTheGpuScoreAsTheSamples) {
+  RT_REQUIRE_GPU();
+#ifndef RINGTRAIN_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL communicator";
+#else
+  const Config c = parse_config(
+      "policy:\n  model_name: builtin:small\n  train_global_batch_size: 4\n  train_micro_batch_size: 2\n"
+      "  logprob_batch_size: 3\n  max_total_sequence_length: 128\n  precision: bfloat16\n"
+      "device: cuda\ntrain:\n  data: not-read-by-the-worker.jsonl\n  seed: 3\n",
+      "gpu.yaml");
+  comm::RankInfo single;
+  single.source = "single process";
+  auto world = comm::make_nccl_communicator(single, std::chrono::seconds(60));
+  PolicyWorker w(c, *world);
+  std::mt19937_64 rng(testing::fresh_seed());
+  const int64_t B = 5, C = 120;
+  std::vector<Sample> samples(B);
+  std::vector<int32_t> ids(static_cast<size_t>(B * C), 1 << 30);  // past each length: never read
+  TokenRowsBatch rows;
+  for (int64_t b = 0; b < B; ++b) {
+    Sample& s = samples[static_cast<size_t>(b)];
+    s.input_ids.resize(2 + rng() % (C - 2));
+    for (size_t p = 0; p < s.input_ids.size(); ++p)
+      ids[static_cast<size_t>(b * C) + p] = s.input_ids[p] = static_cast<int32_t>(rng() % 4096);
+    s.token_mask.assign(s.input_ids.size(), 1.0f);
+    rows.lengths.push_back(s.length());
+  }
+  const Device dev = w.policy().device();
+  Tensor dev_ids = Tensor::empty({B, C}, DType::I32, dev);
+  copy(dev_ids, contiguous_view(ids.data(), DType::I32, Device::cpu(), {B, C}));
+  rows.ids = dev_ids.view();
+  const LogprobResult want = w.get_logprobs(samples, true), want_ref = w.get_reference_logprobs(samples);
+  Tensor lp = Tensor::empty({B, C}, DType::F32, dev), ent = Tensor::empty({B, C}, DType::F32, dev),
+         ref = Tensor::empty({B, C}, DType::F32, dev);
+  fill(lp, NAN), fill(ent, NAN), fill(ref, NAN);
+  w.get_logprobs_into(rows, lp, ent);
+  w.get_reference_logprobs_into(rows, ref);
+  const auto expect_rows = [&](const Tensor& got, const std::vector<std::vector<float>>& expected, const char* what) {
+    std::vector<float> host(static_cast<size_t>(B * C));
+    copy(contiguous_view(host.data(), DType::F32, Device::cpu(), {B, C}), got);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t p = 0; p < C; ++p) {
+        const float v = host[static_cast<size_t>(b * C + p)];
+        const size_t len = expected[static_cast<size_t>(b)].size();
+        ASSERT_EQ(v, static_cast<size_t>(p) < len ? expected[static_cast<size_t>(b)][static_cast<size_t>(p)] : 0.0f)
+            << what << " row " << b << " position " << p;
+      }
+  };
+  expect_rows(lp, want.logprobs, "logprobs");
+  expect_rows(ent, want.entropy, "entropy");
+  expect_rows(ref, want_ref.logprobs, "reference");
+  ids[static_cast<size_t>(2 * C + 1)] = 4096 * 64;  // outside builtin:small's vocabulary
+  copy(dev_ids, contiguous_view(ids.data(), DType::I32, Device::cpu(), {B, C}));
+  try {
+    w.get_logprobs_into(rows, lp, {});
+    ADD_FAILURE() << "a token id outside the vocabulary was scored";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(cat("get_logprobs: sample 2 input_ids[1] = ", 4096 * 64)), std::string::npos)
+        << e.what();
+  }
+#endif
+}
 
 TEST(PolicyWorkerGpu, ReferenceWeightsComeFromHostMemoryAndTheTrainedOnesComeBackExactly) {
   RT_REQUIRE_GPU();
@@ -51,25 +120,32 @@ TEST(PolicyWorkerGpu, ReferenceWeightsComeFromHostMemoryAndTheTrainedOnesComeBac
   const int dev = w.policy().device().index;
   const size_t weight_bytes = w.policy().weights().nbytes();
 
-  cuda_synchronize(dev);
-  cuda_reset_pool_peak(dev);
-  const LogprobResult before = w.get_logprobs(samples);
-  cuda_synchronize(dev);
-  const uint64_t peak_score = cuda_pool_peak_bytes(dev);
-  cuda_reset_pool_peak(dev);
-  const LogprobResult ref0 = w.get_reference_logprobs(samples);
-  cuda_synchronize(dev);
-  const uint64_t peak_reference = cuda_pool_peak_bytes(dev);
-  // A second copy of the weights on the GPU would add weight_bytes to the peak; the swap copies one tensor at a time.
-  EXPECT_LT(peak_reference, peak_score + weight_bytes) << "weights " << weight_bytes << " B";
+  const LogprobResult before = w.get_logprobs(samples), ref0 = w.get_reference_logprobs(samples);
   EXPECT_EQ(ref0.logprobs, before.logprobs);  // the same bf16 weights through the same code
 
   const TrainResult t = w.train(samples);
   ASSERT_TRUE(std::isfinite(t.step.loss) && !t.step.skipped);
   const std::vector<float> trained = w.policy().params();
-  const LogprobResult after = w.get_logprobs(samples), ref1 = w.get_reference_logprobs(samples);
-  EXPECT_EQ(w.policy().params(), trained);
+  cuda_synchronize(dev);
+  cuda_reset_pool_peak(dev);
+  const LogprobResult after = w.get_logprobs(samples);
+  cuda_synchronize(dev);
+  const uint64_t peak_score = cuda_pool_peak_bytes(dev);
+  cuda_reset_pool_peak(dev);
+  const LogprobResult ref1 = w.get_reference_logprobs(samples);
+  cuda_synchronize(dev);
+  const uint64_t peak_reference = cuda_pool_peak_bytes(dev);
+  // A second copy of the weights on the GPU would add weight_bytes to the peak; the upload goes one tensor at a time
+  // and the trained weights come back from the master shards in place.
+  EXPECT_LT(peak_reference, peak_score + weight_bytes) << "weights " << weight_bytes << " B";
+  EXPECT_EQ(w.policy().params(), trained);  // bit for bit
   EXPECT_EQ(ref1.logprobs, ref0.logprobs);
+  EXPECT_EQ(w.get_logprobs(samples).logprobs, after.logprobs);
+  // The second swap uploads the reference bytes the first one kept.
+  ASSERT_FALSE(w.train(samples).step.skipped);
+  const std::vector<float> trained_twice = w.policy().params();
+  EXPECT_EQ(w.get_reference_logprobs(samples).logprobs, ref0.logprobs);
+  EXPECT_EQ(w.policy().params(), trained_twice);
   double moved = 0;
   for (size_t i = 0; i < after.logprobs.size(); ++i)
     for (size_t p = 1; p < after.logprobs[i].size(); ++p)

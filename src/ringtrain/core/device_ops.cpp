@@ -24,6 +24,12 @@ class HostDeviceOps final : public DeviceOps {
     return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
 
+  std::shared_ptr<void> allocate_staging(size_t bytes) const override {
+    void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+    RT_CHECK(p, "host allocation of ", bytes, " bytes failed");
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  }
+
   void copy(const TensorView& dst, const TensorView& src) const override {
     if (dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous()) {
       std::memcpy(dst.data, src.data, dst.nbytes());
@@ -72,6 +78,26 @@ class HostDeviceOps final : public DeviceOps {
     });
   }
 
+  int64_t first_outside(const TensorView& ids, const std::vector<int64_t>& lengths, int64_t limit) const override {
+    check_row_lengths(ids, lengths);
+    const char* base = static_cast<const char*>(ids.data);
+    const size_t elem = dtype_size(ids.dtype);
+    for (int64_t r = 0; r < ids.shape[0]; ++r)
+      for (int64_t c = 0; c < lengths[static_cast<size_t>(r)]; ++c) {
+        const char* at = base + (r * ids.stride[0] + c * ids.stride[1]) * static_cast<int64_t>(elem);
+        int64_t v = 0;
+        if (ids.dtype == DType::I32) {
+          int32_t x;
+          std::memcpy(&x, at, sizeof x);
+          v = x;
+        } else {
+          std::memcpy(&v, at, sizeof v);
+        }
+        if (v < 0 || v >= limit) return r * ids.shape[1] + c;
+      }
+    return -1;
+  }
+
   void synchronize_stream(void*, const std::string&) const override {}
   int device_count() const override { return 1; }
   std::string unavailable_reason() const override { return ""; }
@@ -82,6 +108,16 @@ class HostDeviceOps final : public DeviceOps {
 };
 
 }  // namespace
+
+void check_row_lengths(const TensorView& ids, const std::vector<int64_t>& lengths) {
+  RT_CHECK(ids.ndim == 2 && (ids.dtype == DType::I32 || ids.dtype == DType::I64),
+           "token rows: expected a 2-D int32 or int64 view, got ", ids.shape_str());
+  RT_CHECK(static_cast<int64_t>(lengths.size()) == ids.shape[0], "token rows: ", lengths.size(), " lengths for ",
+           ids.shape[0], " rows");
+  for (size_t r = 0; r < lengths.size(); ++r)
+    RT_CHECK(lengths[r] >= 0 && lengths[r] <= ids.shape[1], "token rows: row ", r, " length ", lengths[r],
+             " is outside [0, ", ids.shape[1], "]");
+}
 
 const DeviceOps& host_device_ops() {
   static const HostDeviceOps ops;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ringtrain/core/tensor.h"
 
@@ -20,6 +21,9 @@ class DeviceOps {
   // Memory for the contiguous view `like` (its nbytes, at least 1, on its device; its data is ignored), freed when
   // the last owner lets go.
   virtual std::shared_ptr<void> allocate(const TensorView& like) const = 0;
+  // Host memory of `bytes` (at least 1) that copies to and from this kind of device at its full speed (page-locked
+  // for CUDA; plain for the host table), freed when the last owner lets go. For buffers copied again and again.
+  virtual std::shared_ptr<void> allocate_staging(size_t bytes) const = 0;
   // dst <- src, views of one shape where at least one lives on this kind of device (the other may be on the host):
   // any strides and dtypes. Complete when it returns.
   virtual void copy(const TensorView& dst, const TensorView& src) const = 0;
@@ -32,6 +36,10 @@ class DeviceOps {
   virtual void add_async(const TensorView& dst, const TensorView& src, void* stream) const = 0;
   virtual void fill_async(const TensorView& dst, double value, void* stream) const = 0;
   virtual void fill_normal_hashed_async(const TensorView& dst, uint64_t seed, double stddev, void* stream) const = 0;
+  // The first entry, row by row, of the integer [R, C] view `ids` (I32 or I64, any strides) among the first
+  // lengths[r] columns of each row r that lies outside [0, limit): its index r * C + c, or -1 when there is none.
+  // lengths has R entries in [0, C] (checked). Complete when it returns (one 8-byte result comes back from a device).
+  virtual int64_t first_outside(const TensorView& ids, const std::vector<int64_t>& lengths, int64_t limit) const = 0;
   // Waits for the work enqueued on `stream` of the current device; `what` names the work in the error.
   virtual void synchronize_stream(void* stream, const std::string& what) const = 0;
 
@@ -63,6 +71,9 @@ struct DeviceOpsRegistry {
   const DeviceOps* cuda = nullptr;
 };
 void register_device_ops(DeviceOpsRegistry& registry);
+
+// What first_outside checks before it reads: a 2-D I32 / I64 view and one length in [0, C] per row.
+void check_row_lengths(const TensorView& ids, const std::vector<int64_t>& lengths);
 
 // The host table (every view on the host).
 const DeviceOps& host_device_ops();

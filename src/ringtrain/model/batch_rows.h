@@ -21,10 +21,18 @@
 
 namespace ringtrain::model {
 
+// What Policy::score_into checks before it scores, on every policy: rows and lengths (each in [1, C]), the result
+// views (float32, ids' shape, contiguous; entropy only when it has data) and the token ids of every listed row (on
+// their device), in that order; errors name the row and the position.
+void check_score_rows(const TokenRows& batch, const TensorView& logprobs, const TensorView& entropy, int64_t vocab);
+
 class BatchRows {
  public:
   // Checks the batch (not empty, no empty sequence, token ids in [0, vocab)) and lays out rank `rank` of `cp`.
   BatchRows(const TokenBatch& batch, int64_t vocab, int cp, int rank);
+  // The layout of sequences of these lengths (each at least 1) alone, for tokens that stay where they are
+  // (source_offsets): tokens() and targets() stay empty.
+  BatchRows(std::vector<int64_t> lengths, bool packed, int cp, int rank);
 
   int64_t sequences() const { return static_cast<int64_t>(lengths_.size()); }
   int64_t batch() const { return packed_ ? 1 : sequences(); }  // rows of the forward
@@ -52,12 +60,26 @@ class BatchRows {
   };
   std::vector<ScoredToken> scored_tokens() const;
 
+  // For TokenRows: element offsets into the [R, C] ids view (strides row_stride, col_stride) whose row rows[b] holds
+  // sequence b. This rank's row i reads its token at tokens[i] and its target at targets[i]; -1 stands for token 0
+  // (padding) and target -1.
+  struct SourceOffsets {
+    std::vector<int64_t> tokens, targets;
+  };
+  SourceOffsets source_offsets(const std::vector<int64_t>& rows, int64_t row_stride, int64_t col_stride) const;
+  // Where every rank's row results go in a contiguous [R, cols] result whose row rows[b] is sequence b: entry
+  // r * local_tokens() + i (rank r's row i) goes to offset rows[b] * cols + p, or nowhere (-1: padding, a last token).
+  // Every rank must hold local_tokens() rows, as the gather of the scores assumes.
+  std::vector<int64_t> result_offsets(const std::vector<int64_t>& rows, int64_t cols) const;
+
  private:
   // What local row i of a rank holds: token `index` of sequence `seq` (index >= its length: padding).
   struct Slot {
     int64_t seq, index;
   };
   std::vector<Slot> slots(int rank) const;
+  // The checks on the lengths and the positions of this rank's rows.
+  void lay_out();
 
   bool packed_;
   int cp_ = 1, rank_ = 0;

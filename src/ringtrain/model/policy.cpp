@@ -139,6 +139,29 @@ TokenScores Policy::score_and_backward(const TokenBatch& batch, const TokenGradi
   return scores;
 }
 
+void Policy::score_into(const TokenRows& batch, const TensorView& logprobs, const TensorView& entropy) {
+  check_score_rows(batch, logprobs, entropy, config().vocab);
+  TokenBatch host;
+  host.packed = batch.packed;
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    std::vector<int32_t>& seq = host.sequences.emplace_back(static_cast<size_t>(batch.lengths[i]));
+    copy(contiguous_view(seq.data(), DType::I32, Device::cpu(), {1, batch.lengths[i]}),
+         batch.ids.slice(0, batch.rows[i], 1).slice(1, 0, batch.lengths[i]));
+  }
+  const bool with_entropy = entropy.data != nullptr;
+  TokenScores scores = score(host, /*for_backward=*/false, with_entropy);
+  const auto put = [&](const TensorView& out, std::vector<float>& values, size_t i) {
+    const int64_t n = batch.lengths[i] - 1;
+    if (n > 0)
+      copy(out.slice(0, batch.rows[i], 1).slice(1, 1, n),
+           contiguous_view(values.data() + 1, DType::F32, Device::cpu(), {1, n}));
+  };
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    put(logprobs, scores.logprobs[i], i);
+    if (with_entropy) put(entropy, scores.entropy[i], i);
+  }
+}
+
 std::unique_ptr<Policy> make_policy(const ModelConfig& config, const std::vector<float>& params,
                                     const PolicyOptions& options) {
   if (!options.device.is_cpu()) return make_gpu_policy(config, params, options);

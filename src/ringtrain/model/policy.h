@@ -48,6 +48,14 @@ struct TokenBatch {
   int64_t tokens() const;
 };
 
+// Token sequences read where they lie, so that a caller's CUDA tensor stays on its GPU: sequence i of the batch is
+// row rows[i] of the integer [R, C] view `ids` (I32 or I64, any strides), its first lengths[i] entries.
+struct TokenRows {
+  TensorView ids;
+  std::vector<int64_t> rows, lengths;
+  bool packed = false;  // as TokenBatch::packed
+};
+
 // Per sequence, in token order: logprobs[b][p] = log P(seq[p] | seq[<p]), with logprobs[b][0] = 0; entropy[b][p] the
 // entropy of the distribution that predicted token p (0 at p = 0), only when asked for. fp32 whatever the policy's
 // dtype (an F64 policy's scores are rounded).
@@ -84,6 +92,13 @@ class Policy {
   // hand, so the backward does not recompute them (one LM-head GEMM of three less per step); the gradients and
   // scores are those of the two calls. Under CP each rank calls `grad` for the tokens it scores.
   virtual TokenScores score_and_backward(const TokenBatch& batch, const TokenGradient& grad, bool with_entropy);
+
+  // score(batch, false, with_entropy) written into float32 [R, C] views of ids' shape (contiguous, on any device):
+  // the logprob of sequence i's token p, 1 <= p < lengths[i], at [rows[i], p] of `logprobs`, its entropy likewise in
+  // `entropy` when that has data; nothing else is written. Token ids are checked as score() checks them (on their
+  // device). The GPU policy reads ids on its GPU in place and writes views there without a host round trip; other
+  // cases copy the rows to the host. Complete when it returns.
+  virtual void score_into(const TokenRows& batch, const TensorView& logprobs, const TensorView& entropy);
 
   // The flat buffers the optimizer works on, in the policy's own element order (not necessarily layout()'s): the
   // compute weights (F32/F64 on the CPU, BF16 on a GPU) and the gradients (F32, or F64 when dtype() is F64), both on

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "ringtrain/core/device_info.h"
+#include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/params.h"
@@ -83,15 +84,24 @@ model::PolicyOptions policy_options(const Config& c, const model::ModelConfig& m
   return po;
 }
 
-// Sums a host buffer over a communicator (whose buffers live on its device).
+// Sums a contiguous view over a communicator in place, through a buffer on the communicator's device when the view
+// lives elsewhere.
+void all_reduce_sum(comm::Communicator& comm, const TensorView& values) {
+  if (comm.size() == 1 || values.numel() == 0) return;
+  const size_t n = static_cast<size_t>(values.numel());
+  if (values.device == comm.device()) {
+    comm.all_reduce(values.data, n, values.dtype, comm::ReduceOp::Sum);
+    return;
+  }
+  const TensorView flat = contiguous_view(values.data, values.dtype, values.device, {values.numel()});
+  Tensor buf = Tensor::empty({values.numel()}, values.dtype, comm.device());
+  copy(buf, flat);
+  comm.all_reduce(buf.data(), n, values.dtype, comm::ReduceOp::Sum);
+  copy(flat, buf);
+}
+
 void all_reduce_sum(comm::Communicator& comm, std::vector<float>& values) {
-  if (comm.size() == 1 || values.empty()) return;
-  const int64_t n = static_cast<int64_t>(values.size());
-  const TensorView host = contiguous_view(values.data(), DType::F32, Device::cpu(), {n});
-  Tensor buf = Tensor::empty({n}, DType::F32, comm.device());
-  copy(buf, host);
-  comm.all_reduce(buf.data(), values.size(), DType::F32, comm::ReduceOp::Sum);
-  copy(host, buf);
+  all_reduce_sum(comm, contiguous_view(values.data(), DType::F32, Device::cpu(), {static_cast<int64_t>(values.size())}));
 }
 
 std::vector<uint8_t> to_mask(const std::vector<float>& m) {
@@ -149,6 +159,10 @@ struct PolicyWorker::State {
   train::TrainerConfig trainer_config;
   // The starting weights, fp32 in layout order, in host memory, read-only (shared with this process's other ranks).
   std::shared_ptr<const std::vector<float>> reference;
+  // The same as the policy's compute weights, byte for byte in the policy's element order, made at the first reference
+  // call that has to upload them (a GPU or fp64 policy with training state), in the device's staging memory
+  // (page-locked for a GPU): later calls upload these bytes as they are, at the bus's speed.
+  std::shared_ptr<void> reference_image;
 
   train::Trainer& trainer() {
     if (!trainer_) trainer_ = std::make_unique<train::Trainer>(trainer_config, *policy, *mesh);
@@ -202,16 +216,94 @@ struct PolicyWorker::State {
     return out;
   }
 
-  // The policy's compute weights, byte for byte, in host memory (exact for every dtype, unlike params()).
-  std::vector<char> weights_to_host() {
-    const TensorView w = policy->weights();
-    std::vector<char> host(w.nbytes());
-    copy(contiguous_view(host.data(), w.dtype, Device::cpu(), {w.numel()}), w);
-    return host;
+  // score(scorer, ...) for rows that stay where they are; see PolicyWorker::get_logprobs_into.
+  void score_into(model::Policy& scorer, const TokenRowsBatch& batch, const TensorView& logprobs,
+                  const TensorView& entropy, const char* what) {
+    const TensorView& ids = batch.ids;
+    RT_CHECK(ids.ndim == 2 && (ids.dtype == DType::I32 || ids.dtype == DType::I64), what,
+             ": input_ids must be a [B, S] int32 or int64 array, not ", ids.shape_str());
+    const int64_t B = ids.shape[0], C = ids.shape[1];
+    RT_CHECK(B >= 1, what, ": the batch is empty");
+    RT_CHECK(static_cast<int64_t>(batch.lengths.size()) == B, what, ": ", batch.lengths.size(), " lengths for ", B,
+             " rows");
+    const int64_t max_length = config.policy.max_total_sequence_length;
+    for (int64_t i = 0; i < B; ++i) {
+      const int64_t len = batch.lengths[static_cast<size_t>(i)];
+      RT_CHECK(len >= 1 && len <= max_length, what, ": sample ", i, " has ", len,
+               " tokens; policy.max_total_sequence_length allows 1 to ", max_length);
+      RT_CHECK(len <= C, what, ": sample ", i, " has length ", len, " but its row holds ", C, " tokens");
+    }
+    for (const TensorView* v : {&logprobs, &entropy}) {
+      if (v == &entropy && !entropy.data) continue;
+      RT_CHECK(v->dtype == DType::F32 && v->ndim == 2 && v->shape[0] == B && v->shape[1] == C && v->is_contiguous(),
+               what, ": results go into contiguous float32 [", B, ", ", C, "] arrays, not ", v->shape_str());
+    }
+    // The whole batch on every rank before any rank scores: a bad id fails every rank alike (as check_samples).
+    const int64_t bad = device_ops(ids, what).first_outside(ids, batch.lengths, model.vocab);
+    if (bad >= 0) {
+      int64_t value = 0;
+      copy(contiguous_view(&value, DType::I64, Device::cpu(), {1, 1}), ids.slice(0, bad / C, 1).slice(1, bad % C, 1));
+      throw Error(cat(what, ": sample ", bad / C, " input_ids[", bad % C, "] = ", value, " is not a token id in [0, ",
+                      model.vocab, ")"));
+    }
+    const auto zero = [](const TensorView& v) {
+      if (v.data) device_ops(v, "results").fill_async(v, 0.0, nullptr);
+    };
+    zero(logprobs), zero(entropy);
+    const auto [first, last] = share(static_cast<size_t>(B));
+    const std::vector<int64_t> lengths(batch.lengths.begin() + static_cast<ptrdiff_t>(first),
+                                       batch.lengths.begin() + static_cast<ptrdiff_t>(last));
+    if (!lengths.empty()) {
+      for (const Microbatch& mb : plan_microbatches(config, lengths, Pass::Score)) {
+        model::TokenRows rows;
+        rows.ids = ids;
+        rows.packed = config.policy.sequence_packing.enabled;
+        for (int64_t k : mb.sequences) {
+          rows.rows.push_back(static_cast<int64_t>(first) + k);
+          rows.lengths.push_back(lengths[static_cast<size_t>(k)]);
+        }
+        scorer.score_into(rows, logprobs, entropy);
+      }
+    }
+    // Each dp rank wrote its own rows and zeros elsewhere: the sum gives every rank all of them exactly.
+    all_reduce_sum(mesh->dp_group(), logprobs);
+    if (entropy.data) all_reduce_sum(mesh->dp_group(), entropy);
+    device_ops(logprobs, what).synchronize_stream(nullptr, what);
   }
-  void weights_from_host(std::vector<char>& host) {
+
+  // score(scorer) with the reference weights. An fp32 CPU policy: a policy over the shared reference weights, read
+  // in place (made per call, so that the buffers of its forward do not outlive the call). Otherwise the policy itself:
+  // before any training state exists its weights are the reference ones; after, the reference weights are uploaded
+  // for the call and the trained ones rewritten from the optimizer's master shards (the compute weights are their
+  // rounding), so nothing crosses to the host and there is never a second copy of the weights on the GPU.
+  template <typename Score>
+  auto with_reference(const Score& score) {
+    if (policy->device().is_cpu() && policy->dtype() == DType::F32) {
+      const std::unique_ptr<model::Policy> ref = model::make_policy(model, reference, policy_options);
+      return score(*ref);
+    }
+    if (!trainer_) return score(*policy);
     const TensorView w = policy->weights();
-    copy(w, contiguous_view(host.data(), w.dtype, Device::cpu(), {w.numel()}));
+    if (!reference_image) {
+      policy->set_params(*reference);  // once: fp32 -> the compute dtype, in the policy's order
+      reference_image = device_ops(w, "reference weights").allocate_staging(w.nbytes());
+      copy(contiguous_view(reference_image.get(), w.dtype, Device::cpu(), {w.numel()}), w);
+    } else {
+      copy(w, contiguous_view(reference_image.get(), w.dtype, Device::cpu(), {w.numel()}));  // one upload
+    }
+    try {
+      auto out = score(*policy);
+      trainer_->refresh_weights();
+      return out;
+    } catch (...) {
+      // The scoring error is the one to report; a refresh that fails too leaves a communicator that has failed,
+      // and the worker unusable, either way.
+      try {
+        trainer_->refresh_weights();
+      } catch (...) {
+      }
+      throw;
+    }
   }
 };
 
@@ -266,24 +358,19 @@ LogprobResult PolicyWorker::get_logprobs(const std::vector<Sample>& samples, boo
 }
 
 LogprobResult PolicyWorker::get_reference_logprobs(const std::vector<Sample>& samples) {
-  State& s = *state_;
-  if (s.policy->device().is_cpu() && s.policy->dtype() == DType::F32) {
-    // A policy over the shared reference weights, read in place; made per call (no copy of weights to make) so that
-    // the buffers of its forward do not outlive the call.
-    const std::unique_ptr<model::Policy> reference = model::make_policy(s.model, s.reference, s.policy_options);
-    return s.score(*reference, samples, false);
-  }
-  std::vector<char> current = s.weights_to_host();
-  s.policy->set_params(*s.reference);
-  LogprobResult out;
-  try {
-    out = s.score(samples, false);
-  } catch (...) {
-    s.weights_from_host(current);
-    throw;
-  }
-  s.weights_from_host(current);
-  return out;
+  return state_->with_reference([&](model::Policy& scorer) { return state_->score(scorer, samples, false); });
+}
+
+void PolicyWorker::get_logprobs_into(const TokenRowsBatch& batch, const TensorView& logprobs,
+                                     const TensorView& entropy) {
+  state_->score_into(*state_->policy, batch, logprobs, entropy, "get_logprobs");
+}
+
+void PolicyWorker::get_reference_logprobs_into(const TokenRowsBatch& batch, const TensorView& logprobs) {
+  state_->with_reference([&](model::Policy& scorer) {
+    state_->score_into(scorer, batch, logprobs, {}, "get_reference_logprobs");
+    return 0;
+  });
 }
 
 TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {

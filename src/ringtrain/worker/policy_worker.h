@@ -30,6 +30,13 @@ struct LogprobResult {
   std::vector<std::vector<float>> entropy;
 };
 
+// A batch read where it lies: sequence i is row i of the integer [B, C] view `ids` (I32 or I64, any strides), its
+// first lengths[i] entries. On the policy's GPU the ids are read in place: they never cross to the host.
+struct TokenRowsBatch {
+  TensorView ids;
+  std::vector<int64_t> lengths;
+};
+
 struct TrainResult {
   train::StepResult step;        // loss, grad norm, lr, global valid tokens / sequences, metrics, skipped
   double tokens_per_second = 0;  // all tokens of the global batch over the step's wall time
@@ -77,10 +84,18 @@ class PolicyWorker {
   // ids, field lengths).
   LogprobResult get_logprobs(const std::vector<Sample>& samples, bool with_entropy = false);
   // The same under the frozen reference weights (the weights the worker started from), kept in host memory (one
-  // copy for the in-process ranks sharing StartingWeights). On a GPU, or in fp64, they are swapped into the
-  // policy's buffers for the call (never a second copy on the GPU); an fp32 CPU policy scores with a second policy
-  // that reads them in place.
+  // copy for the in-process ranks sharing StartingWeights). On a GPU, or in fp64, they are uploaded into the
+  // policy's buffers for the call once training state exists (before that the policy holds them already; the first
+  // upload also keeps them in host memory as the compute weights' bytes, which later calls upload as they are), and
+  // the trained weights are rewritten afterwards from the optimizer's master shards on the device: never a second
+  // copy on the GPU, no download. An fp32 CPU policy scores with a second policy that reads them in place.
   LogprobResult get_reference_logprobs(const std::vector<Sample>& samples);
+  // The same scores written into contiguous float32 [B, C] views of ids' shape (on any device): [i, p] = the logprob
+  // of token p of sequence i for 1 <= p < lengths[i], 0 everywhere else; `entropy` likewise when it has data. With
+  // the ids and the views on the policy's GPU nothing crosses to the host but the verdict of the token-id check.
+  // Checked as get_logprobs checks samples. Complete when it returns.
+  void get_logprobs_into(const TokenRowsBatch& batch, const TensorView& logprobs, const TensorView& entropy = {});
+  void get_reference_logprobs_into(const TokenRowsBatch& batch, const TensorView& logprobs);
   // One optimizer step on the global batch (exactly train_global_batch_size sequences, DPO: pairs as consecutive
   // chosen, rejected) with the configured loss. prev_logprobs (clipped_pg) and reference_logprobs (dpo, or clipped_pg
   // with a KL penalty) are computed here for samples that lack them. Each dp rank's part goes in the microbatches of

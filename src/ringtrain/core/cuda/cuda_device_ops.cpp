@@ -42,19 +42,27 @@ void copy_with_device(const TensorView& dst, const TensorView& src) {
     RT_CUDA_CHECK(cudaStreamSynchronize(nullptr), "strided copy ", dst.shape_str(), " <- ", src.shape_str());
     return;
   }
-  if (src.device.is_cpu()) {  // host -> device: pack on the host, upload, convert on the device
-    Tensor packed = contiguous_like(src, Device::cpu());
-    copy(contiguous_view_of(packed, src), src);
+  if (src.device.is_cpu()) {  // host -> device: pack on the host (unless contiguous), upload, convert on the device
+    Tensor packed;
+    if (!src.is_contiguous()) {
+      packed = contiguous_like(src, Device::cpu());
+      copy(contiguous_view_of(packed, src), src);
+    }
     Tensor up = contiguous_like(src, dst.device);
-    RT_CUDA_CHECK(cudaMemcpy(up.data(), packed.data(), src.nbytes(), cudaMemcpyHostToDevice), "upload for ",
-                  dst.shape_str(), " <- ", src.shape_str());
+    RT_CUDA_CHECK(cudaMemcpy(up.data(), packed.defined() ? packed.data() : src.data, src.nbytes(),
+                             cudaMemcpyHostToDevice),
+                  "upload for ", dst.shape_str(), " <- ", src.shape_str());
     copy_with_device(dst, contiguous_view_of(up, src));
-  } else {  // device -> host: pack on the device, download, convert on the host
-    Tensor packed = contiguous_like(src, src.device);
-    copy_with_device(contiguous_view_of(packed, src), src);
+  } else {  // device -> host: pack on the device (unless contiguous), download, convert on the host
+    Tensor packed;
+    if (!src.is_contiguous()) {
+      packed = contiguous_like(src, src.device);
+      copy_with_device(contiguous_view_of(packed, src), src);
+    }
     Tensor down = contiguous_like(src, Device::cpu());
-    RT_CUDA_CHECK(cudaMemcpy(down.data(), packed.data(), src.nbytes(), cudaMemcpyDeviceToHost), "download for ",
-                  dst.shape_str(), " <- ", src.shape_str());
+    RT_CUDA_CHECK(cudaMemcpy(down.data(), packed.defined() ? packed.data() : src.data, src.nbytes(),
+                             cudaMemcpyDeviceToHost),
+                  "download for ", dst.shape_str(), " <- ", src.shape_str());
     copy(dst, contiguous_view_of(down, src));
   }
 }
@@ -82,6 +90,13 @@ class CudaDeviceOps final : public DeviceOps {
     return std::shared_ptr<void>(p, [](void* q) { cudaFreeAsync(q, nullptr); });
   }
 
+  std::shared_ptr<void> allocate_staging(size_t bytes) const override {
+    void* p = nullptr;
+    RT_CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable), "page-locked host allocation of ",
+                  bytes, " bytes");
+    return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+  }
+
   void copy(const TensorView& dst, const TensorView& src) const override { copy_with_device(dst, src); }
   void copy_bytes(void* dst, const void* src, size_t bytes) const override {
     if (bytes > 0) RT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy of ", bytes, " bytes");
@@ -98,6 +113,11 @@ class CudaDeviceOps final : public DeviceOps {
   }
   void fill_normal_hashed_async(const TensorView& dst, uint64_t seed, double stddev, void* stream) const override {
     cuda_ops::fill_normal(dst, seed, stddev, stream);
+  }
+  int64_t first_outside(const TensorView& ids, const std::vector<int64_t>& lengths, int64_t limit) const override {
+    check_row_lengths(ids, lengths);
+    DeviceGuard guard(ids.device.index);
+    return cuda_ops::first_outside(ids, lengths, limit);
   }
   void synchronize_stream(void* stream, const std::string& what) const override {
     RT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), what);

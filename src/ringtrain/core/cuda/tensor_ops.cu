@@ -155,6 +155,19 @@ __global__ void fill_any_kernel(void* dst, DType dt, Shape4 s, int64_t n, double
   }
 }
 
+// Every entry of row r's first lengths[r] columns outside [0, limit) lowers *first to its index r * cols + c.
+template <typename T>
+__global__ void first_outside_kernel(const T* ids, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                                     const int64_t* lengths, int64_t limit, unsigned long long* first) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    if (c >= lengths[r]) continue;
+    const int64_t v = ids[r * row_stride + c * col_stride];
+    if (v < 0 || v >= limit) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+
 constexpr int kThreads = 256;
 unsigned grid_for(int64_t work) {
   return static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 132 * 16));
@@ -248,6 +261,36 @@ void fill(const TensorView& dst, double value, void* stream) {
     default: fill_any_kernel<<<grid_for(n), kThreads, 0, st>>>(dst.data, dst.dtype, s, n, value); break;
   }
   check("fill kernel", dst);
+}
+
+int64_t first_outside(const TensorView& ids, const std::vector<int64_t>& lengths, int64_t limit) {
+  const int64_t rows = ids.shape[0], cols = ids.shape[1];
+  if (rows * cols == 0) return -1;
+  // The lengths in and the verdict out through one small buffer, on the legacy stream, which orders the ids'
+  // producer (DLPack's stream handshake) before the kernel.
+  const size_t len_bytes = lengths.size() * sizeof(int64_t);
+  void* buf = nullptr;
+  RT_CUDA_CHECK(cudaMallocAsync(&buf, len_bytes + sizeof(unsigned long long), nullptr), "token check buffer");
+  auto* first = reinterpret_cast<unsigned long long*>(static_cast<char*>(buf) + len_bytes);
+  unsigned long long result = ~0ull;
+  cudaError_t err = cudaMemcpyAsync(buf, lengths.data(), len_bytes, cudaMemcpyHostToDevice, nullptr);
+  if (err == cudaSuccess) err = cudaMemcpyAsync(first, &result, sizeof result, cudaMemcpyHostToDevice, nullptr);
+  if (err == cudaSuccess) {
+    const auto* len = static_cast<const int64_t*>(buf);
+    const unsigned grid = grid_for(rows * cols);
+    if (ids.dtype == DType::I32)
+      first_outside_kernel<<<grid, kThreads>>>(ids.ptr<int32_t>(), rows, cols, ids.stride[0], ids.stride[1], len,
+                                               limit, first);
+    else
+      first_outside_kernel<<<grid, kThreads>>>(ids.ptr<int64_t>(), rows, cols, ids.stride[0], ids.stride[1], len,
+                                               limit, first);
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) err = cudaMemcpyAsync(&result, first, sizeof result, cudaMemcpyDeviceToHost, nullptr);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(nullptr);
+  cudaFreeAsync(buf, nullptr);
+  RT_CUDA_CHECK(err, "checking the token ids of ", ids.shape_str());
+  return result == ~0ull ? -1 : static_cast<int64_t>(result);
 }
 
 }  // namespace ringtrain::cuda_ops

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ringtrain/core/tensor.h"
 
@@ -15,5 +16,8 @@ void strided_copy(const TensorView& dst, const TensorView& src, void* stream, bo
 void fill_normal(const TensorView& dst, uint64_t seed, double stddev, void* stream);
 // Every element of a device view set to value.
 void fill(const TensorView& dst, double value, void* stream);
+
+// DeviceOps::first_outside for a device view whose shape and lengths were checked (check_row_lengths); waits.
+int64_t first_outside(const TensorView& ids, const std::vector<int64_t>& lengths, int64_t limit);
 
 }  // namespace ringtrain::cuda_ops

@@ -1,9 +1,11 @@
 // The GPU model as a Policy: bf16 weights, fp32 gradients and LM head, one microbatch as one padded or packed
 // forward (BatchRows, as the CPU policy), context parallelism over the NCCL communicator of PolicyOptions.
+#include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/batch_rows.h"
 #include "ringtrain/model/cuda/gpu_logprobs.h"
 #include "ringtrain/model/cuda/gpu_sampler.h"
+#include "ringtrain/model/cuda/token_rows.h"
 #include "ringtrain/model/gpu_policy.h"
 
 namespace ringtrain::model {
@@ -69,6 +71,55 @@ class GpuPolicy final : public Policy {
                                       s.targets.ptr<int32_t>(), s.n, c.hidden, c.vocab, chunk_);
     model_.backward(d_hidden.ptr<cuda::bf16>(), *s.attention);
     return gather(s, with_entropy);
+  }
+
+  // Ids and views on this GPU: the layout's offsets go up, the ids are gathered and the scores scattered on the
+  // device, so neither the ids nor the scores cross to the host. Anything else goes through the host (Policy's).
+  void score_into(const TokenRows& batch, const TensorView& logprobs, const TensorView& entropy) override {
+    const Device dev = model_.device();
+    if (batch.ids.device != dev || logprobs.device != dev || (entropy.data && entropy.device != dev))
+      return Policy::score_into(batch, logprobs, entropy);
+    check_score_rows(batch, logprobs, entropy, model_.config().vocab);
+    scored_.reset(), attention_.reset();
+    const ModelConfig& c = model_.config();
+    const int cp = group_ ? group_->size() : 1;
+    const BatchRows rows(batch.lengths, batch.packed, cp, group_ ? group_->rank() : 0);
+    const std::unique_ptr<SequenceAttention> attention = rows.attention(group_, cp_);
+    const int64_t n = rows.local_tokens();
+    const bool with_entropy = entropy.data != nullptr;
+
+    // One upload of the layout: token offsets, target offsets, result offsets.
+    const BatchRows::SourceOffsets source = rows.source_offsets(batch.rows, batch.ids.stride[0], batch.ids.stride[1]);
+    std::vector<int64_t> offsets = source.tokens;
+    offsets.insert(offsets.end(), source.targets.begin(), source.targets.end());
+    const std::vector<int64_t> to = rows.result_offsets(batch.rows, batch.ids.shape[1]);
+    offsets.insert(offsets.end(), to.begin(), to.end());
+    const auto total = static_cast<int64_t>(offsets.size());
+    const Tensor dev_offsets = Tensor::empty({total}, DType::I64, dev);
+    copy(dev_offsets, contiguous_view(offsets.data(), DType::I64, Device::cpu(), {total}));
+    const Tensor positions = Tensor::empty({n}, DType::I32, dev);
+    copy(positions, contiguous_view(const_cast<int32_t*>(rows.positions().data()), DType::I32, Device::cpu(), {n}));
+    const Tensor tokens = Tensor::empty({2 * n}, DType::I32, dev);  // tokens, then targets
+    const int64_t* off = dev_offsets.ptr<int64_t>();
+    const cudaStream_t stream = model_.stream();
+    cuda::gather_token_rows(batch.ids.data, batch.ids.dtype, off, off + n, tokens.ptr<int32_t>(),
+                            tokens.ptr<int32_t>() + n, n, stream);
+
+    const cuda::bf16* hidden = model_.forward_on_device(tokens.ptr<int32_t>(), positions.ptr<int32_t>(), rows.batch(),
+                                                        rows.row_len(), *attention);
+    const Tensor local = Tensor::empty({with_entropy ? 2 * n : n}, DType::F32, dev);
+    cuda::token_logprobs(model_.gemm(), local.ptr<float>(), hidden, model_.lm_head(), tokens.ptr<int32_t>() + n, n,
+                         c.hidden, c.vocab, chunk_, with_entropy ? local.ptr<float>() + n : nullptr);
+    Tensor all = local;
+    if (group_) {
+      all = Tensor::empty({cp * local.numel()}, DType::F32, dev);
+      group_->all_gather(local.data(), all.data(), static_cast<size_t>(local.numel()), DType::F32);
+    }
+    cuda::scatter_row_results(logprobs.ptr<float>(), all.ptr<float>(), off + 2 * n, n, cp, local.numel(), stream);
+    if (with_entropy)
+      cuda::scatter_row_results(entropy.ptr<float>(), all.ptr<float>() + n, off + 2 * n, n, cp, local.numel(),
+                                stream);
+    device_ops(logprobs, "scores").synchronize_stream(stream, "scoring token rows");
   }
 
   void backward(const std::vector<std::vector<float>>& d_logprobs) override {
