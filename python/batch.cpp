@@ -300,6 +300,22 @@ const char* element_at(const HostArray& a, int64_t i) {
   return a.base + off;
 }
 
+// The batch as a dict whose keys are all batch keys (a Mapping is copied into one); errors name `what`.
+py::dict batch_dict(py::handle batch_obj, const std::string& what) {
+  if (!py::isinstance<py::dict>(batch_obj) && !py::hasattr(batch_obj, "keys"))
+    throw py::type_error(cat(what, ": the batch must be a dict of arrays, got ", type_name(batch_obj)));
+  const py::dict batch = py::isinstance<py::dict>(batch_obj) ? py::reinterpret_borrow<py::dict>(batch_obj)
+                                                              : py::dict(py::reinterpret_borrow<py::object>(batch_obj));
+  for (const auto& [k, v] : batch) {
+    if (!py::isinstance<py::str>(k))
+      throw py::type_error(cat(what, ": batch keys must be strings, got ", type_name(k)));
+    const std::string key = k.cast<std::string>();
+    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end())
+      throw py::value_error(cat(what, ": unknown batch key '", key, "' (the keys are ", known_keys(), ")"));
+  }
+  return batch;
+}
+
 // Each row's length from input_lengths ([B] integers in [1, S]), S for every row without it.
 std::vector<int64_t> row_lengths(const HostArray* a, int64_t B, int64_t S) {
   std::vector<int64_t> lengths(static_cast<size_t>(B), S);
@@ -370,17 +386,7 @@ DeviceArray read_device_array(py::handle obj, const std::string& key) {
 }
 
 RowsBatch read_rows_batch(py::handle batch_obj, const worker::Config& config, int64_t vocab, const std::string& what) {
-  if (!py::isinstance<py::dict>(batch_obj) && !py::hasattr(batch_obj, "keys"))
-    throw py::type_error(cat(what, ": the batch must be a dict of arrays, got ", type_name(batch_obj)));
-  const py::dict batch = py::isinstance<py::dict>(batch_obj) ? py::reinterpret_borrow<py::dict>(batch_obj)
-                                                              : py::dict(py::reinterpret_borrow<py::object>(batch_obj));
-  for (const auto& [k, v] : batch) {
-    if (!py::isinstance<py::str>(k))
-      throw py::type_error(cat(what, ": batch keys must be strings, got ", type_name(k)));
-    const std::string key = k.cast<std::string>();
-    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end())
-      throw py::value_error(cat(what, ": unknown batch key '", key, "' (the keys are ", known_keys(), ")"));
-  }
+  const py::dict batch = batch_dict(batch_obj, what);
   if (!batch.contains("input_ids")) throw py::value_error(cat(what, ": the batch has no 'input_ids'"));
   RowsBatch out;
   out.ids = read_device_array(batch["input_ids"], cat(what, ": input_ids"));
@@ -388,6 +394,10 @@ RowsBatch read_rows_batch(py::handle batch_obj, const worker::Config& config, in
   if (ids.dtype == DType::F32) throw py::value_error(cat(what, ": input_ids: expected an integer dtype, got float32"));
   const int64_t B = ids.shape[0], S = ids.shape[1];
   if (B < 1 || S < 1) throw py::value_error(cat(what, ": input_ids: the batch is empty (shape ", ids.shape_str(), ")"));
+  // Before the results ([B, S] float32) are allocated, as read_batch checks them.
+  if (B > kMaxBatchElements / S)
+    throw py::value_error(cat(what, ": input_ids: shape ", shape_str({B, S}), ": more than ", kMaxBatchElements,
+                              " elements in one batch (split it into several calls)"));
   std::optional<HostArray> lengths;
   for (const auto& [k, v] : batch) {
     const std::string key = k.cast<std::string>(), name = cat(what, ": ", key);
@@ -418,26 +428,17 @@ RowsBatch read_rows_batch(py::handle batch_obj, const worker::Config& config, in
     bad = device_ops(ids, "input_ids").first_outside(ids, out.rows.lengths, vocab);
   }
   if (bad >= 0) {
-    int64_t value = 0;
-    copy(contiguous_view(&value, DType::I64, Device::cpu(), {1, 1}), ids.slice(0, bad / S, 1).slice(1, bad % S, 1));
-    throw py::value_error(cat(what, ": input_ids: input_ids[", bad / S, ", ", bad % S, "] = ", value,
+    throw py::value_error(cat(what, ": input_ids: input_ids[", bad / S, ", ", bad % S, "] = ", integer_at(ids, bad),
                               " is not a token id in [0, ", vocab, ")"));
   }
   return out;
 }
 
 Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t vocab, const std::string& what) {
-  if (!py::isinstance<py::dict>(batch_obj) && !py::hasattr(batch_obj, "keys"))
-    throw py::type_error(cat(what, ": the batch must be a dict of arrays, got ", type_name(batch_obj)));
-  const py::dict batch = py::isinstance<py::dict>(batch_obj) ? py::reinterpret_borrow<py::dict>(batch_obj)
-                                                              : py::dict(py::reinterpret_borrow<py::object>(batch_obj));
+  const py::dict batch = batch_dict(batch_obj, what);
   std::map<std::string, HostArray> arrays;
   for (const auto& [k, v] : batch) {
-    if (!py::isinstance<py::str>(k))
-      throw py::type_error(cat(what, ": batch keys must be strings, got ", type_name(k)));
     const std::string key = k.cast<std::string>();
-    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end())
-      throw py::value_error(cat(what, ": unknown batch key '", key, "' (the keys are ", known_keys(), ")"));
     arrays.emplace(key, read_array(v, cat(what, ": ", key)));
   }
   const auto it = arrays.find("input_ids");

@@ -63,6 +63,13 @@ std::chrono::milliseconds rank_timeout(double timeout_s) {
   return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
 }
 
+// An empty float32 PyTorch tensor of ids' shape on ids' device (PyTorch is imported only for a CUDA batch).
+py::object results_like(py::handle ids) {
+  const py::module_ torch = py::module_::import("torch");
+  return torch.attr("empty")(ids.attr("shape"), py::arg("dtype") = torch.attr("float32"),
+                             py::arg("device") = ids.attr("device"));
+}
+
 class Worker {
  public:
   Worker(const std::string& config, bool is_text, const std::string& source, const std::vector<std::string>& overrides,
@@ -112,22 +119,29 @@ class Worker {
   }
 
   // The zero-copy forms (ringtrain/__init__.py chooses them for CUDA input_ids on this worker's GPU): input_ids read
-  // in place, the scores written into the caller's float32 CUDA tensors (entropy: None for none).
-  void get_logprobs_into(py::handle batch, py::handle logprobs, py::handle entropy) {
+  // in place, the scores written into float32 PyTorch tensors made on its device once the batch has passed its checks.
+  py::dict get_logprobs_cuda(py::handle batch, bool with_entropy) {
     const RowsBatch b = read_rows_batch(batch, config_, model_.vocab, "get_logprobs");
-    const DeviceArray lp = read_device_array(logprobs, "get_logprobs: logprobs");
-    const DeviceArray ent = entropy.is_none() ? DeviceArray{} : read_device_array(entropy, "get_logprobs: entropy");
+    py::dict out;
+    out["logprobs"] = results_like(batch["input_ids"]);
+    if (with_entropy) out["entropy"] = results_like(batch["input_ids"]);
+    const DeviceArray lp = read_device_array(out["logprobs"], "logprobs");
+    const DeviceArray ent = with_entropy ? read_device_array(out["entropy"], "entropy") : DeviceArray{};
     py::gil_scoped_release unlocked;
     const std::lock_guard<std::mutex> one_call(mu_);
     group_->run([&](int, worker::PolicyWorker& w) { w.get_logprobs_into(b.rows, lp.view, ent.view); });
+    return out;
   }
 
-  void get_reference_logprobs_into(py::handle batch, py::handle logprobs) {
+  py::dict get_reference_logprobs_cuda(py::handle batch) {
     const RowsBatch b = read_rows_batch(batch, config_, model_.vocab, "get_reference_logprobs");
-    const DeviceArray lp = read_device_array(logprobs, "get_reference_logprobs: reference_logprobs");
+    py::dict out;
+    out["reference_logprobs"] = results_like(batch["input_ids"]);
+    const DeviceArray lp = read_device_array(out["reference_logprobs"], "reference_logprobs");
     py::gil_scoped_release unlocked;
     const std::lock_guard<std::mutex> one_call(mu_);
     group_->run([&](int, worker::PolicyWorker& w) { w.get_reference_logprobs_into(b.rows, lp.view); });
+    return out;
   }
 
   // The GPU whose CUDA tensors the zero-copy forms take: this process's one rank's, or -1 (a CPU worker, whose
@@ -296,9 +310,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("config"), py::arg("is_text"), py::arg("source"), py::arg("overrides"), py::arg("timeout_s"))
       .def("get_logprobs", &Worker::get_logprobs, py::arg("batch"), py::arg("with_entropy").noconvert() = false)
       .def("get_reference_logprobs", &Worker::get_reference_logprobs, py::arg("batch"))
-      .def("get_logprobs_into", &Worker::get_logprobs_into, py::arg("batch"), py::arg("logprobs"), py::arg("entropy"))
-      .def("get_reference_logprobs_into", &Worker::get_reference_logprobs_into, py::arg("batch"),
-           py::arg("reference_logprobs"))
+      .def("get_logprobs_cuda", &Worker::get_logprobs_cuda, py::arg("batch"), py::arg("with_entropy"))
+      .def("get_reference_logprobs_cuda", &Worker::get_reference_logprobs_cuda, py::arg("batch"))
       .def_property_readonly("zero_copy_device", &Worker::zero_copy_device)
       .def("train", &Worker::train, py::arg("batch"))
       .def("save", &Worker::save, py::arg("dir"), py::arg("epoch"), py::arg("index"), py::arg("rng"))

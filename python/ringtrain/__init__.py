@@ -116,7 +116,8 @@ def _torch_device(batch):
 
 
 def _zero_copy_ids(batch, gpu):
-    """batch's input_ids when scoring can read it in place: a 2-D int32 / int64 PyTorch tensor on CUDA device `gpu`."""
+    """batch's input_ids when scoring can read it in place (a 2-D int32 / int64 PyTorch tensor on CUDA device `gpu`),
+    else None."""
     if gpu < 0 or not isinstance(batch, _Mapping) or "input_ids" not in batch:
         return None
     ids = batch["input_ids"]
@@ -152,27 +153,15 @@ class PolicyWorker:
     def get_logprobs(self, batch, with_entropy=False):
         """{'logprobs': [B, S] float32} (and 'entropy' with with_entropy): entry p = log p(token p | tokens < p)."""
         with_entropy = _flag(with_entropy, "with_entropy")
-        ids = _zero_copy_ids(batch, self._w.zero_copy_device)
-        if ids is None:
-            return _results(self._w.get_logprobs(batch, with_entropy), _torch_device(batch))
-        import torch
-
-        out = {"logprobs": torch.empty(ids.shape, dtype=torch.float32, device=ids.device)}
-        if with_entropy:
-            out["entropy"] = torch.empty(ids.shape, dtype=torch.float32, device=ids.device)
-        self._w.get_logprobs_into(batch, out["logprobs"], out.get("entropy"))
-        return out
+        if _zero_copy_ids(batch, self._w.zero_copy_device) is not None:
+            return self._w.get_logprobs_cuda(batch, with_entropy)
+        return _results(self._w.get_logprobs(batch, with_entropy), _torch_device(batch))
 
     def get_reference_logprobs(self, batch):
         """{'reference_logprobs': [B, S] float32} under the reference weights (the config's model as loaded)."""
-        ids = _zero_copy_ids(batch, self._w.zero_copy_device)
-        if ids is None:
-            return _results(self._w.get_reference_logprobs(batch), _torch_device(batch))
-        import torch
-
-        out = {"reference_logprobs": torch.empty(ids.shape, dtype=torch.float32, device=ids.device)}
-        self._w.get_reference_logprobs_into(batch, out["reference_logprobs"])
-        return out
+        if _zero_copy_ids(batch, self._w.zero_copy_device) is not None:
+            return self._w.get_reference_logprobs_cuda(batch)
+        return _results(self._w.get_reference_logprobs(batch), _torch_device(batch))
 
     def train(self, batch):
         """One optimizer step on exactly policy.train_global_batch_size sequences (DPO: pairs as consecutive rows,

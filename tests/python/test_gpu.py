@@ -125,6 +125,10 @@ class TestGpuWorker(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"token_mask"):
             self.gpu.get_logprobs({"input_ids": torch.from_numpy(ids).cuda(),
                                    "token_mask": torch.ones(ids.shape[0], ids.shape[1] + 1, device="cuda")})
+        # A broadcast view of 2^33 ids stores one: refused before any result of its size is allocated.
+        huge = torch.zeros(1, 1, dtype=torch.int64, device="cuda").expand(2**20, 2**13)
+        with self.assertRaisesRegex(ValueError, r"input_ids: shape \(1048576, 8192\): more than"):
+            self.gpu.get_logprobs({"input_ids": huge})
         # The worker is still usable.
         self.assertEqual(self.gpu.get_logprobs({"input_ids": ids})["logprobs"].shape, ids.shape)
 

@@ -29,6 +29,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
+#ifdef RINGTRAIN_WITH_NCCL
+// builtin:small in bf16 on this process's GPU, logprob microbatches of 4 sequences.
+Config small_gpu_config() {
+  return parse_config(
+      "policy:\n  model_name: builtin:small\n  train_global_batch_size: 4\n  train_micro_batch_size: 2\n"
+      "  logprob_batch_size: 4\n  max_total_sequence_length: 128\n  precision: bfloat16\n"
+      "  optimizer:\n    kwargs:\n      lr: 1.0e-2\n"
+      "device: cuda\ntrain:\n  data: not-read-by-the-worker.jsonl\n  seed: 3\n",
+      "gpu.yaml");
+}
+
+std::unique_ptr<comm::Communicator> single_gpu_world() {
+  comm::RankInfo single;
+  single.source = "single process";
+  return comm::make_nccl_communicator(single, std::chrono::seconds(60));
+}
+#endif
+
 // get_logprobs_into / get_reference_logprobs_into on int32 ids in GPU memory and GPU results (the Python module's
 // zero-copy path): the scores of get_logprobs on the same samples exactly, zero past each length, and a bad id named
 // as get_logprobs names it.
@@ -37,15 +55,8 @@ TEST(PolicyWorkerGpu, RowsOnTheGpuScoreAsTheSamples) {
 #ifndef RINGTRAIN_WITH_NCCL
   GTEST_SKIP() << "this build has no NCCL communicator";
 #else
-  const Config c = parse_config(
-      "policy:\n  model_name: builtin:small\n  train_global_batch_size: 4\n  train_micro_batch_size: 2\n"
-      "  logprob_batch_size: 3\n  max_total_sequence_length: 128\n  precision: bfloat16\n"
-      "device: cuda\ntrain:\n  data: not-read-by-the-worker.jsonl\n  seed: 3\n",
-      "gpu.yaml");
-  comm::RankInfo single;
-  single.source = "single process";
-  auto world = comm::make_nccl_communicator(single, std::chrono::seconds(60));
-  PolicyWorker w(c, *world);
+  const auto world = single_gpu_world();
+  PolicyWorker w(small_gpu_config(), *world);
   std::mt19937_64 rng(testing::fresh_seed());
   const int64_t B = 5, C = 120;
   std::vector<Sample> samples(B);
@@ -100,16 +111,8 @@ TEST(PolicyWorkerGpu, ReferenceWeightsComeFromHostMemoryAndTheTrainedOnesComeBac
 #ifndef RINGTRAIN_WITH_NCCL
   GTEST_SKIP() << "this build has no NCCL communicator";
 #else
-  const Config c = parse_config(
-      "policy:\n  model_name: builtin:small\n  train_global_batch_size: 4\n  train_micro_batch_size: 2\n"
-      "  logprob_batch_size: 4\n  max_total_sequence_length: 128\n  precision: bfloat16\n"
-      "  optimizer:\n    kwargs:\n      lr: 1.0e-2\n"
-      "device: cuda\ntrain:\n  data: not-read-by-the-worker.jsonl\n  seed: 3\n",
-      "gpu.yaml");
-  comm::RankInfo single;
-  single.source = "single process";
-  auto world = comm::make_nccl_communicator(single, std::chrono::seconds(60));
-  PolicyWorker w(c, *world);
+  const auto world = single_gpu_world();
+  PolicyWorker w(small_gpu_config(), *world);
   std::mt19937_64 rng(testing::fresh_seed());
   std::vector<Sample> samples(4);
   for (Sample& s : samples) {

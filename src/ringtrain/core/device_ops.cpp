@@ -119,6 +119,13 @@ void check_row_lengths(const TensorView& ids, const std::vector<int64_t>& length
              " is outside [0, ", ids.shape[1], "]");
 }
 
+int64_t integer_at(const TensorView& ids, int64_t index) {
+  const int64_t C = ids.shape[1];
+  int64_t value = 0;
+  copy(contiguous_view(&value, DType::I64, Device::cpu(), {1, 1}), ids.slice(0, index / C, 1).slice(1, index % C, 1));
+  return value;
+}
+
 const DeviceOps& host_device_ops() {
   static const HostDeviceOps ops;
   return ops;

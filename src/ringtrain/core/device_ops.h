@@ -75,6 +75,10 @@ void register_device_ops(DeviceOpsRegistry& registry);
 // What first_outside checks before it reads: a 2-D I32 / I64 view and one length in [0, C] per row.
 void check_row_lengths(const TensorView& ids, const std::vector<int64_t>& lengths);
 
+// Entry `index` (r * C + c, as first_outside returns it) of a 2-D integer view on any device, read to the host: the
+// value an error names.
+int64_t integer_at(const TensorView& ids, int64_t index);
+
 // The host table (every view on the host).
 const DeviceOps& host_device_ops();
 

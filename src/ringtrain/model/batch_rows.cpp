@@ -189,11 +189,8 @@ void check_score_rows(const TokenRows& batch, const TensorView& logprobs, const 
   }
   const int64_t bad = device_ops(ids, "token rows").first_outside(ids, checked, vocab);
   if (bad < 0) return;
-  const int64_t r = bad / C, c = bad % C;
-  int64_t value = 0;
-  copy(contiguous_view(&value, DType::I64, Device::cpu(), {1, 1}), ids.slice(0, r, 1).slice(1, c, 1));
-  throw Error(cat("policy: token id ", value, " at position ", c, " of row ", r, " is outside the vocabulary [0, ",
-                  vocab, ")"));
+  throw Error(cat("policy: token id ", integer_at(ids, bad), " at position ", bad % C, " of row ", bad / C,
+                  " is outside the vocabulary [0, ", vocab, ")"));
 }
 
 #define RT_INSTANTIATE(T)                                                                                  \

@@ -241,10 +241,8 @@ struct PolicyWorker::State {
     // The whole batch on every rank before any rank scores: a bad id fails every rank alike (as check_samples).
     const int64_t bad = device_ops(ids, what).first_outside(ids, batch.lengths, model.vocab);
     if (bad >= 0) {
-      int64_t value = 0;
-      copy(contiguous_view(&value, DType::I64, Device::cpu(), {1, 1}), ids.slice(0, bad / C, 1).slice(1, bad % C, 1));
-      throw Error(cat(what, ": sample ", bad / C, " input_ids[", bad % C, "] = ", value, " is not a token id in [0, ",
-                      model.vocab, ")"));
+      throw Error(cat(what, ": sample ", bad / C, " input_ids[", bad % C, "] = ", integer_at(ids, bad),
+                      " is not a token id in [0, ", model.vocab, ")"));
     }
     const auto zero = [](const TensorView& v) {
       if (v.data) device_ops(v, "results").fill_async(v, 0.0, nullptr);
