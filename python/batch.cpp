@@ -365,7 +365,8 @@ DeviceArray read_device_array(py::handle obj, const std::string& key) {
     case Elem::I32: dtype = DType::I32; break;
     case Elem::I64: dtype = DType::I64; break;
     case Elem::F32: dtype = DType::F32; break;
-    default: throw py::type_error(cat(key, ": a CUDA tensor of ", elem_name(e->elem), " (int32, int64 or float32 here)"));
+    default:
+      throw py::type_error(cat(key, ": a CUDA tensor of ", elem_name(e->elem), " (int32, int64 or float32 here)"));
   }
   if (e->shape.size() != 2) throw py::value_error(cat(key, ": expected shape [B, S], got ", shape_str(e->shape)));
   const int64_t size = static_cast<int64_t>(dtype_size(dtype));

@@ -391,7 +391,8 @@ TEST(GpuPolicyRows, ScoreIntoReadsGpuIdsInPlaceAndEqualsScore) {
     };
     for (const bool ids_on_gpu : {true, false}) {
       rows.ids = every_other_column(ids_on_gpu ? dev_ids.view() : host_ids.view());
-      Tensor lp = Tensor::empty({R, C}, DType::F32, Device::cuda(0)), ent = Tensor::empty({R, C}, DType::F32, Device::cuda(0));
+      Tensor lp = Tensor::empty({R, C}, DType::F32, Device::cuda(0));
+      Tensor ent = Tensor::empty({R, C}, DType::F32, Device::cuda(0));
       fill(lp, NAN), fill(ent, NAN);
       policy->score_into(rows, lp, ent);
       Tensor lp_host = Tensor::empty({R, C}, DType::F32), ent_host = Tensor::empty({R, C}, DType::F32);

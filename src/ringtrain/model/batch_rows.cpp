@@ -34,7 +34,8 @@ BatchRows::BatchRows(const TokenBatch& batch, int64_t vocab, int cp, int rank)
 
 BatchRows::BatchRows(std::vector<int64_t> lengths, bool packed, int cp, int rank)
     : packed_(packed), cp_(cp), rank_(rank), lengths_(std::move(lengths)) {
-  for (size_t b = 0; b < lengths_.size(); ++b) RT_CHECK(lengths_[b] >= 1, "policy: sequence ", b, " of the batch is empty");
+  for (size_t b = 0; b < lengths_.size(); ++b)
+    RT_CHECK(lengths_[b] >= 1, "policy: sequence ", b, " of the batch is empty");
   lay_out();
 }
 

@@ -101,7 +101,8 @@ void all_reduce_sum(comm::Communicator& comm, const TensorView& values) {
 }
 
 void all_reduce_sum(comm::Communicator& comm, std::vector<float>& values) {
-  all_reduce_sum(comm, contiguous_view(values.data(), DType::F32, Device::cpu(), {static_cast<int64_t>(values.size())}));
+  const auto n = static_cast<int64_t>(values.size());
+  all_reduce_sum(comm, contiguous_view(values.data(), DType::F32, Device::cpu(), {n}));
 }
 
 std::vector<uint8_t> to_mask(const std::vector<float>& m) {
@@ -273,7 +274,8 @@ struct PolicyWorker::State {
   // in place (made per call, so that the buffers of its forward do not outlive the call). Otherwise the policy itself:
   // before any training state exists its weights are the reference ones; after, the reference weights are uploaded
   // for the call and the trained ones rewritten from the optimizer's master shards (the compute weights are their
-  // rounding), so nothing crosses to the host and there is never a second copy of the weights on the GPU.
+  // rounding): the trained weights never cross to the host (only the first swap's reference image does, once), and
+  // there is never a second copy of the weights on the GPU.
   template <typename Score>
   auto with_reference(const Score& score) {
     if (policy->device().is_cpu() && policy->dtype() == DType::F32) {

@@ -92,8 +92,8 @@ class CudaDeviceOps final : public DeviceOps {
 
   std::shared_ptr<void> allocate_staging(size_t bytes) const override {
     void* p = nullptr;
-    RT_CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable), "page-locked host allocation of ",
-                  bytes, " bytes");
+    RT_CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable),
+                  "page-locked host allocation of ", bytes, " bytes");
     return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
   }
 
