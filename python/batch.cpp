@@ -333,6 +333,18 @@ std::vector<int64_t> row_lengths(const HostArray* a, int64_t B, int64_t S) {
   return lengths;
 }
 
+// A field's shape next to input_ids [B, S]: [B] for sample_mask, [B, S] or [B] for advantages, [B, S] otherwise.
+void check_field_shape(const std::string& name, const std::string& key, const std::vector<int64_t>& shape, int64_t B,
+                       int64_t S) {
+  const bool per_sequence = key == "sample_mask" || key == "advantages", per_token = key != "sample_mask";
+  if ((per_token && shape == std::vector<int64_t>{B, S}) || (per_sequence && shape == std::vector<int64_t>{B})) return;
+  throw py::value_error(cat(name, ": shape ", shape_str(shape), " does not match input_ids ", shape_str({B, S}),
+                            ": expected ",
+                            per_token && per_sequence ? cat("[B, S] = ", shape_str({B, S}), " or [B] = ", shape_str({B}))
+                            : per_token               ? cat("[B, S] = ", shape_str({B, S}))
+                                                      : cat("[B] = ", shape_str({B}))));
+}
+
 }  // namespace
 
 double HostArray::at(int64_t i) const { return element(element_at(*this, i), static_cast<Elem>(elem)); }
@@ -399,6 +411,7 @@ RowsBatch read_rows_batch(py::handle batch_obj, const worker::Config& config, in
   if (B > kMaxBatchElements / S)
     throw py::value_error(cat(what, ": input_ids: shape ", shape_str({B, S}), ": more than ", kMaxBatchElements,
                               " elements in one batch (split it into several calls)"));
+  const int64_t max_length = config.policy.max_total_sequence_length;
   std::optional<HostArray> lengths;
   for (const auto& [k, v] : batch) {
     const std::string key = k.cast<std::string>(), name = cat(what, ": ", key);
@@ -411,14 +424,10 @@ RowsBatch read_rows_batch(py::handle batch_obj, const worker::Config& config, in
     std::optional<Exported> e;
     if (py::hasattr(v, "__dlpack__") && py::hasattr(v, "__dlpack_device__") && !py::isinstance<py::array>(v))
       e = export_dlpack(v, name);
-    const std::vector<int64_t> shape = e ? e->shape : read_array(v, name).shape;
-    const bool per_sequence = key == "sample_mask" || key == "advantages", per_token = key != "sample_mask";
-    if (!((per_token && shape == std::vector<int64_t>{B, S}) || (per_sequence && shape == std::vector<int64_t>{B})))
-      throw py::value_error(cat(name, ": shape ", shape_str(shape), " does not match input_ids ", shape_str({B, S})));
+    check_field_shape(name, key, e ? e->shape : read_array(v, name).shape, B, S);
   }
   out.rows.ids = ids;
   out.rows.lengths = row_lengths(lengths ? &*lengths : nullptr, B, S);
-  const int64_t max_length = config.policy.max_total_sequence_length;
   for (int64_t b = 0; b < B; ++b)
     if (out.rows.lengths[static_cast<size_t>(b)] > max_length)
       throw py::value_error(cat(what, ": input_ids: sample ", b, " has ", out.rows.lengths[static_cast<size_t>(b)],
@@ -458,14 +467,7 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
     fail(ids, cat("shape ", shape_str(ids.shape), ": more than ", kMaxBatchElements,
                   " elements in one batch (split it into several calls)"));
 
-  const auto check_shape = [&](const HostArray& a, bool per_token, bool per_sequence) {
-    const bool token_shape = a.shape == std::vector<int64_t>{B, S}, seq_shape = a.shape == std::vector<int64_t>{B};
-    if ((per_token && token_shape) || (per_sequence && seq_shape)) return;
-    fail(a, cat("shape ", shape_str(a.shape), " does not match input_ids ", shape_str(ids.shape), ": expected ",
-                per_token && per_sequence ? cat("[B, S] = ", shape_str({B, S}), " or [B] = ", shape_str({B}))
-                : per_token               ? cat("[B, S] = ", shape_str({B, S}))
-                                          : cat("[B] = ", shape_str({B}))));
-  };
+  const auto check_shape = [&](const HostArray& a, const char* key) { check_field_shape(a.key, key, a.shape, B, S); };
   const HostArray* get = nullptr;
   const auto field = [&](const char* key) -> const HostArray* {
     const auto f = arrays.find(key);
@@ -496,14 +498,14 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
     return static_cast<float>(v);
   };
   if ((get = field("token_mask"))) {
-    check_shape(*get, true, false);
+    check_shape(*get, "token_mask");
     for (int64_t b = 0; b < B; ++b)
       for (int64_t p = 0; p < lengths[static_cast<size_t>(b)]; ++p)
         out.samples[static_cast<size_t>(b)].token_mask[static_cast<size_t>(p)] =
             zero_one(*get, get->at(b * S + p), cat("[", b, ", ", p, "]"));
   }
   if ((get = field("sample_mask"))) {
-    check_shape(*get, false, true);
+    check_shape(*get, "sample_mask");
     for (int64_t b = 0; b < B; ++b)
       out.samples[static_cast<size_t>(b)].sample_mask =
           zero_one(*get, get->at(b), cat("[", b, "]"));
@@ -521,8 +523,7 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
   for (const auto& [key, member] : float_fields) {
     if (!(get = field(key))) continue;
     if (!get->floating) fail(*get, cat("expected a floating dtype, got ", get->dtype));
-    const bool per_sequence_ok = std::string(key) == "advantages";
-    check_shape(*get, true, per_sequence_ok);
+    check_shape(*get, key);
     const bool per_sequence = get->shape.size() == 1;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = lengths[static_cast<size_t>(b)];

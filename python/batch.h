@@ -68,7 +68,8 @@ DeviceArray read_device_array(py::handle obj, const std::string& key);
 
 // The batch of a scoring call on CUDA input_ids: ids read in place, lengths from input_lengths (host values; a CUDA
 // input_lengths is copied, B integers), checked as read_batch checks them (the token ids on the device, one 8-byte
-// verdict back). The other keys are checked by name only: scoring does not read them.
+// verdict back). Of the other keys only the names and shapes are checked (a CUDA tensor's from its DLPack header):
+// scoring does not read their values.
 struct RowsBatch {
   DeviceArray ids;
   worker::TokenRowsBatch rows;

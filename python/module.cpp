@@ -121,26 +121,37 @@ class Worker {
   // The zero-copy forms (ringtrain/__init__.py chooses them for CUDA input_ids on this worker's GPU): input_ids read
   // in place, the scores written into float32 PyTorch tensors made on its device once the batch has passed its checks.
   py::dict get_logprobs_cuda(py::handle batch, bool with_entropy) {
-    const RowsBatch b = read_rows_batch(batch, config_, model_.vocab, "get_logprobs");
-    py::dict out;
-    out["logprobs"] = results_like(batch["input_ids"]);
-    if (with_entropy) out["entropy"] = results_like(batch["input_ids"]);
-    const DeviceArray lp = read_device_array(out["logprobs"], "logprobs");
-    const DeviceArray ent = with_entropy ? read_device_array(out["entropy"], "entropy") : DeviceArray{};
-    py::gil_scoped_release unlocked;
-    const std::lock_guard<std::mutex> one_call(mu_);
-    group_->run([&](int, worker::PolicyWorker& w) { w.get_logprobs_into(b.rows, lp.view, ent.view); });
-    return out;
+    const std::vector<const char*> keys = with_entropy ? std::vector{"logprobs", "entropy"} : std::vector{"logprobs"};
+    return score_cuda(batch, "get_logprobs", keys, [](worker::PolicyWorker& w, const worker::TokenRowsBatch& rows,
+                                                      const std::vector<TensorView>& out) {
+      w.get_logprobs_into(rows, out[0], out.size() > 1 ? out[1] : TensorView{});
+    });
   }
 
   py::dict get_reference_logprobs_cuda(py::handle batch) {
-    const RowsBatch b = read_rows_batch(batch, config_, model_.vocab, "get_reference_logprobs");
+    return score_cuda(batch, "get_reference_logprobs", {"reference_logprobs"},
+                      [](worker::PolicyWorker& w, const worker::TokenRowsBatch& rows,
+                         const std::vector<TensorView>& out) { w.get_reference_logprobs_into(rows, out[0]); });
+  }
+
+  // The zero-copy call `what`: the batch read and checked, one result tensor per key made, then score(worker, rows,
+  // the results' views) on every rank without the GIL.
+  template <typename Score>
+  py::dict score_cuda(py::handle batch, const char* what, const std::vector<const char*>& keys, const Score& score) {
+    const RowsBatch b = read_rows_batch(batch, config_, model_.vocab, what);
     py::dict out;
-    out["reference_logprobs"] = results_like(batch["input_ids"]);
-    const DeviceArray lp = read_device_array(out["reference_logprobs"], "reference_logprobs");
-    py::gil_scoped_release unlocked;
-    const std::lock_guard<std::mutex> one_call(mu_);
-    group_->run([&](int, worker::PolicyWorker& w) { w.get_reference_logprobs_into(b.rows, lp.view); });
+    std::vector<DeviceArray> results;
+    std::vector<TensorView> views;
+    for (const char* key : keys) {
+      out[key] = results_like(batch["input_ids"]);
+      results.push_back(read_device_array(out[key], key));
+      views.push_back(results.back().view);
+    }
+    {
+      py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
+      group_->run([&](int, worker::PolicyWorker& w) { score(w, b.rows, views); });
+    }
     return out;
   }
 

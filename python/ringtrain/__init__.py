@@ -22,9 +22,9 @@ or PyTorch tensors on the device of the inputs when the batch held PyTorch tenso
 CUDA tensors: on a GPU worker, get_logprobs and get_reference_logprobs read a PyTorch CUDA ``input_ids`` (int32 or
 int64, any strides) of the worker's GPU in place and write the results into new CUDA tensors there, with no copy to
 the host (the token-id check sends one 8-byte verdict back; ``input_lengths`` as a CUDA tensor is copied, B
-integers; the other keys are not read by scoring and are checked by name only). The worker's work runs on CUDA's
-legacy default stream, ordered after the caller's pending work on those tensors through DLPack's stream argument,
-and the call returns when the results are complete. Every other case (train, a CPU worker, other devices or dtypes)
+integers; of the other keys, which scoring does not read, only the names and shapes are checked). The worker's work
+runs on CUDA's legacy default stream, ordered after the caller's pending work on those tensors through DLPack's
+stream argument, and the call returns when the results are complete. Every other case (train, a CPU worker, other devices or dtypes)
 reads the arrays into host memory: a CUDA tensor costs one device-to-host copy on the way in, and results a
 host-to-device copy on the way out.
 
@@ -115,19 +115,16 @@ def _torch_device(batch):
     return None
 
 
-def _zero_copy_ids(batch, gpu):
-    """batch's input_ids when scoring can read it in place (a 2-D int32 / int64 PyTorch tensor on CUDA device `gpu`),
-    else None."""
+def _zero_copy(batch, gpu):
+    """Whether scoring can read batch's input_ids in place: a 2-D int32 / int64 PyTorch tensor on CUDA device `gpu`."""
     if gpu < 0 or not isinstance(batch, _Mapping) or "input_ids" not in batch:
-        return None
+        return False
     ids = batch["input_ids"]
     if type(ids).__module__.split(".")[0] != "torch":
-        return None
+        return False
     import torch
 
-    if not (ids.is_cuda and ids.device.index == gpu and ids.dim() == 2 and ids.dtype in (torch.int32, torch.int64)):
-        return None
-    return ids
+    return ids.is_cuda and ids.device.index == gpu and ids.dim() == 2 and ids.dtype in (torch.int32, torch.int64)
 
 
 def _results(out, device):
@@ -153,13 +150,13 @@ class PolicyWorker:
     def get_logprobs(self, batch, with_entropy=False):
         """{'logprobs': [B, S] float32} (and 'entropy' with with_entropy): entry p = log p(token p | tokens < p)."""
         with_entropy = _flag(with_entropy, "with_entropy")
-        if _zero_copy_ids(batch, self._w.zero_copy_device) is not None:
+        if _zero_copy(batch, self._w.zero_copy_device):
             return self._w.get_logprobs_cuda(batch, with_entropy)
         return _results(self._w.get_logprobs(batch, with_entropy), _torch_device(batch))
 
     def get_reference_logprobs(self, batch):
         """{'reference_logprobs': [B, S] float32} under the reference weights (the config's model as loaded)."""
-        if _zero_copy_ids(batch, self._w.zero_copy_device) is not None:
+        if _zero_copy(batch, self._w.zero_copy_device):
             return self._w.get_reference_logprobs_cuda(batch)
         return _results(self._w.get_reference_logprobs(batch), _torch_device(batch))
 

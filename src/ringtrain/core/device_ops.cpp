@@ -80,20 +80,11 @@ class HostDeviceOps final : public DeviceOps {
 
   int64_t first_outside(const TensorView& ids, const std::vector<int64_t>& lengths, int64_t limit) const override {
     check_row_lengths(ids, lengths);
-    const char* base = static_cast<const char*>(ids.data);
-    const size_t elem = dtype_size(ids.dtype);
+    // Through fp64: an int64 beyond 2^53 rounds, but never across 0 or a limit that small.
     for (int64_t r = 0; r < ids.shape[0]; ++r)
       for (int64_t c = 0; c < lengths[static_cast<size_t>(r)]; ++c) {
-        const char* at = base + (r * ids.stride[0] + c * ids.stride[1]) * static_cast<int64_t>(elem);
-        int64_t v = 0;
-        if (ids.dtype == DType::I32) {
-          int32_t x;
-          std::memcpy(&x, at, sizeof x);
-          v = x;
-        } else {
-          std::memcpy(&v, at, sizeof v);
-        }
-        if (v < 0 || v >= limit) return r * ids.shape[1] + c;
+        const double v = load_as_double(ids.data, ids.dtype, r * ids.stride[0] + c * ids.stride[1]);
+        if (v < 0 || v >= static_cast<double>(limit)) return r * ids.shape[1] + c;
       }
     return -1;
   }

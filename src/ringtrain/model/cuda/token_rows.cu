@@ -1,7 +1,8 @@
+#include "ringtrain/model/cuda/token_rows.h"
+
 #include <algorithm>
 
 #include "ringtrain/core/cuda/check.h"
-#include "ringtrain/model/cuda/token_rows.h"
 
 namespace ringtrain::model::cuda {
 namespace {
@@ -13,8 +14,8 @@ unsigned blocks_for(int64_t n) {
 }
 
 template <typename T>
-__global__ void gather_kernel(const T *ids, const int64_t *token_offset, const int64_t *target_offset, int32_t *tokens,
-                              int32_t *targets, int64_t n) {
+__global__ void gather_kernel(const T* ids, const int64_t* token_offset, const int64_t* target_offset, int32_t* tokens,
+                              int32_t* targets, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = token_offset[i], g = target_offset[i];
     tokens[i] = t < 0 ? 0 : static_cast<int32_t>(ids[t]);
@@ -22,7 +23,7 @@ __global__ void gather_kernel(const T *ids, const int64_t *token_offset, const i
   }
 }
 
-__global__ void scatter_kernel(float *dst, const float *src, const int64_t *offset, int64_t n, int64_t total,
+__global__ void scatter_kernel(float* dst, const float* src, const int64_t* offset, int64_t n, int64_t total,
                                int64_t block_stride) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < total; j += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = offset[j];
@@ -32,19 +33,19 @@ __global__ void scatter_kernel(float *dst, const float *src, const int64_t *offs
 
 }  // namespace
 
-void gather_token_rows(const void *ids, DType dtype, const int64_t *token_offset, const int64_t *target_offset,
-                       int32_t *tokens, int32_t *targets, int64_t n, cudaStream_t stream) {
+void gather_token_rows(const void* ids, DType dtype, const int64_t* token_offset, const int64_t* target_offset,
+                       int32_t* tokens, int32_t* targets, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (dtype == DType::I32)
-    gather_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const int32_t *>(ids), token_offset,
-                                                          target_offset, tokens, targets, n);
+    gather_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const int32_t*>(ids), token_offset, target_offset,
+                                                          tokens, targets, n);
   else
-    gather_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const int64_t *>(ids), token_offset,
-                                                          target_offset, tokens, targets, n);
+    gather_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const int64_t*>(ids), token_offset, target_offset,
+                                                          tokens, targets, n);
   RT_CUDA_CHECK_LAUNCH("token row gather of ", n, " rows");
 }
 
-void scatter_row_results(float *dst, const float *src, const int64_t *offset, int64_t n, int64_t blocks,
+void scatter_row_results(float* dst, const float* src, const int64_t* offset, int64_t n, int64_t blocks,
                          int64_t block_stride, cudaStream_t stream) {
   const int64_t total = n * blocks;
   if (total == 0) return;
