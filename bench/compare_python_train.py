@@ -2,7 +2,10 @@
 """The Python module's overhead on a train step: the same config, checkpoint and rows trained by the C++ CLI
 (`ringtrain train`, its per-step `step_seconds` from metrics.jsonl: the worker's train() alone) and by
 `ringtrain.PolicyWorker.train` called from Python (wall time around the call: the batch read from NumPy arrays or
-PyTorch CUDA tensors, the step, the result dict), in the same job on one GPU. Medians after warm-up steps.
+PyTorch CUDA tensors, the step, the result dict), in the same job on one GPU. Medians after warm-up steps. The GPU
+runs at its power cap, and a later run is slower than an earlier one by a few per cent: the CLI runs before and
+after the Python side (its median over both), and the NumPy and the CUDA-tensor workers train in alternation, step
+by step, in one process.
 
 The checkpoint is transformers' LlamaForCausalLM of the benchmark shape (random init, tied, bf16) saved with
 save_pretrained, unless --model names a folder. Needs PyTorch and transformers, the ringtrain module on PYTHONPATH
@@ -22,6 +25,8 @@ import time
 import numpy as np
 
 from compare_hf_model import add_shape_args, describe, hf_llama
+
+SIDES = ("numpy", "torch_cuda")
 
 
 def parse_args():
@@ -65,25 +70,27 @@ def time_cli(a, config, opts):
     return [r["step_seconds"] for r in rows[a.warmup:]]
 
 
-def time_python(a, config, opts, rows, as_torch):
+def time_python(a, config, opts, rows):
+    """{name: (wall times, worker times)} for the NumPy and the CUDA-tensor worker, stepping in alternation."""
     import ringtrain
     import torch
 
-    worker = ringtrain.PolicyWorker(config, opts)
-    wall, inside = [], []
+    workers = {name: ringtrain.PolicyWorker(config, opts(name)) for name in SIDES}
+    times = {name: ([], []) for name in SIDES}
     for i, ids in enumerate(rows):
-        batch = {"input_ids": ids[None, :]}
-        if as_torch:
-            batch = {"input_ids": torch.from_numpy(batch["input_ids"]).cuda()}
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        r = worker.train(batch)
-        t = time.perf_counter() - t0
-        if i >= a.warmup:
-            wall.append(t)
-            inside.append(r["seconds"])
-    del worker
-    return wall, inside
+        for name, worker in workers.items():
+            batch = {"input_ids": ids[None, :]}
+            if name == "torch_cuda":
+                batch = {"input_ids": torch.from_numpy(batch["input_ids"]).cuda()}
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            r = worker.train(batch)
+            t = time.perf_counter() - t0
+            if i >= a.warmup:
+                times[name][0].append(t)
+                times[name][1].append(r["seconds"])
+    del workers
+    return times
 
 
 def main():
@@ -101,13 +108,17 @@ def main():
                 f.write(json.dumps({"input_ids": r.tolist()}) + "\n")
         config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "sft.yaml")
         result = {"seq": a.seq, "steps": a.steps, "warmup": a.warmup}
-        result["cli_step_s"] = statistics.median(time_cli(a, config, overrides(a, model, data, tmp + "/cli")))
-        for name, as_torch in (("numpy", False), ("torch_cuda", True)):
-            wall, inside = time_python(a, config, overrides(a, model, data, tmp + "/" + name), rows, as_torch)
+        before = time_cli(a, config, overrides(a, model, data, tmp + "/cli"))
+        times = time_python(a, config, lambda name: overrides(a, model, data, tmp + "/" + name), rows)
+        after = time_cli(a, config, overrides(a, model, data, tmp + "/cli-after"))
+        result["cli_step_s"] = statistics.median(before + after)
+        result["cli_before_s"], result["cli_after_s"] = statistics.median(before), statistics.median(after)
+        for name, (wall, inside) in times.items():
             result[name] = {"wall_s": statistics.median(wall), "worker_s": statistics.median(inside)}
     cli = result["cli_step_s"]
-    print(f"CLI train step (worker time, median of {a.steps}): {1e3 * cli:.2f} ms")
-    for name in ("numpy", "torch_cuda"):
+    print(f"CLI train step (worker time, median of 2 x {a.steps}): {1e3 * cli:.2f} ms (run before the Python side "
+          f"{1e3 * result['cli_before_s']:.2f} ms, after it {1e3 * result['cli_after_s']:.2f} ms)")
+    for name in SIDES:
         r = result[name]
         r["overhead_vs_cli"] = r["wall_s"] / cli - 1
         r["overhead_vs_own_worker_time"] = r["wall_s"] / r["worker_s"] - 1

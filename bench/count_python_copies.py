@@ -4,7 +4,8 @@ arrays or PyTorch CUDA tensors of the same values: one process per (method, inpu
 bench/kernel_trace.cpp (CUPTI), making the worker and then calling the method CALLS times; a process that only makes
 the worker gives the baseline, so (copies - baseline) / CALLS is what one call costs. get_logprobs and
 get_reference_logprobs on CUDA input_ids take the zero-copy path (the ids read in place, the results written on the
-GPU); train reads every array into host memory.
+GPU); train on a batch of CUDA tensors too (the batch read in place, the losses on the device: only counts, verdicts
+and the loss's sums come back).
 
   PYTHONPATH=PKG_DIR python3 bench/count_python_copies.py --trace-lib build/libringtrain_kernel_trace.so
 """

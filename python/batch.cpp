@@ -374,20 +374,28 @@ DeviceArray read_device_array(py::handle obj, const std::string& key) {
   if (!e || e->device_type != dl::kCUDA) throw py::type_error(cat(key, ": expected a CUDA tensor"));
   DType dtype;
   switch (e->elem) {
+    case Elem::Bool:
+    case Elem::U8: dtype = DType::U8; break;
     case Elem::I32: dtype = DType::I32; break;
     case Elem::I64: dtype = DType::I64; break;
+    case Elem::F16: dtype = DType::F16; break;
+    case Elem::BF16: dtype = DType::BF16; break;
     case Elem::F32: dtype = DType::F32; break;
+    case Elem::F64: dtype = DType::F64; break;
     default:
-      throw py::type_error(cat(key, ": a CUDA tensor of ", elem_name(e->elem), " (int32, int64 or float32 here)"));
+      throw py::type_error(cat(key, ": a CUDA tensor of ", elem_name(e->elem),
+                               " (bool, uint8, int32, int64, float16, bfloat16, float32 or float64 here)"));
   }
-  if (e->shape.size() != 2) throw py::value_error(cat(key, ": expected shape [B, S], got ", shape_str(e->shape)));
+  const int ndim = static_cast<int>(e->shape.size());
+  if (ndim != 1 && ndim != 2)
+    throw py::value_error(cat(key, ": expected shape [B, S] or [B], got ", shape_str(e->shape)));
   const int64_t size = static_cast<int64_t>(dtype_size(dtype));
   DeviceArray a;
   a.view.data = const_cast<char*>(e->base);
   a.view.dtype = dtype;
   a.view.device = Device::cuda(e->device_id);
-  a.view.ndim = 2;
-  for (int d = 0; d < 2; ++d) {
+  a.view.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) {
     a.view.shape[d] = e->shape[static_cast<size_t>(d)];
     if (e->byte_strides[static_cast<size_t>(d)] % size != 0)
       throw py::value_error(cat(key, ": strides that are not whole elements"));
@@ -404,7 +412,9 @@ RowsBatch read_rows_batch(py::handle batch_obj, const worker::Config& config, in
   RowsBatch out;
   out.ids = read_device_array(batch["input_ids"], cat(what, ": input_ids"));
   const TensorView& ids = out.ids.view;
-  if (ids.dtype == DType::F32) throw py::value_error(cat(what, ": input_ids: expected an integer dtype, got float32"));
+  if (ids.ndim != 2) throw py::value_error(cat(what, ": input_ids: expected shape [B, S], got ", ids.shape_str()));
+  if (ids.dtype != DType::I32 && ids.dtype != DType::I64)
+    throw py::value_error(cat(what, ": input_ids: expected an int32 or int64 tensor, got ", dtype_name(ids.dtype)));
   const int64_t B = ids.shape[0], S = ids.shape[1];
   if (B < 1 || S < 1) throw py::value_error(cat(what, ": input_ids: the batch is empty (shape ", ids.shape_str(), ")"));
   // Before the results ([B, S] float32) are allocated, as read_batch checks them.
@@ -543,8 +553,13 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
 }
 
 void check_train_batch(const Batch& batch, const worker::Config& c) {
+  const bool empty = batch.samples.empty();
+  check_train_fields(static_cast<int64_t>(batch.samples.size()), !empty && !batch.samples[0].advantages.empty(),
+                     !empty && !batch.samples[0].generation_logprobs.empty(), c);
+}
+
+void check_train_fields(int64_t n, bool has_advantages, bool has_generation_logprobs, const worker::Config& c) {
   const bool dpo = c.loss_fn.type == worker::LossType::Dpo, pg = c.loss_fn.type == worker::LossType::ClippedPg;
-  const int64_t n = static_cast<int64_t>(batch.samples.size());
   if (dpo && n % 2 != 0)
     throw py::value_error(cat("train: input_ids: a DPO batch holds pairs (chosen, rejected) as consecutive rows; got ",
                               n, " rows"));
@@ -552,10 +567,41 @@ void check_train_batch(const Batch& batch, const worker::Config& c) {
   if (units != c.policy.train_global_batch_size)
     throw py::value_error(cat("train: input_ids: the batch holds ", units, dpo ? " pairs" : " sequences",
                               "; policy.train_global_batch_size = ", c.policy.train_global_batch_size));
-  if (pg && batch.samples[0].advantages.empty())
-    throw py::value_error("train: loss_fn.type clipped_pg needs 'advantages' in the batch");
-  if (pg && c.loss_fn.use_importance_sampling_correction && batch.samples[0].generation_logprobs.empty())
+  if (pg && !has_advantages) throw py::value_error("train: loss_fn.type clipped_pg needs 'advantages' in the batch");
+  if (pg && c.loss_fn.use_importance_sampling_correction && !has_generation_logprobs)
     throw py::value_error("train: loss_fn.use_importance_sampling_correction needs 'generation_logprobs' in the batch");
+}
+
+TrainRowsInput read_train_rows_batch(py::handle batch_obj, const worker::Config& config, int64_t vocab) {
+  const char* what = "train";
+  TrainRowsInput out;
+  out.ids = read_rows_batch(batch_obj, config, vocab, what);
+  const py::dict batch = batch_dict(batch_obj, what);
+  const TensorView& ids = out.ids.ids.view;
+  const int64_t B = ids.shape[0], S = ids.shape[1];
+  out.rows.tokens = out.ids.rows;
+  const std::pair<const char*, TensorView worker::TrainRowsBatch::*> fields[] = {
+      {"token_mask", &worker::TrainRowsBatch::token_mask},
+      {"sample_mask", &worker::TrainRowsBatch::sample_mask},
+      {"advantages", &worker::TrainRowsBatch::advantages},
+      {"generation_logprobs", &worker::TrainRowsBatch::generation_logprobs},
+      {"prev_logprobs", &worker::TrainRowsBatch::prev_logprobs},
+      {"reference_logprobs", &worker::TrainRowsBatch::reference_logprobs}};
+  for (const auto& [key, member] : fields) {
+    if (!batch.contains(key)) continue;
+    const std::string name = cat(what, ": ", key);
+    out.held.push_back(read_device_array(batch[key], name));
+    const TensorView& v = out.held.back().view;
+    if (v.device != ids.device)
+      throw py::value_error(cat(name, ": on ", device_name(v.device), ", input_ids on ", device_name(ids.device)));
+    const bool mask = std::string_view(key).ends_with("_mask");
+    if (!mask && !is_float(v.dtype))
+      throw py::type_error(cat(name, ": expected a floating dtype, got ", dtype_name(v.dtype)));
+    check_field_shape(name, key, std::vector<int64_t>(v.shape.begin(), v.shape.begin() + v.ndim), B, S);
+    out.rows.*member = v;
+  }
+  check_train_fields(B, out.rows.advantages.data != nullptr, out.rows.generation_logprobs.data != nullptr, config);
+  return out;
 }
 
 py::array_t<float> padded(const std::vector<std::vector<float>>& values, int64_t columns) {

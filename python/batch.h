@@ -63,7 +63,8 @@ struct DeviceArray {
   TensorView view;
   std::shared_ptr<const void> owner;
 };
-// A CUDA tensor of int32, int64 or float32 and shape [B, S], any strides; a TypeError / ValueError naming `key`.
+// A CUDA tensor of shape [B, S] or [B], any strides, of bool / uint8 (as U8), int32, int64, float16, bfloat16, float32
+// or float64; a TypeError / ValueError naming `key`.
 DeviceArray read_device_array(py::handle obj, const std::string& key);
 
 // The batch of a scoring call on CUDA input_ids: ids read in place, lengths from input_lengths (host values; a CUDA
@@ -87,6 +88,18 @@ Batch read_batch(py::handle batch, const worker::Config& config, int64_t vocab, 
 
 // What train() checks before the ranks start: the batch size and the fields the configured loss needs.
 void check_train_batch(const Batch& batch, const worker::Config& config);
+void check_train_fields(int64_t sequences, bool has_advantages, bool has_generation_logprobs,
+                        const worker::Config& config);
+
+// The batch of a train call on CUDA tensors, every key read in place: input_ids and input_lengths as
+// read_rows_batch reads them; the other keys CUDA tensors on input_ids' GPU (masks of any dtype, holding 0/1, the
+// rest floating), their shapes checked here and their values on the device by the trainer.
+struct TrainRowsInput {
+  RowsBatch ids;
+  std::vector<DeviceArray> held;
+  worker::TrainRowsBatch rows;
+};
+TrainRowsInput read_train_rows_batch(py::handle batch, const worker::Config& config, int64_t vocab);
 
 // [B, columns] float32, row b = values[b] then zeros.
 py::array_t<float> padded(const std::vector<std::vector<float>>& values, int64_t columns);

@@ -50,6 +50,7 @@ const char* dtype_label(DType t) {
     case DType::F64: return "float64";
     case DType::I32: return "int32";
     case DType::I64: return "int64";
+    case DType::U8: return "uint8";
   }
   return "?";
 }
@@ -166,12 +167,25 @@ class Worker {
   py::dict train(py::handle batch) {
     const Batch b = read_batch(batch, config_, model_.vocab, "train");
     check_train_batch(b, config_);
+    return run_train([&](worker::PolicyWorker& w) { return w.train(b.samples); });
+  }
+
+  // The zero-copy form (ringtrain/__init__.py chooses it when every array of the batch is a CUDA tensor on this
+  // worker's GPU): the batch is read in place and the step's per-token work stays on the GPU.
+  py::dict train_cuda(py::handle batch) {
+    const TrainRowsInput b = read_train_rows_batch(batch, config_, model_.vocab);
+    return run_train([&](worker::PolicyWorker& w) { return w.train_rows(b.rows); });
+  }
+
+  // step(worker) on every rank without the GIL; rank 0's result as a dict.
+  template <typename Step>
+  py::dict run_train(const Step& step) {
     worker::TrainResult r;
     {
       py::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_call(mu_);
       group_->run([&](int i, worker::PolicyWorker& w) {
-        worker::TrainResult x = w.train(b.samples);
+        worker::TrainResult x = step(w);
         if (i == 0) r = std::move(x);
       });
     }
@@ -325,6 +339,7 @@ PYBIND11_MODULE(_core, m) {
       .def("get_reference_logprobs_cuda", &Worker::get_reference_logprobs_cuda, py::arg("batch"))
       .def_property_readonly("zero_copy_device", &Worker::zero_copy_device)
       .def("train", &Worker::train, py::arg("batch"))
+      .def("train_cuda", &Worker::train_cuda, py::arg("batch"))
       .def("save", &Worker::save, py::arg("dir"), py::arg("epoch"), py::arg("index"), py::arg("rng"))
       .def("load", &Worker::load, py::arg("dir"))
       .def("export_hf", &Worker::export_hf, py::arg("dir"))

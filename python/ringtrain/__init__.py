@@ -127,6 +127,19 @@ def _zero_copy(batch, gpu):
     return ids.is_cuda and ids.device.index == gpu and ids.dim() == 2 and ids.dtype in (torch.int32, torch.int64)
 
 
+def _zero_copy_train(batch, gpu):
+    """Whether train can read the whole batch in place: input_ids as _zero_copy takes it, and every other array a
+    PyTorch CUDA tensor on the same GPU (input_lengths may be anything: it is read as B integers)."""
+    if not _zero_copy(batch, gpu):
+        return False
+    for key, v in batch.items():
+        if key in ("input_ids", "input_lengths"):
+            continue
+        if type(v).__module__.split(".")[0] != "torch" or not v.is_cuda or v.device.index != gpu:
+            return False
+    return True
+
+
 def _results(out, device):
     if device is None:
         return out
@@ -164,7 +177,11 @@ class PolicyWorker:
         """One optimizer step on exactly policy.train_global_batch_size sequences (DPO: pairs as consecutive rows,
         chosen first). Returns a dict: step, loss, grad_norm, lr, valid_tokens, valid_sequences, skipped,
         tokens_per_second, seconds, microbatch_losses (this process's first rank) and metrics (the loss's
-        metrics over the whole batch)."""
+        metrics over the whole batch). When every array of the batch is a PyTorch CUDA tensor on this worker's GPU, the
+        batch is read in place and the step's per-token values never leave the GPU (masks and token ids are checked
+        there: a bad value raises ringtrain.Error naming it)."""
+        if _zero_copy_train(batch, self._w.zero_copy_device):
+            return self._w.train_cuda(batch)
         return self._w.train(batch)
 
     def generate(self, prompts, max_new_tokens, *, temperature=1.0, top_p=1.0, top_k=0, stop_tokens=(), seed=0):

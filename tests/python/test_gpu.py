@@ -160,6 +160,50 @@ class TestGpuTrain(unittest.TestCase):
         start = ringtrain.PolicyWorker(gpu_config()).get_logprobs({"input_ids": ids})["logprobs"]
         self.assertGreater(float(np.max(np.abs(la - start))), 1e-3)
 
+    def test_cuda_clipped_pg_and_dpo_batches_train_as_numpy(self):
+        import torch
+
+        rng = np.random.default_rng(SEED + 13)
+        for loss in ("clipped_pg", "dpo"):
+            cfg = gpu_config()
+            cfg["loss_fn"] = {"type": loss, "reference_policy_kl_penalty": 0.1}  # DPO's beta
+            if loss == "clipped_pg":
+                cfg["loss_fn"].update(use_importance_sampling_correction=True)
+            n = 8 if loss == "dpo" else 4  # four pairs as train_global_batch_size 4
+            batch = self.batch(rng, n)
+            shape = batch["input_ids"].shape
+            for key in ("prev_logprobs", "reference_logprobs", "generation_logprobs"):
+                batch[key] = (-rng.random(shape) * 3).astype(np.float32)
+            batch["advantages"] = rng.standard_normal(shape[0]).astype(np.float32)
+            batch["sample_mask"] = (np.arange(shape[0]) // 2 != 1).astype(np.float32)
+            a, b = ringtrain.PolicyWorker(cfg), ringtrain.PolicyWorker(cfg)
+            ra = a.train(batch)
+            rb = b.train({k: torch.from_numpy(np.asarray(v)).cuda() for k, v in batch.items()})
+            for key in ("loss", "grad_norm", "valid_tokens", "valid_sequences"):
+                self.assertTrue(math.isfinite(ra[key]), f"{loss} {key}")
+                self.assertAlmostEqual(rb[key], ra[key], delta=1e-5 * max(1.0, abs(ra[key])), msg=f"{loss} {key}")
+            self.assertEqual(sorted(rb["metrics"]), sorted(ra["metrics"]), loss)
+            for name, value in ra["metrics"].items():
+                self.assertAlmostEqual(rb["metrics"][name], value, delta=1e-5 * max(1.0, abs(value)),
+                                       msg=f"{loss} {name}")
+
+    def test_a_bad_cuda_train_batch_raises_naming_the_entry(self):
+        import torch
+
+        rng = np.random.default_rng(SEED + 14)
+        worker = ringtrain.PolicyWorker(gpu_config())
+        batch = {k: torch.from_numpy(np.asarray(v)).cuda() for k, v in self.batch(rng).items()}
+        batch["token_mask"] = batch["token_mask"].float()
+        batch["token_mask"][2, 1] = 0.5
+        with self.assertRaisesRegex(ringtrain.Error, r"token_mask\[2, 1\] is neither 0 nor 1"):
+            worker.train(batch)
+        batch["token_mask"][2, 1] = 1
+        batch["sample_mask"] = torch.ones(4, 2, device="cuda")
+        with self.assertRaisesRegex(ValueError, r"train: sample_mask: shape"):
+            worker.train(batch)
+        batch["sample_mask"] = torch.ones(4, device="cuda", dtype=torch.bool)
+        self.assertTrue(math.isfinite(worker.train(batch)["loss"]))
+
     def test_first_step_equals_the_cli_on_the_gpu(self):
         rng = np.random.default_rng(SEED + 13)
         rows = [{"input_ids": r, "token_mask": [1.0] + rng.integers(0, 2, len(r) - 1).astype(float).tolist()}

@@ -186,3 +186,30 @@ TEST(TrainerSkip, NanOnOneRankSkipsTheStepEverywhere) {
 
 }  // namespace
 }  // namespace ringtrain::train
+
+namespace ringtrain::train {
+namespace {
+
+// Device rows are for a GPU policy: a CPU policy's batch is host memory already (step(TrainBatch)).
+TEST(TrainerRows, NeedAGpuPolicy) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const testing::TrainSetup s = testing::make_train_setup(LossKind::NLL, rng, 2);
+  const auto world = comm::make_in_process_group(1, std::chrono::seconds(10));
+  const Mesh mesh(*world[0], {1, 1});
+  const auto policy = model::make_policy(s.config, s.params, testing::train_policy_options(DType::F32, nullptr));
+  Trainer trainer(s.cfg, *policy, mesh);
+  std::vector<int32_t> ids(2 * 4, 1);
+  TrainRows rows;
+  rows.ids = contiguous_view(ids.data(), DType::I32, Device::cpu(), {2, 4});
+  rows.lengths = {4, 3};
+  try {
+    trainer.step(rows);
+    ADD_FAILURE() << "a CPU policy took device rows";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a GPU policy"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(trainer.steps_taken(), 0);
+}
+
+}  // namespace
+}  // namespace ringtrain::train

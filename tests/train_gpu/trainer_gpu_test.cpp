@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdlib>
+#include <functional>
 
 #include "ringtrain/comm/rendezvous.h"
 #include "train/train_test_util.h"
@@ -95,6 +96,194 @@ TEST(TrainerGpu, OneGpuStepMatchesTheHostReference) {
       }
     }
   }
+#endif
+}
+
+#ifdef RINGTRAIN_WITH_NCCL
+// A host batch as the caller's device tensors: ids int64 [B, C] with ids outside the vocabulary past each length, a
+// float32 token_mask, an int32 sample_mask, per-sequence advantages [B], logprobs with NaN past each length (none of
+// which the step may read).
+struct DeviceBatch {
+  Tensor ids, token_mask, sample_mask, advantages, prev, ref, gen;
+  TrainRows rows;
+};
+
+DeviceBatch upload_rows(const TrainBatch& b, int64_t vocab, Device dev) {
+  const auto B = static_cast<int64_t>(b.sequences.size());
+  int64_t C = 0;
+  for (const auto& s : b.sequences) C = std::max<int64_t>(C, static_cast<int64_t>(s.size()) + 3);
+  // [rows, cols], or [rows] with cols 0
+  const auto up = [&](const std::vector<double>& host, DType dtype, int64_t rows, int64_t cols) {
+    Tensor t = cols ? Tensor::empty({rows, cols}, dtype, dev) : Tensor::empty({rows}, dtype, dev);
+    const TensorView h = cols ? contiguous_view(const_cast<double*>(host.data()), DType::F64, Device::cpu(), {rows, cols})
+                              : contiguous_view(const_cast<double*>(host.data()), DType::F64, Device::cpu(), {rows});
+    copy(t, h);
+    return t;
+  };
+  const auto per_token = [&](const std::vector<std::vector<float>>& f, double past) {
+    std::vector<double> v(static_cast<size_t>(B * C), past);
+    for (int64_t i = 0; i < B; ++i)
+      for (size_t p = 0; p < f[i].size(); ++p) v[i * C + p] = f[i][p];
+    return v;
+  };
+  DeviceBatch d;
+  std::vector<double> ids(static_cast<size_t>(B * C), double(vocab + 5)), mask(ids.size(), 7.0), sample(B);
+  for (int64_t i = 0; i < B; ++i) {
+    for (size_t p = 0; p < b.sequences[i].size(); ++p)
+      ids[i * C + p] = b.sequences[i][p], mask[i * C + p] = b.token_mask[i][p];
+    sample[i] = b.sample_mask[i];
+    d.rows.lengths.push_back(static_cast<int64_t>(b.sequences[i].size()));
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  d.ids = up(ids, DType::I64, B, C);
+  d.token_mask = up(mask, DType::F32, B, C);
+  d.sample_mask = up(sample, DType::I32, B, 0);
+  d.rows.ids = d.ids.view(), d.rows.token_mask = d.token_mask.view(), d.rows.sample_mask = d.sample_mask.view();
+  if (!b.advantages.empty()) {
+    std::vector<double> adv(B);
+    for (int64_t i = 0; i < B; ++i) adv[i] = b.advantages[i][0];  // one per sequence in the setup
+    d.advantages = up(adv, DType::F32, B, 0);
+    d.rows.advantages = d.advantages.view();
+  }
+  const auto field = [&](const std::vector<std::vector<float>>& f, Tensor& t, TensorView& v) {
+    if (f.empty()) return;
+    t = up(per_token(f, nan), DType::F32, B, C);
+    v = t.view();
+  };
+  field(b.prev_logprobs, d.prev, d.rows.prev_logprobs);
+  field(b.ref_logprobs, d.ref, d.rows.ref_logprobs);
+  field(b.gen_logprobs, d.gen, d.rows.gen_logprobs);
+  return d;
+}
+
+std::vector<float> master_of(const Trainer& t) {
+  const Tensor& m = const_cast<Trainer&>(t).shard().master;
+  std::vector<float> out(static_cast<size_t>(m.numel()));
+  copy(contiguous_view(out.data(), DType::F32, Device::cpu(), {m.numel()}), m);
+  return out;
+}
+#endif
+
+// The step from device rows (the device loss kernels, the policy's rows training) against the step from the same
+// batch in host memory, on twin policies: the same microbatches score the same logprobs, so the loss and the metrics
+// differ only by the order of fp64 sums (1e-9 relative); the gradients by the order of fp32 atomic sums in the
+// backward (measured below 1e-6 relative on the norm), so 1e-5 on the norm and 1e-4 on the update of the master.
+TEST(TrainerGpu, DeviceRowsStepEqualsTheHostStep) {
+  RT_REQUIRE_GPU();
+#ifndef RINGTRAIN_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL communicator";
+#else
+  ::setenv("RINGTRAIN_GEMM_AUTOTUNE", "0", 1);
+  const model::ModelConfig c = gpu_train_config();
+  comm::RankInfo single;
+  single.source = "single process";
+  auto world = comm::make_nccl_communicator(single, std::chrono::seconds(60));
+  const Mesh mesh(*world, {1, 1});
+  struct Case {
+    LossKind kind;
+    bool packed, sequence_mean, importance;
+  };
+  for (const Case& k : {Case{LossKind::NLL, false, false, false}, Case{LossKind::NLL, true, false, false},
+                        Case{LossKind::ClippedPG, false, false, true}, Case{LossKind::ClippedPG, true, true, false},
+                        Case{LossKind::DPO, false, false, false}, Case{LossKind::DPO, true, false, false}}) {
+    std::mt19937_64 rng(testing::fresh_seed());
+    testing::TrainSetup s = testing::make_train_setup(k.kind, rng, 6, c);
+    s.cfg.packed = k.packed;
+    if (k.sequence_mean) s.cfg.loss.pg.aggregation = Aggregation::SequenceMean;
+    if (k.kind == LossKind::ClippedPG && !k.importance) s.batch.gen_logprobs.clear();
+    const std::string what = cat(k.kind == LossKind::NLL ? "nll" : k.kind == LossKind::DPO ? "dpo" : "pg",
+                                 k.packed ? " packed" : " padded", k.sequence_mean ? " sequence-mean" : "",
+                                 k.importance ? " importance" : "");
+    model::PolicyOptions o;
+    o.device = Device::cuda(0);
+    o.dtype = DType::BF16;
+    o.logprob_chunk = 7;  // several LM-head chunks per microbatch
+    o.cp_group = &mesh.cp_group();
+    const auto host_policy = model::make_policy(s.config, s.params, o);
+    const auto rows_policy = model::make_policy(s.config, s.params, o);
+    Trainer host(s.cfg, *host_policy, mesh), rows(s.cfg, *rows_policy, mesh);
+    const DeviceBatch d = upload_rows(s.batch, c.vocab, o.device);
+    const StepResult want = host.step(s.batch);
+    const StepResult got = rows.step(d.rows);
+
+    EXPECT_TRUE(std::isfinite(got.loss)) << what;
+    EXPECT_NEAR(got.loss, want.loss, 1e-9 * std::max(1.0, std::abs(want.loss))) << what;
+    EXPECT_EQ(got.valid_tokens, want.valid_tokens) << what;
+    EXPECT_EQ(got.valid_sequences, want.valid_sequences) << what;
+    ASSERT_EQ(got.microbatch_losses.size(), want.microbatch_losses.size()) << what;
+    for (size_t i = 0; i < want.microbatch_losses.size(); ++i)
+      EXPECT_NEAR(got.microbatch_losses[i], want.microbatch_losses[i], 1e-9 * std::max(1.0, std::abs(want.loss)))
+          << what << " microbatch " << i;
+    ASSERT_EQ(got.metrics.size(), want.metrics.size()) << what;
+    for (size_t i = 0; i < want.metrics.size(); ++i) {
+      EXPECT_EQ(got.metrics[i].name, want.metrics[i].name) << what;
+      EXPECT_EQ(got.metrics[i].count, want.metrics[i].count) << what << " " << want.metrics[i].name;
+      EXPECT_NEAR(got.metrics[i].value, want.metrics[i].value, 1e-9 * std::max(1.0, std::abs(want.metrics[i].value)))
+          << what << " " << want.metrics[i].name;
+    }
+    EXPECT_GT(want.grad_norm, 0) << what;
+    EXPECT_NEAR(got.grad_norm, want.grad_norm, 1e-5 * want.grad_norm) << what;
+    const std::vector<float> start = s.params, a = master_of(host), b = master_of(rows);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < host_policy->layout().specs().size(); ++i) {
+      const model::ParamSpec& spec = host_policy->layout().specs()[i];
+      const int64_t off = host_policy->flat_offsets()[i];
+      for (int64_t e = 0; e < spec.numel; ++e) {
+        const double wu = a[off + e] - double(start[spec.offset + e]), gu = b[off + e] - double(start[spec.offset + e]);
+        num += (gu - wu) * (gu - wu), den += wu * wu;
+      }
+    }
+    EXPECT_GT(den, 0) << what;
+    EXPECT_LE(std::sqrt(num / den), 1e-4) << what;
+  }
+#endif
+}
+
+// What the rows step refuses, before any forward, with the field and the place named.
+TEST(TrainerGpu, DeviceRowsRefuseBadValues) {
+  RT_REQUIRE_GPU();
+#ifndef RINGTRAIN_WITH_NCCL
+  GTEST_SKIP() << "this build has no NCCL communicator";
+#else
+  const model::ModelConfig c = gpu_train_config();
+  comm::RankInfo single;
+  single.source = "single process";
+  auto world = comm::make_nccl_communicator(single, std::chrono::seconds(60));
+  const Mesh mesh(*world, {1, 1});
+  std::mt19937_64 rng(testing::fresh_seed());
+  testing::TrainSetup s = testing::make_train_setup(LossKind::ClippedPG, rng, 6, c);
+  model::PolicyOptions o;
+  o.device = Device::cuda(0);
+  o.dtype = DType::BF16;
+  o.cp_group = &mesh.cp_group();
+  const auto policy = model::make_policy(s.config, s.params, o);
+  Trainer trainer(s.cfg, *policy, mesh);
+  const auto expect_error = [&](const TrainBatch& b, const std::function<void(DeviceBatch&)>& spoil,
+                                const std::string& needle) {
+    DeviceBatch d = upload_rows(b, c.vocab, o.device);
+    spoil(d);
+    try {
+      trainer.step(d.rows);
+      ADD_FAILURE() << "no error; expected one naming " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // Element `at` (row-major) of a device tensor set to v.
+  const auto set = [](const Tensor& t, int64_t at, double v) {
+    const TensorView flat = contiguous_view(t.data(), t.dtype(), t.view().device, {t.numel()});
+    copy(flat.slice(0, at, 1), contiguous_view(&v, DType::F64, Device::cpu(), {1}));
+  };
+  expect_error(s.batch, [&](DeviceBatch& d) { set(d.token_mask, 2 * d.ids.view().shape[1] + 1, 0.5); },
+               "token_mask[2, 1] is neither 0 nor 1");
+  expect_error(s.batch, [&](DeviceBatch& d) { set(d.sample_mask, 3, 2.0); }, "sample_mask[3] is neither 0 nor 1");
+  expect_error(s.batch, [&](DeviceBatch& d) { set(d.ids, 1 * d.ids.view().shape[1] + 2, double(c.vocab)); },
+               cat("input_ids[1, 2] = ", c.vocab, " is outside the vocabulary"));
+  expect_error(s.batch, [&](DeviceBatch& d) { d.rows.prev_logprobs = {}; }, "needs prev_logprobs");
+  expect_error(s.batch, [&](DeviceBatch& d) { d.rows.lengths[0] = d.ids.view().shape[1] + 1; }, "length");
+  expect_error(s.batch, [&](DeviceBatch& d) { d.rows.advantages = d.token_mask.view().slice(1, 0, 2); }, "advantages is");
+  // Nothing was applied by the refused steps.
+  EXPECT_EQ(trainer.steps_taken(), 0);
 #endif
 }
 

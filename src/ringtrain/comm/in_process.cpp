@@ -299,6 +299,7 @@ void reduce_block(const std::vector<Slot>& slots, size_t block, size_t n, Reduce
     case DType::F64: return reduce_native(slots, block, n, op, static_cast<double*>(out));
     case DType::I32: return reduce_native(slots, block, n, op, static_cast<int32_t*>(out));
     case DType::I64: return reduce_native(slots, block, n, op, static_cast<int64_t*>(out));
+    case DType::U8: return reduce_native(slots, block, n, op, static_cast<uint8_t*>(out));
     case DType::BF16:
     case DType::F16: return reduce_half(slots, block, n, op, dtype, out);
   }

@@ -14,6 +14,7 @@ size_t dtype_size(DType t) {
     case DType::F64: return 8;
     case DType::I32: return 4;
     case DType::I64: return 8;
+    case DType::U8: return 1;
   }
   return 0;
 }
@@ -26,6 +27,7 @@ std::string_view dtype_name(DType t) {
     case DType::F64: return "fp64";
     case DType::I32: return "int32";
     case DType::I64: return "int64";
+    case DType::U8: return "uint8";
   }
   return "?";
 }
@@ -37,10 +39,11 @@ DType parse_dtype(std::string_view n) {
   if (n == "fp64" || n == "float64" || n == "double") return DType::F64;
   if (n == "int32") return DType::I32;
   if (n == "int64") return DType::I64;
+  if (n == "uint8") return DType::U8;
   throw Error(cat("unknown dtype '", n, "' (expected fp32, bf16, fp16 or fp64)"));
 }
 
-bool is_float(DType t) { return t != DType::I32 && t != DType::I64; }
+bool is_float(DType t) { return t != DType::I32 && t != DType::I64 && t != DType::U8; }
 
 uint16_t float_to_fp16(float f) {
   uint32_t x;
@@ -83,6 +86,7 @@ double load_as_double(const void* p, DType t, int64_t i) {
     case DType::F64: return static_cast<const double*>(p)[i];
     case DType::I32: return static_cast<const int32_t*>(p)[i];
     case DType::I64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::U8: return static_cast<const uint8_t*>(p)[i];
   }
   return 0;
 }
@@ -95,6 +99,7 @@ void store_from_double(void* p, DType t, int64_t i, double v) {
     case DType::F64: static_cast<double*>(p)[i] = v; return;
     case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
     case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
+    case DType::U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); return;
   }
 }
 

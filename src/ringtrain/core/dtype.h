@@ -9,7 +9,7 @@
 
 namespace ringtrain {
 
-enum class DType : uint8_t { F32, BF16, F16, F64, I32, I64 };
+enum class DType : uint8_t { F32, BF16, F16, F64, I32, I64, U8 };  // U8: bytes, masks (bool as 0/1)
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);

@@ -68,6 +68,34 @@ struct TokenScores {
 // gradient at a token depends on no other token's logprob). Called only for scored tokens (pos >= 1).
 using TokenGradient = std::function<double(int64_t seq, int64_t pos, float logprob)>;
 
+// d(loss)/d(logprob) of a token-local loss evaluated on the policy's device (train/ gives it its loss kernels), for
+// DeviceRowsTraining: for n of the policy's scored rows, logprobs[k] and seq_pos[2k], seq_pos[2k + 1] = the row's
+// sequence (an index into TokenRows::rows; -1 where the row scores nothing) and position, all in device memory;
+// d[k] is written. Enqueued on the legacy default stream.
+class DeviceTokenGradient {
+ public:
+  virtual ~DeviceTokenGradient() = default;
+  virtual void operator()(const float* logprobs, const int32_t* seq_pos, int64_t n, float* d) const = 0;
+};
+
+// Training from token rows on the policy's GPU (a train step whose batch lies there): the scores are written into
+// device views and the gradients read from them, so that no per-token value crosses to the host. The views are
+// score_into's (float32 of ids' shape, contiguous, on the policy's device), and the results are score()'s and
+// backward()'s. Work is enqueued on the legacy default stream; a view's values are ready for kernels after it.
+class DeviceRowsTraining {
+ public:
+  virtual ~DeviceRowsTraining() = default;
+  // score_into(batch, logprobs, entropy) keeping what backward_rows() needs, as score(..., for_backward = true).
+  virtual void score_rows_for_backward(const TokenRows& batch, const TensorView& logprobs,
+                                       const TensorView& entropy) = 0;
+  // After it: adds the gradient of Σ d_logprobs[rows[i], p] · logprob(i, p) over the scored tokens.
+  virtual void backward_rows(const TensorView& d_logprobs) = 0;
+  // Both for a token-local loss in one pass, as score_and_backward: `grad` is called chunk by chunk inside the LM
+  // head with the chunk's logprobs on the device.
+  virtual void score_and_backward_rows(const TokenRows& batch, const DeviceTokenGradient& grad,
+                                       const TensorView& logprobs, const TensorView& entropy) = 0;
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -123,6 +151,10 @@ class Policy {
   // null when the policy has none (the CPU policies: Sampler decodes on the host). It is a view of the policy, valid
   // while the policy lives; a generate() ends any score(..., for_backward = true) still waiting for its backward.
   virtual std::unique_ptr<DeviceSampler> make_device_sampler(const SamplerOptions& options);
+
+  // Training from rows on the policy's device, or null where the policy has none (the CPU policies: their batches
+  // are host memory already). A view of the policy, valid while it lives.
+  virtual DeviceRowsTraining* device_rows_training() { return nullptr; }
 };
 
 std::unique_ptr<Policy> make_policy(const ModelConfig& config, const std::vector<float>& params,

@@ -29,7 +29,8 @@ DType parse_st_dtype(const std::string& s, const std::string& where) {
   if (s == "F64") return DType::F64;
   if (s == "I32") return DType::I32;
   if (s == "I64") return DType::I64;
-  throw Error(cat(where, ": unsupported dtype \"", s, "\" (F32, BF16, F16, F64, I32, I64)"));
+  if (s == "U8") return DType::U8;
+  throw Error(cat(where, ": unsupported dtype \"", s, "\" (F32, BF16, F16, F64, I32, I64, U8)"));
 }
 
 std::string st_dtype_name(DType t) {
@@ -40,6 +41,7 @@ std::string st_dtype_name(DType t) {
     case DType::F64: return "F64";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::U8: return "U8";
   }
   return "?";
 }

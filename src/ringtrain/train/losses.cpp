@@ -332,6 +332,32 @@ LossResult dpo_loss(const TokenMasks& masks, std::span<const T> logprobs, std::s
   return out;
 }
 
+LossKind parse_loss_kind(const std::string& name) {
+  if (name == "nll") return LossKind::NLL;
+  if (name == "pg") return LossKind::ClippedPG;
+  if (name == "dpo") return LossKind::DPO;
+  throw Error(cat("unknown loss '", name, "': expected nll, pg or dpo"));
+}
+
+std::vector<std::string> loss_metric_names(const LossConfig& cfg, bool with_ref, bool with_gen, bool with_entropy) {
+  switch (cfg.kind) {
+    case LossKind::NLL: return {};
+    case LossKind::ClippedPG: {
+      std::vector<std::string> names{"clip_fraction", "dual_clip_fraction", "approx_kl", "ratio"};
+      if (with_ref && cfg.pg.kl_beta != 0) names.push_back("ref_kl");
+      if (with_gen) names.push_back("importance_weight");
+      if (with_entropy) names.push_back("entropy");
+      return names;
+    }
+    case LossKind::DPO: {
+      std::vector<std::string> names{"reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward"};
+      if (cfg.dpo.nll_coef != 0) names.push_back("chosen_nll");
+      return names;
+    }
+  }
+  return {};
+}
+
 #define RT_INSTANTIATE_LOSSES(T)                                                                                    \
   template LossResult nll_loss<T>(const TokenMasks&, std::span<const T>, const ValidCounts&, std::span<T>);          \
   template LossResult clipped_pg_loss<T>(const TokenMasks&, const ClippedPGInputs<T>&, const ClippedPGConfig&,       \

@@ -130,6 +130,19 @@ template <typename T>
 LossResult dpo_loss(const TokenMasks& masks, std::span<const T> logprobs, std::span<const T> ref_logprobs,
                     const DPOConfig& cfg, const DPOCounts& global, std::span<T> grad_logprobs);
 
+enum class LossKind { NLL, ClippedPG, DPO };
+LossKind parse_loss_kind(const std::string& name);  // nll, pg, dpo
+
+struct LossConfig {
+  LossKind kind = LossKind::NLL;
+  ClippedPGConfig pg;
+  DPOConfig dpo;
+};
+
+// The names of the metrics the loss reports, in its LossResult's order, for a batch with or without reference and
+// generation logprobs and with or without the entropy; each one's count is the global count its loss names.
+std::vector<std::string> loss_metric_names(const LossConfig& cfg, bool with_ref, bool with_gen, bool with_entropy);
+
 // Numerically safe forms, also used by the tests' references.
 double softplus(double x);  // log(1 + eˣ) without overflow
 double sigmoid(double x);

@@ -7,9 +7,68 @@
 
 #include "ringtrain/core/error.h"
 #include "ringtrain/train/device_optimizer.h"
+#include "ringtrain/train/trainer_detail.h"
 
 namespace ringtrain::train {
+namespace detail {
+
+void all_reduce_sum(comm::Communicator& group, std::vector<double>& values) {
+  if (values.empty()) return;
+  const int64_t n = static_cast<int64_t>(values.size());
+  const TensorView host = contiguous_view(values.data(), DType::F64, Device::cpu(), {n});
+  Tensor buf = Tensor::empty({n}, DType::F64, group.device());
+  copy(buf, host);
+  group.all_reduce(buf.data(), static_cast<size_t>(n), DType::F64, comm::ReduceOp::Sum);
+  copy(host, buf);
+}
+
+std::vector<std::vector<int64_t>> plan_micros(const TrainerConfig& cfg, const std::vector<int64_t>& all_lengths,
+                                              int64_t first, int64_t last) {
+  std::vector<std::vector<int64_t>> out;
+  if (!cfg.plan) {
+    for (int64_t s = first; s < last; s += cfg.micro_batch_size) {
+      out.emplace_back();
+      for (int64_t i = s; i < std::min(s + cfg.micro_batch_size, last); ++i) out.back().push_back(i);
+    }
+    return out;
+  }
+  if (first == last) return out;
+  std::vector<int64_t> lengths;
+  for (int64_t i = first; i < last; ++i) lengths.push_back(all_lengths[static_cast<size_t>(i)]);
+  out = cfg.plan(lengths);
+  const bool dpo = cfg.loss.kind == LossKind::DPO;
+  std::vector<bool> seen(lengths.size(), false);
+  for (size_t m = 0; m < out.size(); ++m) {
+    RT_CHECK(!out[m].empty(), "trainer: the microbatch plan's microbatch ", m, " is empty");
+    int64_t before = -1;
+    for (size_t k = 0; k < out[m].size(); ++k) {
+      const int64_t i = out[m][k];
+      RT_CHECK(i >= 0 && i < last - first && !seen[i], "trainer: the microbatch plan names sequence ", i,
+               " of ", last - first, " twice or out of range");
+      // DPO rows pair up as (chosen, rejected) inside a microbatch: the part starts at an even index.
+      RT_CHECK(!dpo || (k % 2 == 0 ? i % 2 == 0 : i == before + 1),
+               "trainer: the microbatch plan splits a DPO pair (sequence ", i, ")");
+      seen[i] = true;
+      before = i;
+      out[m][k] = first + i;
+    }
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    RT_CHECK(seen[i], "trainer: the microbatch plan leaves out sequence ", i, " of this rank's ", seen.size());
+  return out;
+}
+
+std::pair<int64_t, int64_t> dp_part(int64_t sequences, LossKind kind, const Mesh& mesh) {
+  const int64_t unit = kind == LossKind::DPO ? 2 : 1;
+  const int64_t units = sequences / unit, d = mesh.dp_index(), dp = mesh.dp();
+  return {units * d / dp * unit, units * (d + 1) / dp * unit};
+}
+
+}  // namespace detail
+
 namespace {
+
+using detail::all_reduce_sum;
 
 // A 1-D view of a flat buffer (the policy's are contiguous).
 TensorView flat(const TensorView& v, const char* what) {
@@ -36,17 +95,6 @@ std::vector<std::pair<int64_t, int64_t>> uncovered(const model::Policy& policy, 
 
 char* byte_at(const TensorView& v, int64_t element) {
   return static_cast<char*>(v.data) + static_cast<size_t>(element) * dtype_size(v.dtype);
-}
-
-// Sums host doubles over a group through a buffer on its device.
-void all_reduce_sum(comm::Communicator& group, std::vector<double>& values) {
-  if (values.empty()) return;
-  const int64_t n = static_cast<int64_t>(values.size());
-  const TensorView host = contiguous_view(values.data(), DType::F64, Device::cpu(), {n});
-  Tensor buf = Tensor::empty({n}, DType::F64, group.device());
-  copy(buf, host);
-  group.all_reduce(buf.data(), static_cast<size_t>(n), DType::F64, comm::ReduceOp::Sum);
-  copy(host, buf);
 }
 
 // One microbatch padded to its longest sequence, row-major [batch, seq], in the losses' form.
@@ -94,43 +142,6 @@ Micro make_micro(const TrainBatch& tb, std::vector<int64_t> index, bool packed) 
   m.ref = pad(tb.ref_logprobs, m.index, m.seq);
   m.gen = pad(tb.gen_logprobs, m.index, m.seq);
   return m;
-}
-
-// This rank's microbatches over sequences [first, last) of the batch: the planner's, checked, or consecutive runs.
-std::vector<std::vector<int64_t>> plan_micros(const TrainerConfig& cfg, const TrainBatch& tb, int64_t first,
-                                              int64_t last) {
-  std::vector<std::vector<int64_t>> out;
-  if (!cfg.plan) {
-    for (int64_t s = first; s < last; s += cfg.micro_batch_size) {
-      out.emplace_back();
-      for (int64_t i = s; i < std::min(s + cfg.micro_batch_size, last); ++i) out.back().push_back(i);
-    }
-    return out;
-  }
-  if (first == last) return out;
-  std::vector<int64_t> lengths;
-  for (int64_t i = first; i < last; ++i) lengths.push_back(static_cast<int64_t>(tb.sequences[i].size()));
-  out = cfg.plan(lengths);
-  const bool dpo = cfg.loss.kind == LossKind::DPO;
-  std::vector<bool> seen(lengths.size(), false);
-  for (size_t m = 0; m < out.size(); ++m) {
-    RT_CHECK(!out[m].empty(), "trainer: the microbatch plan's microbatch ", m, " is empty");
-    int64_t before = -1;
-    for (size_t k = 0; k < out[m].size(); ++k) {
-      const int64_t i = out[m][k];
-      RT_CHECK(i >= 0 && i < last - first && !seen[i], "trainer: the microbatch plan names sequence ", i,
-               " of ", last - first, " twice or out of range");
-      // DPO rows pair up as (chosen, rejected) inside a microbatch: the part starts at an even index.
-      RT_CHECK(!dpo || (k % 2 == 0 ? i % 2 == 0 : i == before + 1),
-               "trainer: the microbatch plan splits a DPO pair (sequence ", i, ")");
-      seen[i] = true;
-      before = i;
-      out[m][k] = first + i;
-    }
-  }
-  for (size_t i = 0; i < seen.size(); ++i)
-    RT_CHECK(seen[i], "trainer: the microbatch plan leaves out sequence ", i, " of this rank's ", seen.size());
-  return out;
 }
 
 void check_per_token(const TrainBatch& tb, const std::vector<std::vector<float>>& field, const char* name,
@@ -235,13 +246,6 @@ std::optional<TokenLocalGradient> token_local_gradient(const LossConfig& cfg, co
 
 }  // namespace
 
-LossKind parse_loss_kind(const std::string& name) {
-  if (name == "nll") return LossKind::NLL;
-  if (name == "pg") return LossKind::ClippedPG;
-  if (name == "dpo") return LossKind::DPO;
-  throw Error(cat("unknown loss '", name, "': expected nll, pg or dpo"));
-}
-
 const char* phase_name(Phase p) {
   switch (p) {
     case Phase::Forward: return "fwd+logprobs";
@@ -329,18 +333,16 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
     if (on_phase_end) on_phase_end(p);
   };
   validate_batch(batch, cfg_.loss);
-  comm::Communicator& world = mesh_->world();
   StepResult out;
   out.step = steps_ + 1;
   out.lr = schedule_.lr();
 
   // 1. This dp rank's contiguous part (in whole DPO pairs) and its microbatches.
-  const int64_t unit = cfg_.loss.kind == LossKind::DPO ? 2 : 1;
-  const int64_t units = static_cast<int64_t>(batch.sequences.size()) / unit;
-  const int64_t d = mesh_->dp_index(), dp = mesh_->dp();
-  const int64_t first = units * d / dp * unit, last = units * (d + 1) / dp * unit;
+  const auto [first, last] = detail::dp_part(static_cast<int64_t>(batch.sequences.size()), cfg_.loss.kind, *mesh_);
   std::vector<Micro> micros;
-  for (std::vector<int64_t>& index : plan_micros(cfg_, batch, first, last))
+  std::vector<int64_t> lengths;
+  for (const std::vector<int32_t>& s : batch.sequences) lengths.push_back(static_cast<int64_t>(s.size()));
+  for (std::vector<int64_t>& index : detail::plan_micros(cfg_, lengths, first, last))
     micros.push_back(make_micro(batch, std::move(index), cfg_.packed));
 
   // 2. Global counts over dp (the ranks of a cp group hold the same sequences).
@@ -417,6 +419,15 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
     out.metrics.push_back({metric_sums[i].name, count > 0 ? sum / count : 0.0, count});
   }
 
+  apply_gradients(out, on_phase_end);
+  return out;
+}
+
+void Trainer::apply_gradients(StepResult& out, const PhaseHook& on_phase_end) {
+  const auto mark = [&](Phase p) {
+    if (on_phase_end) on_phase_end(p);
+  };
+  comm::Communicator& world = mesh_->world();
   // 4. Gradients summed over all dp · cp ranks into this rank's shard, in place.
   const TensorView g = flat(policy_->grads(), "gradient");
   const int64_t part = g.numel() / world.size(), tail_begin = part * world.size();
@@ -477,7 +488,6 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   // 7. The schedule steps once per train step.
   ++steps_;
   schedule_.step();
-  return out;
 }
 
 }  // namespace ringtrain::train

@@ -27,15 +27,6 @@
 
 namespace ringtrain::train {
 
-enum class LossKind { NLL, ClippedPG, DPO };
-LossKind parse_loss_kind(const std::string& name);  // nll, pg, dpo
-
-struct LossConfig {
-  LossKind kind = LossKind::NLL;
-  ClippedPGConfig pg;
-  DPOConfig dpo;
-};
-
 // A global batch: per sequence its tokens and, in token order with the sequence's length, what the loss reads.
 // Position 0 of a sequence never counts. Fields a loss does not read may stay empty: NLL reads the masks; the
 // clipped PG prev_logprobs and advantages (+ ref_logprobs with kl_beta, gen_logprobs when given); DPO ref_logprobs
@@ -45,6 +36,17 @@ struct TrainBatch {
   std::vector<std::vector<uint8_t>> token_mask;  // empty: every token of every sequence
   std::vector<uint8_t> sample_mask;              // empty: every sequence
   std::vector<std::vector<float>> advantages, prev_logprobs, ref_logprobs, gen_logprobs;
+};
+
+// A global batch read where it lies, on the policy's GPU (a caller's CUDA tensors): sequence i is row i of the
+// integer [B, C] view `ids` (I32 or I64, any strides), its first lengths[i] entries (1 <= lengths[i] <= C). The
+// other fields have TrainBatch's meaning and are views on the same device, any strides, empty when absent:
+// token_mask and the logprobs [B, C]; sample_mask [B]; advantages [B, C] or [B] (one per sequence). Masks hold 0 or
+// 1 in any dtype, the rest is floating.
+struct TrainRows {
+  TensorView ids;
+  std::vector<int64_t> lengths;
+  TensorView token_mask, sample_mask, advantages, prev_logprobs, ref_logprobs, gen_logprobs;
 };
 
 // The microbatches of a dp rank's part of the batch, from its sequences' lengths: per microbatch, indices into the
@@ -98,6 +100,12 @@ class Trainer {
   Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& mesh);
 
   StepResult step(const TrainBatch& batch, const PhaseHook& on_phase_end = {});
+  // The same step from rows on the policy's device (trainer_rows.cpp): the inputs are gathered into microbatches,
+  // scored, differentiated and reduced there (device_loss.h, model::DeviceRowsTraining), and only the counts, the
+  // loss's sums and the checks' verdicts (a few bytes per microbatch) come back to the host. Needs a policy with
+  // device_rows_training() and a build with device loss kernels; the results are step(TrainBatch)'s up to the order
+  // of fp64 sums.
+  StepResult step(const TrainRows& batch, const PhaseHook& on_phase_end = {});
 
   const TrainerConfig& config() const { return cfg_; }
   model::Policy& policy() const { return *policy_; }
@@ -116,6 +124,8 @@ class Trainer {
   void refresh_weights();
 
  private:
+  // Steps 4-7 of a step whose gradients are in the policy's buffer.
+  void apply_gradients(StepResult& out, const PhaseHook& on_phase_end);
   void all_gather_weights();
 
   TrainerConfig cfg_;

@@ -436,6 +436,64 @@ TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
   return out;
 }
 
+TrainResult PolicyWorker::train_rows(const TrainRowsBatch& batch) {
+  State& s = *state_;
+  const Config& c = s.config;
+  const auto t0 = Clock::now();
+  const TensorView& ids = batch.tokens.ids;
+  const Device dev = s.policy->device();
+  RT_CHECK(dev.is_cuda() && ids.device == dev, "train: a batch of device rows needs the policy and input_ids on one ",
+           "GPU; the policy is on ", device_name(dev), ", input_ids on ", device_name(ids.device));
+  check_row_lengths(ids, batch.tokens.lengths);
+  const bool dpo = c.loss_fn.type == LossType::Dpo, pg = c.loss_fn.type == LossType::ClippedPg;
+  const int64_t B = ids.shape[0], C = ids.shape[1];
+  RT_CHECK(!dpo || B % 2 == 0, "train: a DPO batch holds pairs (chosen, rejected); got ", B, " sequences");
+  const int64_t units = B / (dpo ? 2 : 1);
+  RT_CHECK(units == c.policy.train_global_batch_size, "train: the batch holds ", units, dpo ? " pairs" : " sequences",
+           "; policy.train_global_batch_size = ", c.policy.train_global_batch_size);
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < B; ++i) {
+    const int64_t len = batch.tokens.lengths[static_cast<size_t>(i)];
+    RT_CHECK(len >= 1 && len <= c.policy.max_total_sequence_length, "train: sample ", i, " has ", len,
+             " tokens; policy.max_total_sequence_length allows 1 to ", c.policy.max_total_sequence_length);
+    tokens += len;
+  }
+  RT_CHECK(!pg || batch.advantages.data, "train: loss_fn.type clipped_pg needs advantages");
+  RT_CHECK(!(pg && c.loss_fn.use_importance_sampling_correction) || batch.generation_logprobs.data,
+           "train: loss_fn.use_importance_sampling_correction needs generation_logprobs");
+
+  train::TrainRows rows;
+  rows.ids = ids;
+  rows.lengths = batch.tokens.lengths;
+  rows.token_mask = batch.token_mask;
+  rows.sample_mask = batch.sample_mask;
+  // Logprobs the loss reads, from the batch, or scored here into device memory.
+  Tensor prev, ref;
+  const auto scored = [&](const TensorView& given, Tensor& made, bool reference) {
+    if (given.data) return given;
+    made = Tensor::empty({B, C}, DType::F32, dev);
+    if (reference)
+      get_reference_logprobs_into(batch.tokens, made.view());
+    else
+      get_logprobs_into(batch.tokens, made.view());
+    return made.view();
+  };
+  if (pg) {
+    rows.advantages = batch.advantages;
+    rows.prev_logprobs = scored(batch.prev_logprobs, prev, false);
+    if (c.loss_fn.reference_policy_kl_penalty != 0.0) rows.ref_logprobs = scored(batch.reference_logprobs, ref, true);
+    if (c.loss_fn.use_importance_sampling_correction) rows.gen_logprobs = batch.generation_logprobs;
+  }
+  if (dpo) rows.ref_logprobs = scored(batch.reference_logprobs, ref, true);
+
+  TrainResult out;
+  out.step = s.trainer().step(rows);
+  cuda_synchronize(dev.index);
+  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  out.tokens_per_second = out.seconds > 0 ? static_cast<double>(tokens) / out.seconds : 0.0;
+  return out;
+}
+
 void PolicyWorker::save(const fs::path& dir, const train::TrainingProgress& position) {
   train::save_training_checkpoint(dir, state_->trainer(), position);
 }

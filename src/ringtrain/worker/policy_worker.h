@@ -37,6 +37,14 @@ struct TokenRowsBatch {
   std::vector<int64_t> lengths;
 };
 
+// A train batch read where it lies: the rows of `tokens`, and views of [B, S] (token_mask, the logprobs), [B]
+// (sample_mask) or either (advantages), empty when absent, with Sample's meaning (data.h) for the whole batch. On the
+// policy's GPU the per-token values never cross to the host (train::Trainer::step(TrainRows)).
+struct TrainRowsBatch {
+  TokenRowsBatch tokens;
+  TensorView token_mask, sample_mask, advantages, generation_logprobs, prev_logprobs, reference_logprobs;
+};
+
 struct TrainResult {
   train::StepResult step;        // loss, grad norm, lr, global valid tokens / sequences, metrics, skipped
   double tokens_per_second = 0;  // all tokens of the global batch over the step's wall time
@@ -101,6 +109,10 @@ class PolicyWorker {
   // with a KL penalty) are computed here for samples that lack them. Each dp rank's part goes in the microbatches of
   // plan_microbatches(Pass::Train): train_micro_batch_size units, length buckets, or packed bins (one packed row each).
   TrainResult train(const std::vector<Sample>& samples);
+  // The same step from a batch on the policy's GPU; prev_logprobs and reference_logprobs that the loss needs and the
+  // batch lacks are scored here into device memory (get_logprobs_into, get_reference_logprobs_into). Checked as
+  // train() checks samples, the token ids and masks on the device. A policy on the host: an error.
+  TrainResult train_rows(const TrainRowsBatch& batch);
 
   // Training state (checkpoint.h): weights, optimizer shards, counters, data position. load() leaves the reference
   // weights as they were (the config's model).

@@ -106,6 +106,7 @@ __device__ double load_any(const void* p, DType t, int64_t i) {
     case DType::F64: return static_cast<const double*>(p)[i];
     case DType::I32: return static_cast<const int32_t*>(p)[i];
     case DType::I64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::U8: return static_cast<const uint8_t*>(p)[i];
   }
   return 0;
 }
@@ -118,6 +119,7 @@ __device__ void store_any(void* p, DType t, int64_t i, double v) {
     case DType::F64: static_cast<double*>(p)[i] = v; return;
     case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
     case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
+    case DType::U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); return;
   }
 }
 

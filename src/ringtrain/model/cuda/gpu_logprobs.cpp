@@ -45,19 +45,12 @@ void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_h
   }
 }
 
-namespace {
-
-// d(loss)/d(logprob) of one chunk on the device: from its first row c0, its m rows and their logprobs (device, just
-// written by the chunk's log-softmax).
-using ChunkRowGrads = std::function<const float*(int64_t c0, int64_t m, const float* chunk_logprobs)>;
-
-// The chunked LM head with its backward: per chunk, the logits, their log-softmax (logprobs into `logprobs` at the
-// chunk's rows, or a scratch when null; entropy when non-null), d(loss)/d(logprob) from `row_grads`, then dlogits
-// over the logits and the LM head's two backward GEMMs.
-void lm_head_chunks_backward(Gemm& gemm, float* logprobs, float* entropy, bf16* d_hidden, GradSlot d_lm_head,
-                             const ChunkRowGrads& row_grads, const bf16* hidden, const bf16* lm_head,
-                             const int32_t* targets, int64_t n, int64_t hidden_dim, int64_t vocab,
-                             int64_t chunk_tokens) {
+// Per chunk: the logits, their log-softmax (into `logprobs` at the chunk's rows, or a scratch when null),
+// d(loss)/d(logprob) from `row_grads`, dlogits over the logits, and the LM head's two backward GEMMs.
+void token_logprobs_and_device_backward(Gemm& gemm, float* logprobs, float* entropy, bf16* d_hidden,
+                                        GradSlot d_lm_head, const DeviceChunkGradient& row_grads, const bf16* hidden,
+                                        const bf16* lm_head, const int32_t* targets, int64_t n, int64_t hidden_dim,
+                                        int64_t vocab, int64_t chunk_tokens) {
   RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
   const int64_t rows = std::min(n, chunk_tokens);
   int device = 0;
@@ -84,12 +77,11 @@ void lm_head_chunks_backward(Gemm& gemm, float* logprobs, float* entropy, bf16* 
                          vocab);
 }
 
-}  // namespace
 
 void token_logprobs_backward(Gemm& gemm, bf16* d_hidden, GradSlot d_lm_head, const float* d_logprobs,
                              const bf16* hidden, const bf16* lm_head, const int32_t* targets, int64_t n,
                              int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* logprobs) {
-  lm_head_chunks_backward(
+  token_logprobs_and_device_backward(
       gemm, logprobs, nullptr, d_hidden, d_lm_head, [&](int64_t c0, int64_t, const float*) { return d_logprobs + c0; },
       hidden, lm_head, targets, n, hidden_dim, vocab, chunk_tokens);
 }
@@ -114,8 +106,8 @@ void token_logprobs_and_backward(Gemm& gemm, float* logprobs, float* entropy, bf
          contiguous_view(host_grads.data(), DType::F32, Device::cpu(), {m}));
     return d_rows.ptr<float>();
   };
-  lm_head_chunks_backward(gemm, logprobs, entropy, d_hidden, d_lm_head, row_grads, hidden, lm_head, targets, n,
-                          hidden_dim, vocab, chunk_tokens);
+  token_logprobs_and_device_backward(gemm, logprobs, entropy, d_hidden, d_lm_head, row_grads, hidden, lm_head,
+                                     targets, n, hidden_dim, vocab, chunk_tokens);
 }
 
 std::vector<float> model_row_logprobs(GpuModel& model, const int32_t* tokens, const int32_t* positions,

@@ -50,6 +50,15 @@ void token_logprobs_and_backward(Gemm& gemm, float* logprobs, float* entropy, bf
                                  const int32_t* targets, int64_t n, int64_t hidden_dim, int64_t vocab,
                                  int64_t chunk_tokens);
 
+// The same with d(loss)/d(logprob) made on the device: grad(first_row, rows, logprobs) enqueues the chunk's gradient
+// from its logprobs (device, just written) and returns where it lies, so that nothing waits for the host between
+// chunks. The host form above is this with a download and an upload around its ChunkGradient.
+using DeviceChunkGradient = std::function<const float*(int64_t first_row, int64_t rows, const float* logprobs)>;
+void token_logprobs_and_device_backward(Gemm& gemm, float* logprobs, float* entropy, bf16* d_hidden,
+                                        GradSlot d_lm_head, const DeviceChunkGradient& grad, const bf16* hidden,
+                                        const bf16* lm_head, const int32_t* targets, int64_t n, int64_t hidden_dim,
+                                        int64_t vocab, int64_t chunk_tokens);
+
 // Whole model, host in and out: runs forward and returns log P(targets[i] | tokens up to row i) for the
 // [batch * seqlen] rows (this rank's rows under CP).
 std::vector<float> model_row_logprobs(GpuModel& model, const int32_t* tokens, const int32_t* positions,

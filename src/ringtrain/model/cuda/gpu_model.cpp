@@ -286,16 +286,16 @@ const bf16* GpuModel::forward(const int32_t* tokens, const int32_t* positions, i
 }
 
 const bf16* GpuModel::forward_on_device(const int32_t* tokens, const int32_t* positions, int64_t batch, int64_t seqlen,
-                                        SequenceAttention& attention) {
+                                        SequenceAttention& attention, bool for_backward) {
   RT_CHECK(batch > 0 && seqlen > 0, "gpu model: empty batch (", batch, " x ", seqlen, ")");
   check_sequence_supported(config_, attention.total_seqlen(seqlen));
   const size_t bytes = static_cast<size_t>(batch * seqlen) * sizeof(int32_t);
   have_activations_ = false;
-  prepare(batch, seqlen, false);
+  prepare(batch, seqlen, for_backward);
   RT_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens, bytes, cudaMemcpyDeviceToDevice, stream()), "copying tokens");
   RT_CUDA_CHECK(cudaMemcpyAsync(positions_.data(), positions, bytes, cudaMemcpyDeviceToDevice, stream()),
                 "copying positions");
-  return run_forward(attention, false);
+  return run_forward(attention, for_backward);
 }
 
 const bf16* GpuModel::run_forward(SequenceAttention& attention, bool for_backward) {

@@ -118,10 +118,10 @@ class GpuModel {
   // layer. Enqueued on stream(); tokens are checked against the vocabulary on the host.
   const bf16* forward(const int32_t* tokens, const int32_t* positions, int64_t batch, int64_t seqlen,
                       SequenceAttention& attention, bool for_backward);
-  // The same forward (no backward) from device tokens and positions, which the caller guarantees to be inside the
-  // vocabulary: nothing waits for the device (the GPU sampler's decoding steps).
+  // The same forward from device tokens and positions, which the caller guarantees to be inside the vocabulary:
+  // nothing waits for the device (the GPU sampler's decoding steps, scoring and training from token rows).
   const bf16* forward_on_device(const int32_t* tokens, const int32_t* positions, int64_t batch, int64_t seqlen,
-                                SequenceAttention& attention);
+                                SequenceAttention& attention, bool for_backward = false);
   // d_hidden: device bf16 [batch * seqlen, hidden], d(loss)/d(forward's result). Adds every weight gradient.
   void backward(const bf16* d_hidden, SequenceAttention& attention);
   // The last forward's final-normed hidden states [tokens(), hidden] on the device.

@@ -19,7 +19,7 @@ int checked_gpu(const PolicyOptions& options) {
   return options.device.index;
 }
 
-class GpuPolicy final : public Policy {
+class GpuPolicy final : public Policy, public DeviceRowsTraining {
   // One forward's rows, attention and results on the device: this rank's logprobs (then entropy) in `local`.
   struct Scoring {
     std::unique_ptr<BatchRows> rows;
@@ -79,47 +79,76 @@ class GpuPolicy final : public Policy {
     const Device dev = model_.device();
     if (batch.ids.device != dev || logprobs.device != dev || (entropy.data && entropy.device != dev))
       return Policy::score_into(batch, logprobs, entropy);
-    check_score_rows(batch, logprobs, entropy, model_.config().vocab);
-    scored_.reset(), attention_.reset();
+    const RowsForward f = forward_rows(batch, logprobs, entropy, /*for_backward=*/false);
+    const Tensor local = Tensor::empty({entropy.data ? 2 * f.n : f.n}, DType::F32, dev);
+    cuda::token_logprobs(model_.gemm(), local.ptr<float>(), f.hidden, model_.lm_head(), f.targets(), f.n,
+                         model_.config().hidden, model_.config().vocab, chunk_,
+                         entropy.data ? local.ptr<float>() + f.n : nullptr);
+    scatter_rows(f, local, logprobs, entropy);
+    device_ops(logprobs, "scores").synchronize_stream(model_.stream(), "scoring token rows");
+  }
+
+  DeviceRowsTraining* device_rows_training() override { return this; }
+
+  void score_rows_for_backward(const TokenRows& batch, const TensorView& logprobs, const TensorView& entropy) override {
+    check_on_device(batch, logprobs, entropy);
+    auto f = std::make_unique<RowsForward>(forward_rows(batch, logprobs, entropy, /*for_backward=*/true));
+    const Tensor local = Tensor::empty({entropy.data ? 2 * f->n : f->n}, DType::F32, model_.device());
+    cuda::token_logprobs(model_.gemm(), local.ptr<float>(), f->hidden, model_.lm_head(), f->targets(), f->n,
+                         model_.config().hidden, model_.config().vocab, chunk_,
+                         entropy.data ? local.ptr<float>() + f->n : nullptr);
+    scatter_rows(*f, local, logprobs, entropy);
+    rows_forward_ = std::move(f);
+  }
+
+  void backward_rows(const TensorView& d_logprobs) override {
+    RT_CHECK(rows_forward_ != nullptr, "policy backward_rows: score_rows_for_backward must run first");
+    const RowsForward& f = *rows_forward_;
+    RT_CHECK(d_logprobs.device == model_.device() && d_logprobs.dtype == DType::F32 && d_logprobs.is_contiguous() &&
+                 d_logprobs.ndim == 2 && d_logprobs.shape[0] == f.ids_rows && d_logprobs.shape[1] == f.ids_cols,
+             "policy backward_rows: the gradients must be contiguous float32 [", f.ids_rows, ", ", f.ids_cols, "] on ",
+             device_name(model_.device()), ", got ", dtype_name(d_logprobs.dtype), " ", d_logprobs.shape_str(), " on ",
+             device_name(d_logprobs.device));
     const ModelConfig& c = model_.config();
-    const int cp = group_ ? group_->size() : 1;
-    const BatchRows rows(batch.lengths, batch.packed, cp, group_ ? group_->rank() : 0);
-    const std::unique_ptr<SequenceAttention> attention = rows.attention(group_, cp_);
-    const int64_t n = rows.local_tokens();
-    const bool with_entropy = entropy.data != nullptr;
+    const Tensor d_rows = Tensor::empty({f.n}, DType::F32, model_.device());
+    cuda::gather_row_values(d_rows.ptr<float>(), d_logprobs.ptr<float>(), f.result_offsets() + f.rank * f.n, f.n,
+                            model_.stream());
+    const Tensor d_hidden = Tensor::empty({f.n, c.hidden}, DType::BF16, model_.device());
+    cuda::token_logprobs_backward(model_.gemm(), d_hidden.ptr<cuda::bf16>(), model_.lm_head_grad(),
+                                  d_rows.ptr<float>(), model_.hidden(), model_.lm_head(), f.targets(), f.n, c.hidden,
+                                  c.vocab, chunk_);
+    model_.backward(d_hidden.ptr<cuda::bf16>(), *f.attention);
+    rows_forward_.reset();
+  }
 
-    // One upload of the layout: token offsets, target offsets, result offsets.
-    const BatchRows::SourceOffsets source = rows.source_offsets(batch.rows, batch.ids.stride[0], batch.ids.stride[1]);
-    std::vector<int64_t> offsets = source.tokens;
-    offsets.insert(offsets.end(), source.targets.begin(), source.targets.end());
-    const std::vector<int64_t> to = rows.result_offsets(batch.rows, batch.ids.shape[1]);
-    offsets.insert(offsets.end(), to.begin(), to.end());
-    const auto total = static_cast<int64_t>(offsets.size());
-    const Tensor dev_offsets = Tensor::empty({total}, DType::I64, dev);
-    copy(dev_offsets, contiguous_view(offsets.data(), DType::I64, Device::cpu(), {total}));
-    const Tensor positions = Tensor::empty({n}, DType::I32, dev);
-    copy(positions, contiguous_view(const_cast<int32_t*>(rows.positions().data()), DType::I32, Device::cpu(), {n}));
-    const Tensor tokens = Tensor::empty({2 * n}, DType::I32, dev);  // tokens, then targets
-    const int64_t* off = dev_offsets.ptr<int64_t>();
-    const cudaStream_t stream = model_.stream();
-    cuda::gather_token_rows(batch.ids.data, batch.ids.dtype, off, off + n, tokens.ptr<int32_t>(),
-                            tokens.ptr<int32_t>() + n, n, stream);
-
-    const cuda::bf16* hidden = model_.forward_on_device(tokens.ptr<int32_t>(), positions.ptr<int32_t>(), rows.batch(),
-                                                        rows.row_len(), *attention);
-    const Tensor local = Tensor::empty({with_entropy ? 2 * n : n}, DType::F32, dev);
-    cuda::token_logprobs(model_.gemm(), local.ptr<float>(), hidden, model_.lm_head(), tokens.ptr<int32_t>() + n, n,
-                         c.hidden, c.vocab, chunk_, with_entropy ? local.ptr<float>() + n : nullptr);
-    Tensor all = local;
-    if (group_) {
-      all = Tensor::empty({cp * local.numel()}, DType::F32, dev);
-      group_->all_gather(local.data(), all.data(), static_cast<size_t>(local.numel()), DType::F32);
+  void score_and_backward_rows(const TokenRows& batch, const DeviceTokenGradient& grad, const TensorView& logprobs,
+                               const TensorView& entropy) override {
+    check_on_device(batch, logprobs, entropy);
+    const RowsForward f = forward_rows(batch, logprobs, entropy, /*for_backward=*/true);
+    const ModelConfig& c = model_.config();
+    const Device dev = model_.device();
+    // Each scored row's (sequence, position), for the loss's kernels: one upload of the layout.
+    std::vector<int32_t> seq_pos;
+    seq_pos.reserve(static_cast<size_t>(2 * f.n));
+    for (const BatchRows::ScoredToken& t : f.rows->scored_tokens()) {
+      seq_pos.push_back(t.pos < 0 ? -1 : static_cast<int32_t>(t.seq));
+      seq_pos.push_back(static_cast<int32_t>(t.pos));
     }
-    cuda::scatter_row_results(logprobs.ptr<float>(), all.ptr<float>(), off + 2 * n, n, cp, local.numel(), stream);
-    if (with_entropy)
-      cuda::scatter_row_results(entropy.ptr<float>(), all.ptr<float>() + n, off + 2 * n, n, cp, local.numel(),
-                                stream);
-    device_ops(logprobs, "scores").synchronize_stream(stream, "scoring token rows");
+    const Tensor dev_seq_pos = Tensor::empty({2 * f.n}, DType::I32, dev);
+    copy(dev_seq_pos, contiguous_view(seq_pos.data(), DType::I32, Device::cpu(), {2 * f.n}));
+    const Tensor d_chunk = Tensor::empty({std::min(f.n, chunk_)}, DType::F32, dev);
+    const cuda::DeviceChunkGradient chunk_grad = [&](int64_t first, int64_t rows, const float* lp) -> const float* {
+      grad(lp, dev_seq_pos.ptr<int32_t>() + 2 * first, rows, d_chunk.ptr<float>());
+      return d_chunk.ptr<float>();
+    };
+    const Tensor local = Tensor::empty({entropy.data ? 2 * f.n : f.n}, DType::F32, dev);
+    const Tensor d_hidden = Tensor::empty({f.n, c.hidden}, DType::BF16, dev);
+    cuda::token_logprobs_and_device_backward(model_.gemm(), local.ptr<float>(),
+                                             entropy.data ? local.ptr<float>() + f.n : nullptr,
+                                             d_hidden.ptr<cuda::bf16>(), model_.lm_head_grad(), chunk_grad, f.hidden,
+                                             model_.lm_head(), f.targets(), f.n, c.hidden, c.vocab, chunk_);
+    model_.backward(d_hidden.ptr<cuda::bf16>(), *f.attention);
+    scatter_rows(f, local, logprobs, entropy);
   }
 
   void backward(const std::vector<std::vector<float>>& d_logprobs) override {
@@ -145,9 +174,78 @@ class GpuPolicy final : public Policy {
   }
 
  private:
+  // One forward over token rows on this GPU: the layout's offsets uploaded once, the tokens and targets gathered
+  // from the caller's view there.
+  struct RowsForward {
+    std::unique_ptr<BatchRows> rows;
+    std::unique_ptr<SequenceAttention> attention;
+    int64_t n = 0, ids_rows = 0, ids_cols = 0;
+    int rank = 0, cp = 1;
+    Tensor offsets;    // token offsets [n], target offsets [n], every rank's result offsets [cp * n]
+    Tensor tokens;     // tokens [n], then targets [n]
+    Tensor positions;  // read by the forward's copy, kept until the work is enqueued
+    const cuda::bf16* hidden = nullptr;
+    const int64_t* result_offsets() const { return offsets.ptr<int64_t>() + 2 * n; }
+    const int32_t* targets() const { return tokens.ptr<int32_t>() + n; }
+  };
+
+  void check_on_device(const TokenRows& batch, const TensorView& logprobs, const TensorView& entropy) const {
+    const Device dev = model_.device();
+    RT_CHECK(batch.ids.device == dev && logprobs.device == dev && (!entropy.data || entropy.device == dev),
+             "policy: training from token rows needs the ids and the score views on ", device_name(dev), ", got ",
+             device_name(batch.ids.device), " and ", device_name(logprobs.device));
+  }
+
+  RowsForward forward_rows(const TokenRows& batch, const TensorView& logprobs, const TensorView& entropy,
+                           bool for_backward) {
+    check_score_rows(batch, logprobs, entropy, model_.config().vocab);
+    scored_.reset(), attention_.reset(), rows_forward_.reset();
+    const Device dev = model_.device();
+    RowsForward f;
+    f.cp = group_ ? group_->size() : 1;
+    f.rank = group_ ? group_->rank() : 0;
+    f.ids_rows = batch.ids.shape[0], f.ids_cols = batch.ids.shape[1];
+    f.rows = std::make_unique<BatchRows>(batch.lengths, batch.packed, f.cp, f.rank);
+    f.attention = f.rows->attention(group_, cp_);
+    f.n = f.rows->local_tokens();
+    const BatchRows::SourceOffsets source =
+        f.rows->source_offsets(batch.rows, batch.ids.stride[0], batch.ids.stride[1]);
+    std::vector<int64_t> offsets = source.tokens;
+    offsets.insert(offsets.end(), source.targets.begin(), source.targets.end());
+    const std::vector<int64_t> to = f.rows->result_offsets(batch.rows, batch.ids.shape[1]);
+    offsets.insert(offsets.end(), to.begin(), to.end());
+    const auto total = static_cast<int64_t>(offsets.size());
+    f.offsets = Tensor::empty({total}, DType::I64, dev);
+    copy(f.offsets, contiguous_view(offsets.data(), DType::I64, Device::cpu(), {total}));
+    f.positions = Tensor::empty({f.n}, DType::I32, dev);
+    copy(f.positions,
+         contiguous_view(const_cast<int32_t*>(f.rows->positions().data()), DType::I32, Device::cpu(), {f.n}));
+    f.tokens = Tensor::empty({2 * f.n}, DType::I32, dev);
+    const int64_t* off = f.offsets.ptr<int64_t>();
+    cuda::gather_token_rows(batch.ids.data, batch.ids.dtype, off, off + f.n, f.tokens.ptr<int32_t>(),
+                            f.tokens.ptr<int32_t>() + f.n, f.n, model_.stream());
+    f.hidden = model_.forward_on_device(f.tokens.ptr<int32_t>(), f.positions.ptr<int32_t>(), f.rows->batch(),
+                                        f.rows->row_len(), *f.attention, for_backward);
+    return f;
+  }
+
+  // Every rank's `local` results (logprobs, then entropy when the view has data) into the caller's views.
+  void scatter_rows(const RowsForward& f, const Tensor& local, const TensorView& logprobs, const TensorView& entropy) {
+    Tensor all = local;
+    if (group_) {
+      all = Tensor::empty({f.cp * local.numel()}, DType::F32, model_.device());
+      group_->all_gather(local.data(), all.data(), static_cast<size_t>(local.numel()), DType::F32);
+    }
+    cuda::scatter_row_results(logprobs.ptr<float>(), all.ptr<float>(), f.result_offsets(), f.n, f.cp, local.numel(),
+                              model_.stream());
+    if (entropy.data)
+      cuda::scatter_row_results(entropy.ptr<float>(), all.ptr<float>() + f.n, f.result_offsets(), f.n, f.cp,
+                                local.numel(), model_.stream());
+  }
+
   // The forward of score(): rows laid out, targets uploaded, the model run, `local` allocated for the LM head.
   Scoring begin(const TokenBatch& batch, bool for_backward, bool with_entropy) {
-    scored_.reset(), attention_.reset();
+    scored_.reset(), attention_.reset(), rows_forward_.reset();
     Scoring s;
     s.rows = std::make_unique<BatchRows>(batch, model_.config().vocab, group_ ? group_->size() : 1,
                                          group_ ? group_->rank() : 0);
@@ -189,6 +287,8 @@ class GpuPolicy final : public Policy {
   // What the last score(..., for_backward = true) ran, for backward().
   std::unique_ptr<BatchRows> scored_;
   std::unique_ptr<SequenceAttention> attention_;
+  // What the last score_rows_for_backward ran, for backward_rows().
+  std::unique_ptr<RowsForward> rows_forward_;
 };
 
 }  // namespace

@@ -31,6 +31,13 @@ __global__ void scatter_kernel(float* dst, const float* src, const int64_t* offs
   }
 }
 
+__global__ void gather_values_kernel(float* dst, const float* src, const int64_t* offset, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = offset[i];
+    dst[i] = o < 0 ? 0.f : src[o];
+  }
+}
+
 }  // namespace
 
 void gather_token_rows(const void* ids, DType dtype, const int64_t* token_offset, const int64_t* target_offset,
@@ -51,6 +58,12 @@ void scatter_row_results(float* dst, const float* src, const int64_t* offset, in
   if (total == 0) return;
   scatter_kernel<<<blocks_for(total), kThreads, 0, stream>>>(dst, src, offset, n, total, block_stride);
   RT_CUDA_CHECK_LAUNCH("row result scatter of ", total, " entries");
+}
+
+void gather_row_values(float* dst, const float* src, const int64_t* offset, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gather_values_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, src, offset, n);
+  RT_CUDA_CHECK_LAUNCH("row value gather of ", n, " rows");
 }
 
 }  // namespace ringtrain::model::cuda

@@ -22,4 +22,8 @@ void gather_token_rows(const void* ids, DType dtype, const int64_t* token_offset
 void scatter_row_results(float* dst, const float* src, const int64_t* offset, int64_t n, int64_t blocks,
                          int64_t block_stride, cudaStream_t stream);
 
+// dst[i] = src[offset[i]] (0 where the offset is -1) for n rows: this rank's d(loss)/d(row result) from the caller's
+// view of gradients, at this rank's block of the result offsets.
+void gather_row_values(float* dst, const float* src, const int64_t* offset, int64_t n, cudaStream_t stream);
+
 }  // namespace ringtrain::model::cuda
