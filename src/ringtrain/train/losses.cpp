@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/train/loss_math.h"
 
 namespace ringtrain::train {
 namespace {
@@ -44,21 +45,7 @@ void check_normaliser(double global, double local, const char* what) {
            " is smaller than this microbatch's ", local, " (or not finite)");
 }
 
-bool isnan_any(std::initializer_list<double> xs) {
-  for (double x : xs)
-    if (std::isnan(x)) return true;
-  return false;
-}
-
 }  // namespace
-
-double softplus(double x) { return std::max(x, 0.0) + std::log1p(std::exp(-std::abs(x))); }
-
-double sigmoid(double x) {
-  if (x >= 0) return 1.0 / (1.0 + std::exp(-x));
-  const double e = std::exp(x);
-  return e / (1.0 + e);
-}
 
 ValidCounts count_valid(const TokenMasks& masks) {
   checked_size(masks);
@@ -95,54 +82,6 @@ LossResult nll_loss(const TokenMasks& masks, std::span<const T> logprobs, const 
 }
 
 namespace {
-
-struct PGToken {
-  double loss;       // w·(pg + beta·kl)
-  double grad;       // d(loss)/d(cur)
-  bool clipped;      // the ratio-clipped branch is strictly larger
-  bool dual_clipped;
-  double kl;         // clamped kl value (0 without beta)
-};
-
-PGToken pg_token(double cur, double prev, double adv, double ref, double weight, const ClippedPGConfig& cfg) {
-  PGToken t{0, 0, false, false, 0};
-  const double r = std::exp(cur - prev);
-  double pg = 0, dpg = 0;
-  if (adv != 0) {  // A = 0 contributes exactly 0 even where r overflows (0·inf would be NaN)
-    const double unclipped = -adv * r;
-    const double clipped = -adv * std::clamp(r, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high);
-    if (clipped > unclipped) {  // only possible with r outside the clip range, where the branch is constant
-      pg = clipped;
-      t.clipped = true;
-    } else {
-      pg = unclipped;
-      dpg = -adv * r;
-    }
-    if (cfg.dual_clip > 0 && adv < 0 && pg > -adv * cfg.dual_clip) {
-      pg = -adv * cfg.dual_clip;
-      dpg = 0;
-      t.dual_clipped = true;
-    }
-  }
-  double dkl = 0;
-  if (cfg.kl_beta != 0) {
-    const double x_raw = ref - cur;
-    const double x = std::clamp(x_raw, -20.0, 20.0);
-    const double dx = x == x_raw ? -1.0 : 0.0;  // d(x)/d(cur)
-    double k = 0, dk = 0;
-    switch (cfg.kl_estimator) {
-      case KLEstimator::K1: k = -x, dk = -1; break;
-      case KLEstimator::K2: k = 0.5 * x * x, dk = x; break;
-      case KLEstimator::K3: k = std::expm1(x) - x, dk = std::expm1(x); break;
-    }
-    t.kl = std::clamp(k, -10.0, 10.0);
-    dkl = t.kl == k ? dk * dx : 0.0;
-  }
-  t.loss = weight * (pg + cfg.kl_beta * t.kl);
-  t.grad = weight * (dpg + cfg.kl_beta * dkl);
-  if (isnan_any({cur, prev, adv, ref, weight})) t.loss = t.grad = kNaN;
-  return t;
-}
 
 // d(microbatch loss)/d(token loss) for the tokens of row b: 1/global tokens, or 1/(tokens of the row · global
 // sequences).

@@ -143,8 +143,4 @@ struct LossConfig {
 // generation logprobs and with or without the entropy; each one's count is the global count its loss names.
 std::vector<std::string> loss_metric_names(const LossConfig& cfg, bool with_ref, bool with_gen, bool with_entropy);
 
-// Numerically safe forms, also used by the tests' references.
-double softplus(double x);  // log(1 + eˣ) without overflow
-double sigmoid(double x);
-
 }  // namespace ringtrain::train

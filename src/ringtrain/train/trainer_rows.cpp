@@ -17,20 +17,33 @@ namespace {
 // The per-microbatch verdicts: the CountSlot counts (as doubles) and the first bad token / sample mask entry.
 constexpr int kTokenMaskBad = kCountSlots, kSampleMaskBad = kCountSlots + 1, kVerdicts = kCountSlots + 2;
 
-const char* const kFieldNames[] = {"token_mask", "sample_mask", "advantages", "prev_logprobs", "ref_logprobs",
-                                   "gen_logprobs"};
+// The fields of TrainRows besides the ids: their shapes ([B, C] per token, [B] per sequence) and whether they are
+// masks (any dtype, 0/1) or floating.
+struct Field {
+  const char* name;
+  TensorView TrainRows::*view;
+  bool per_token, per_row, mask;
+};
+constexpr Field kTokenMask{"token_mask", &TrainRows::token_mask, true, false, true};
+constexpr Field kSampleMask{"sample_mask", &TrainRows::sample_mask, false, true, true};
+constexpr Field kAdvantages{"advantages", &TrainRows::advantages, true, true, false};
+constexpr Field kPrev{"prev_logprobs", &TrainRows::prev_logprobs, true, false, false};
+constexpr Field kRef{"ref_logprobs", &TrainRows::ref_logprobs, true, false, false};
+constexpr Field kGen{"gen_logprobs", &TrainRows::gen_logprobs, true, false, false};
+constexpr const Field* kFields[] = {&kTokenMask, &kSampleMask, &kAdvantages, &kPrev, &kRef, &kGen};
 
-// A field of the batch as a gather source: [B, C], or [B] where one value per sequence is allowed.
-DeviceSource source_of(const TensorView& v, const char* name, int64_t rows, int64_t cols, bool per_token,
-                       bool per_row, Device device) {
-  RT_CHECK(v.device == device, "train rows: ", name, " is on ", device_name(v.device), ", the policy on ",
+// A field of the batch as a gather source, its device and shape checked.
+DeviceSource source_of(const TrainRows& tb, const Field& f, Device device) {
+  const TensorView& v = tb.*f.view;
+  const int64_t rows = tb.ids.shape[0], cols = tb.ids.shape[1];
+  RT_CHECK(v.device == device, "train rows: ", f.name, " is on ", device_name(v.device), ", the policy on ",
            device_name(device));
-  if (per_token && v.ndim == 2 && v.shape[0] == rows && v.shape[1] == cols)
+  if (f.per_token && v.ndim == 2 && v.shape[0] == rows && v.shape[1] == cols)
     return {v.data, v.dtype, v.stride[0], v.stride[1]};
-  if (per_row && v.ndim == 1 && v.shape[0] == rows) return {v.data, v.dtype, v.stride[0], 0};
-  throw Error(cat("train rows: ", name, " is ", v.shape_str(), ", expected ",
-                  per_token ? cat("[", rows, ", ", cols, "]") : std::string(), per_token && per_row ? " or " : "",
-                  per_row ? cat("[", rows, "]") : std::string()));
+  if (f.per_row && v.ndim == 1 && v.shape[0] == rows) return {v.data, v.dtype, v.stride[0], 0};
+  throw Error(cat("train rows: ", f.name, " is ", v.shape_str(), ", expected ",
+                  f.per_token ? cat("[", rows, ", ", cols, "]") : std::string(),
+                  f.per_token && f.per_row ? " or " : "", f.per_row ? cat("[", rows, "]") : std::string()));
 }
 
 // One microbatch's buffers on the device.
@@ -51,7 +64,9 @@ struct RowsMicro {
     m.advantages = f(advantages), m.prev = f(prev), m.ref = f(ref), m.gen = f(gen);
     return m;
   }
-  TensorView padded(const Tensor& t) const { return contiguous_view(t.data(), t.dtype(), t.view().device, {batch, seq}); }
+  TensorView padded(const Tensor& t) const {
+    return contiguous_view(t.data(), t.dtype(), t.view().device, {batch, seq});
+  }
   model::TokenRows token_rows(bool packed) const {
     model::TokenRows r;
     r.ids = padded(ids);
@@ -92,13 +107,11 @@ void validate_rows(const TrainRows& tb, const LossConfig& loss, const model::Pol
   RT_CHECK(!pg || tb.prev_logprobs.data, "train rows: this loss needs prev_logprobs");
   RT_CHECK(!(dpo || (pg && loss.pg.kl_beta != 0)) || tb.ref_logprobs.data, "train rows: this loss needs ref_logprobs");
   RT_CHECK(!dpo || n % 2 == 0, "train rows: DPO needs chosen/rejected pairs, got ", n, " sequences");
-  const TensorView* fields[] = {&tb.token_mask, &tb.sample_mask, &tb.advantages, &tb.prev_logprobs,
-                                &tb.ref_logprobs, &tb.gen_logprobs};
-  for (int f = 0; f < 6; ++f) {
-    const TensorView& v = *fields[f];
+  for (const Field* f : kFields) {
+    const TensorView& v = tb.*f->view;
     if (!v.data) continue;
-    source_of(v, kFieldNames[f], n, tb.ids.shape[1], f != 1, f == 1 || f == 2, dev);
-    RT_CHECK(f < 2 || is_float(v.dtype), "train rows: ", kFieldNames[f], " is ", dtype_name(v.dtype),
+    source_of(tb, *f, dev);
+    RT_CHECK(f->mask || is_float(v.dtype), "train rows: ", f->name, " is ", dtype_name(v.dtype),
              ", expected a floating dtype");
   }
   const int64_t bad = device_ops(tb.ids, "input_ids").first_outside(tb.ids, tb.lengths, policy.config().vocab);
@@ -125,8 +138,7 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
   out.lr = schedule_.lr();
 
   // 1. This dp rank's part and its microbatches, gathered from the caller's views; masks checked, rows counted.
-  const int64_t n = batch.ids.shape[0], cols = batch.ids.shape[1];
-  const auto [first, last] = detail::dp_part(n, loss.kind, *mesh_);
+  const auto [first, last] = detail::dp_part(batch.ids.shape[0], loss.kind, *mesh_);
   const Tensor one = Tensor::empty({1}, DType::U8, dev);  // an absent mask: 1 everywhere (strides 0)
   fill(one, 1.0);
   const DeviceSource all_ones{one.data(), DType::U8, 0, 0};
@@ -150,22 +162,23 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
     const int64_t* rows = m.rows_lengths.ptr<int64_t>();
     const int64_t* lengths = rows + m.batch;
     int64_t* verdict = verdicts.ptr<int64_t>() + static_cast<int64_t>(k) * kVerdicts;
-    const auto gather = [&](const TensorView& v, int field, DType out_dtype, int64_t seq, int64_t* bad) {
+    // Into a new [batch, seq] buffer: the ids (no field), or a field (an absent mask is all ones).
+    const auto gather = [&](const Field* f, DType out_dtype, int64_t seq, int64_t* bad) {
       Tensor t = Tensor::empty({m.batch * seq}, out_dtype, dev);
-      const DeviceSource src =
-          field < 0 ? DeviceSource{v.data, v.dtype, v.stride[0], v.stride[1]}
-          : v.data  ? source_of(v, kFieldNames[field], n, cols, field != 1, field == 1 || field == 2, dev)
-                    : all_ones;
+      const TensorView& v = f ? batch.*f->view : batch.ids;
+      const DeviceSource src = !f        ? DeviceSource{v.data, v.dtype, v.stride[0], v.stride[1]}
+                               : v.data ? source_of(batch, *f, dev)
+                                        : all_ones;
       kernels->gather_padded(src, rows, lengths, m.batch, seq, out_dtype, t.data(), bad);
       return t;
     };
-    m.ids = gather(batch.ids, -1, DType::I32, m.seq, nullptr);
-    m.token_mask = gather(batch.token_mask, 0, DType::U8, m.seq, verdict + kTokenMaskBad);
-    m.sample_mask = gather(batch.sample_mask, 1, DType::U8, 1, verdict + kSampleMaskBad);
-    if (batch.advantages.data) m.advantages = gather(batch.advantages, 2, DType::F32, m.seq, nullptr);
-    if (batch.prev_logprobs.data) m.prev = gather(batch.prev_logprobs, 3, DType::F32, m.seq, nullptr);
-    if (batch.ref_logprobs.data) m.ref = gather(batch.ref_logprobs, 4, DType::F32, m.seq, nullptr);
-    if (batch.gen_logprobs.data) m.gen = gather(batch.gen_logprobs, 5, DType::F32, m.seq, nullptr);
+    m.ids = gather(nullptr, DType::I32, m.seq, nullptr);
+    m.token_mask = gather(&kTokenMask, DType::U8, m.seq, verdict + kTokenMaskBad);
+    m.sample_mask = gather(&kSampleMask, DType::U8, 1, verdict + kSampleMaskBad);
+    if (batch.advantages.data) m.advantages = gather(&kAdvantages, DType::F32, m.seq, nullptr);
+    if (batch.prev_logprobs.data) m.prev = gather(&kPrev, DType::F32, m.seq, nullptr);
+    if (batch.ref_logprobs.data) m.ref = gather(&kRef, DType::F32, m.seq, nullptr);
+    if (batch.gen_logprobs.data) m.gen = gather(&kGen, DType::F32, m.seq, nullptr);
     m.row_count = Tensor::empty({m.batch}, DType::F64, dev);
     kernels->count(m.view(), dpo, m.row_count.ptr<double>(), reinterpret_cast<double*>(verdict));
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ringtrain/core/cuda/check.h"
+#include "ringtrain/core/cuda/elements.cuh"
 #include "ringtrain/core/cuda/float_convert.cuh"
 #include "ringtrain/core/cuda/tensor_ops.h"
 #include "ringtrain/core/error.h"
@@ -12,6 +13,9 @@
 
 namespace ringtrain::cuda_ops {
 namespace {
+
+using cuda::load_any;
+using cuda::store_any;
 
 // A copy's index space after merging dimensions that are contiguous in both views (a contiguous view collapses to
 // one dimension, so most copies need no index arithmetic at all).
@@ -97,31 +101,6 @@ __global__ void contiguous_kernel(D* __restrict__ dst, const S* __restrict__ src
   }
 }
 
-// Integer and fp64 views (rare: cu_seqlens, tests) go through fp64.
-__device__ double load_any(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::F64: return static_cast<const double*>(p)[i];
-    case DType::I32: return static_cast<const int32_t*>(p)[i];
-    case DType::I64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::U8: return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
-
-__device__ void store_any(void* p, DType t, int64_t i, double v) {
-  switch (t) {
-    case DType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case DType::BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(static_cast<float>(v)); return;
-    case DType::F16: static_cast<__half*>(p)[i] = __float2half(static_cast<float>(v)); return;
-    case DType::F64: static_cast<double*>(p)[i] = v; return;
-    case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
-    case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
-    case DType::U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); return;
-  }
-}
 
 __global__ void any_dtype_kernel(void* dst, DType dt, const void* src, DType st, Shape4 s, int64_t n, bool acc) {
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n; k += int64_t{gridDim.x} * blockDim.x) {

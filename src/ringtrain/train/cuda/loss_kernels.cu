@@ -1,18 +1,18 @@
-// The losses on the device (train/device_loss.h), token for token the arithmetic of train/losses.cpp in fp64.
+// The losses on the device (train/device_loss.h): the per-token arithmetic is losses.cpp's (train/loss_math.h), in
+// fp64.
 //
 // Sums over a microbatch run in one block of kReduceThreads threads: thread t takes the entries t, t + kReduceThreads,
 // ... in order and a fixed shared-memory tree adds the threads, so the result depends on the shapes alone. A
 // microbatch holds at most a few hundred thousand tokens: one block walks them in tens of microseconds, against a
 // forward and backward of tens of milliseconds.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "ringtrain/core/cuda/check.h"
+#include "ringtrain/core/cuda/elements.cuh"
 #include "ringtrain/train/cuda/loss_kernels.h"
+#include "ringtrain/train/loss_math.h"
 
 namespace ringtrain::train::cuda {
 namespace {
@@ -22,21 +22,6 @@ constexpr int kReduceThreads = 512;
 constexpr int kMaxSums = 8;  // the loss and up to seven metrics
 
 int grid_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 65535)); }
-
-__device__ double clamp_d(double v, double lo, double hi) { return v < lo ? lo : (hi < v ? hi : v); }
-
-__device__ double load_value(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::F64: return static_cast<const double*>(p)[i];
-    case DType::I32: return static_cast<const int32_t*>(p)[i];
-    case DType::I64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::U8: return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
 
 __device__ bool counted(const DeviceMicro& m, int64_t b, int64_t p) {
   return p > 0 && m.sample_mask[b] != 0 && m.token_mask[b * m.seq + p] != 0;
@@ -64,7 +49,8 @@ __global__ void gather_kernel(DeviceSource src, const int64_t* rows, const int64
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t b = i / seq, p = i % seq;
     const bool inside = p < lengths[b];
-    const double v = inside ? load_value(src.data, src.dtype, rows[b] * src.row_stride + p * src.col_stride) : 0.0;
+    const int64_t at = rows[b] * src.row_stride + p * src.col_stride;
+    const double v = inside ? ringtrain::cuda::load_any(src.data, src.dtype, at) : 0.0;
     switch (out_dtype) {
       case DType::I32: static_cast<int32_t*>(out)[i] = static_cast<int32_t>(v); break;
       case DType::U8:
@@ -113,54 +99,6 @@ __global__ void row_scale_kernel(DeviceMicro m, bool sequence_mean, double globa
     row_scale[b] = 1.0 / global_tokens;
   else
     row_scale[b] = row_count[b] > 0 ? 1.0 / (row_count[b] * global_sequences) : 0.0;
-}
-
-struct PGToken {
-  double loss, grad;
-  bool clipped, dual_clipped;
-  double kl;
-};
-
-// losses.cpp's pg_token.
-__device__ PGToken pg_token(double cur, double prev, double adv, double ref, double weight,
-                            const ClippedPGConfig& cfg) {
-  PGToken t{0, 0, false, false, 0};
-  const double r = exp(cur - prev);
-  double pg = 0, dpg = 0;
-  if (adv != 0) {
-    const double unclipped = -adv * r;
-    const double clipped = -adv * clamp_d(r, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high);
-    if (clipped > unclipped) {
-      pg = clipped;
-      t.clipped = true;
-    } else {
-      pg = unclipped;
-      dpg = -adv * r;
-    }
-    if (cfg.dual_clip > 0 && adv < 0 && pg > -adv * cfg.dual_clip) {
-      pg = -adv * cfg.dual_clip;
-      dpg = 0;
-      t.dual_clipped = true;
-    }
-  }
-  double dkl = 0;
-  if (cfg.kl_beta != 0) {
-    const double x_raw = ref - cur;
-    const double x = clamp_d(x_raw, -20.0, 20.0);
-    const double dx = x == x_raw ? -1.0 : 0.0;
-    double k = 0, dk = 0;
-    switch (cfg.kl_estimator) {
-      case KLEstimator::K1: k = -x, dk = -1; break;
-      case KLEstimator::K2: k = 0.5 * x * x, dk = x; break;
-      case KLEstimator::K3: k = expm1(x) - x, dk = expm1(x); break;
-    }
-    t.kl = clamp_d(k, -10.0, 10.0);
-    dkl = t.kl == k ? dk * dx : 0.0;
-  }
-  t.loss = weight * (pg + cfg.kl_beta * t.kl);
-  t.grad = weight * (dpg + cfg.kl_beta * dkl);
-  if (isnan(cur) || isnan(prev) || isnan(adv) || isnan(ref) || isnan(weight)) t.loss = t.grad = nan("");
-  return t;
 }
 
 // The clipped PG's per-token inputs at entry i of the microbatch.
@@ -241,13 +179,6 @@ __global__ void dpo_row_kernel(DeviceMicro m, const float* logprobs, double* scr
   if (threadIdx.x == 0) scratch[3 * b] = total[0], scratch[3 * b + 1] = total[1];
 }
 
-__device__ double softplus_d(double x) { return fmax(x, 0.0) + log1p(exp(-fabs(x))); }
-__device__ double sigmoid_d(double x) {
-  if (x >= 0) return 1.0 / (1.0 + exp(-x));
-  const double e = exp(x);
-  return e / (1.0 + e);
-}
-
 // One block: the pairs' loss and metric sums, and scratch[3b + 2] = d(loss)/d(logπ) for row b's counted tokens.
 __global__ void dpo_pair_kernel(DPOConfig cfg, DeviceMicro m, double pairs, double chosen_tokens, double* scratch,
                                 double* sums) {
@@ -257,8 +188,8 @@ __global__ void dpo_pair_kernel(DPOConfig cfg, DeviceMicro m, double pairs, doub
     scratch[3 * bc + 2] = scratch[3 * br + 2] = 0;
     if (m.sample_mask[bc] == 0) continue;
     const double rc = scratch[3 * bc], rr = scratch[3 * br], z = cfg.beta * (rc - rr);
-    v[0] += softplus_d(-z) / pairs;
-    const double dz = -sigmoid_d(-z) * cfg.beta / pairs;
+    v[0] += softplus(-z) / pairs;
+    const double dz = -sigmoid(-z) * cfg.beta / pairs;
     double g = dz;
     if (cfg.nll_coef != 0) {
       v[0] -= cfg.nll_coef * scratch[3 * bc + 1] / chosen_tokens;
