@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import tempfile
 import unittest
 
@@ -226,3 +227,47 @@ class TestGpuTrain(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def torchrun_skip_reason():
+    if SKIP is not None:
+        return SKIP
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        return f"needs 2 GPUs for two ranks, found {torch.cuda.device_count()}"
+    if importlib.util.find_spec("torch.distributed.run") is None:
+        return "torch.distributed.run (torchrun) is not available"
+    return None
+
+
+@unittest.skipIf(torchrun_skip_reason() is not None, torchrun_skip_reason() or "")
+class TestTorchrun(unittest.TestCase):
+    """Two processes under torchrun, one GPU and one worker each (dp = 2): both ranks return the same step, CUDA
+    tensors train as NumPy arrays do (1e-5: the backward's atomics), and the scores agree on both ranks."""
+
+    def test_two_ranks_train_alike(self):
+        import subprocess
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix = os.path.join(tmp, "rank")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                   "--master_port", "29517", os.path.join(here, "torchrun_rank.py"), prefix],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+            self.assertEqual(proc.returncode, 0, proc.stdout[-4000:])
+            ranks = []
+            for r in range(2):
+                with open(f"{prefix}.{r}") as f:
+                    ranks.append(json.load(f))
+        for got in ranks:
+            self.assertEqual(got["world_size"], 2)
+            for key in ("loss", "grad_norm", "valid_tokens"):
+                want = ranks[0]["numpy"][key]
+                self.assertTrue(math.isfinite(want), key)
+                for name in ("numpy", "cuda"):
+                    self.assertAlmostEqual(got[name][key], want, delta=1e-5 * max(1.0, abs(want)),
+                                           msg=f"rank {got['rank']} {name} {key}")
+            np.testing.assert_allclose(np.array(got["cuda"]["logprobs"]), np.array(ranks[0]["numpy"]["logprobs"]),
+                                       rtol=0, atol=1e-3)
