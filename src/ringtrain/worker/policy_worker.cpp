@@ -373,17 +373,27 @@ void PolicyWorker::get_reference_logprobs_into(const TokenRowsBatch& batch, cons
   });
 }
 
+namespace {
+
+// A train batch holds exactly train_global_batch_size units: sequences, or (DPO) pairs of consecutive sequences.
+void check_global_batch(int64_t sequences, const Config& c) {
+  const bool dpo = c.loss_fn.type == LossType::Dpo;
+  RT_CHECK(!dpo || sequences % 2 == 0, "train: a DPO batch holds pairs (chosen, rejected); got ", sequences,
+           " sequences");
+  const int64_t units = sequences / (dpo ? 2 : 1);
+  RT_CHECK(units == c.policy.train_global_batch_size, "train: the batch holds ", units, dpo ? " pairs" : " sequences",
+           "; policy.train_global_batch_size = ", c.policy.train_global_batch_size);
+}
+
+}  // namespace
+
 TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
   State& s = *state_;
   const Config& c = s.config;
   const auto t0 = Clock::now();
   check_samples(samples, s.model, c.policy.max_total_sequence_length, "train");
   const bool dpo = c.loss_fn.type == LossType::Dpo, pg = c.loss_fn.type == LossType::ClippedPg;
-  const int64_t units = static_cast<int64_t>(samples.size()) / (dpo ? 2 : 1);
-  RT_CHECK(!dpo || samples.size() % 2 == 0, "train: a DPO batch holds pairs (chosen, rejected); got ", samples.size(),
-           " sequences");
-  RT_CHECK(units == c.policy.train_global_batch_size, "train: the batch holds ", units, dpo ? " pairs" : " sequences",
-           "; policy.train_global_batch_size = ", c.policy.train_global_batch_size);
+  check_global_batch(static_cast<int64_t>(samples.size()), c);
 
   train::TrainBatch batch;
   for (const Sample& x : samples) {
@@ -447,10 +457,7 @@ TrainResult PolicyWorker::train_rows(const TrainRowsBatch& batch) {
   check_row_lengths(ids, batch.tokens.lengths);
   const bool dpo = c.loss_fn.type == LossType::Dpo, pg = c.loss_fn.type == LossType::ClippedPg;
   const int64_t B = ids.shape[0], C = ids.shape[1];
-  RT_CHECK(!dpo || B % 2 == 0, "train: a DPO batch holds pairs (chosen, rejected); got ", B, " sequences");
-  const int64_t units = B / (dpo ? 2 : 1);
-  RT_CHECK(units == c.policy.train_global_batch_size, "train: the batch holds ", units, dpo ? " pairs" : " sequences",
-           "; policy.train_global_batch_size = ", c.policy.train_global_batch_size);
+  check_global_batch(B, c);
   int64_t tokens = 0;
   for (int64_t i = 0; i < B; ++i) {
     const int64_t len = batch.tokens.lengths[static_cast<size_t>(i)];

@@ -80,11 +80,7 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
     if (batch.ids.device != dev || logprobs.device != dev || (entropy.data && entropy.device != dev))
       return Policy::score_into(batch, logprobs, entropy);
     const RowsForward f = forward_rows(batch, logprobs, entropy, /*for_backward=*/false);
-    const Tensor local = Tensor::empty({entropy.data ? 2 * f.n : f.n}, DType::F32, dev);
-    cuda::token_logprobs(model_.gemm(), local.ptr<float>(), f.hidden, model_.lm_head(), f.targets(), f.n,
-                         model_.config().hidden, model_.config().vocab, chunk_,
-                         entropy.data ? local.ptr<float>() + f.n : nullptr);
-    scatter_rows(f, local, logprobs, entropy);
+    score_rows(f, logprobs, entropy);
     device_ops(logprobs, "scores").synchronize_stream(model_.stream(), "scoring token rows");
   }
 
@@ -93,11 +89,7 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
   void score_rows_for_backward(const TokenRows& batch, const TensorView& logprobs, const TensorView& entropy) override {
     check_on_device(batch, logprobs, entropy);
     auto f = std::make_unique<RowsForward>(forward_rows(batch, logprobs, entropy, /*for_backward=*/true));
-    const Tensor local = Tensor::empty({entropy.data ? 2 * f->n : f->n}, DType::F32, model_.device());
-    cuda::token_logprobs(model_.gemm(), local.ptr<float>(), f->hidden, model_.lm_head(), f->targets(), f->n,
-                         model_.config().hidden, model_.config().vocab, chunk_,
-                         entropy.data ? local.ptr<float>() + f->n : nullptr);
-    scatter_rows(*f, local, logprobs, entropy);
+    score_rows(*f, logprobs, entropy);
     rows_forward_ = std::move(f);
   }
 
@@ -227,6 +219,15 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
     f.hidden = model_.forward_on_device(f.tokens.ptr<int32_t>(), f.positions.ptr<int32_t>(), f.rows->batch(),
                                         f.rows->row_len(), *f.attention, for_backward);
     return f;
+  }
+
+  // The LM head over a forward's rows, its logprobs (and entropy when the view has data) into the caller's views.
+  void score_rows(const RowsForward& f, const TensorView& logprobs, const TensorView& entropy) {
+    const Tensor local = Tensor::empty({entropy.data ? 2 * f.n : f.n}, DType::F32, model_.device());
+    cuda::token_logprobs(model_.gemm(), local.ptr<float>(), f.hidden, model_.lm_head(), f.targets(), f.n,
+                         model_.config().hidden, model_.config().vocab, chunk_,
+                         entropy.data ? local.ptr<float>() + f.n : nullptr);
+    scatter_rows(f, local, logprobs, entropy);
   }
 
   // Every rank's `local` results (logprobs, then entropy when the view has data) into the caller's views.
