@@ -61,14 +61,6 @@ __device__ __forceinline__ void load_4d(uint32_t dst, const CUtensorMap* map, ui
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
-// Box (c0 = column, c1 = row) of a 2-D tensor map into shared memory; the bytes complete on `bar`. Coordinates
-// outside the matrix read as zeros.
-__device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
 // Box (c0, c1, c2, c3) of a 4-D tensor map from shared memory (written through the generic proxy: fence first),
 // in this thread's bulk group; coordinates outside the tensor are not written.
 __device__ __forceinline__ void store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {

@@ -16,7 +16,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
     const cudaError_t e =
         cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
     RT_CHECK(e == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr,
-             "tensor map: the driver offers no cuTensorMapEncodeTiled (", cudaGetErrorString(e),
+             "flash (cuda): the driver offers no cuTensorMapEncodeTiled (", cudaGetErrorString(e),
              "); the Hopper kernels need a CUDA 12+ driver");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
   }();
@@ -50,25 +50,6 @@ CUtensorMap panel_map(const FlashRows& t, int64_t rows, int heads, int batches, 
            static_cast<int>(r), ") of D=", head_dim, " rows=", rows, " heads=", heads, " batches=", batches,
            " strides (row, head, batch) = (", t.row_stride, ", ", t.head_stride, ", ", t.batch_stride,
            ") elements at ", t.ptr);
-  return map;
-}
-
-CUtensorMap matrix_map(const void* ptr, int64_t rows, int64_t cols, int64_t row_stride, int box_rows,
-                       const char* what) {
-  RT_CHECK(rows > 0 && cols > 0 && rows < (int64_t(1) << 31) && cols < (int64_t(1) << 31) && row_stride >= cols,
-           "tensor map: '", what, "' of ", rows, " x ", cols, " (row stride ", row_stride,
-           ") is outside what 32-bit tensor-map coordinates address");
-  constexpr uint64_t kElem = 2;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * kElem};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  CUtensorMap map;
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box,
-                               elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  RT_CHECK(r == CUDA_SUCCESS, "tensor map: the driver refused '", what, "' (CUresult ", static_cast<int>(r), ") of ",
-           rows, " x ", cols, ", row stride ", row_stride, " elements, at ", ptr);
   return map;
 }
 

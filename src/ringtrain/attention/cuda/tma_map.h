@@ -1,6 +1,5 @@
-// Bulk-tensor (TMA) descriptors of 16-bit tensors read in 64-column panels with the 128-byte swizzle that wgmma's
-// shared-memory descriptors expect (wgmma.cuh): the flash kernels' [rows, heads, D] tensors, and the row-major
-// matrices of the model's fused GEMMs.
+// Bulk-tensor (TMA) descriptors of the flash kernels' 16-bit [rows, heads, D] tensors, read in 64-column panels
+// with the 128-byte swizzle that wgmma's shared-memory descriptors expect (wgmma.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -17,11 +16,5 @@ namespace ringtrain::attention::cuda {
 // naming `what` and the shape when the driver refuses the description (alignment, strides).
 CUtensorMap panel_map(const FlashRows& t, int64_t rows, int heads, int batches, int head_dim, int box_rows,
                       const char* what);
-
-// A row-major bf16 matrix [rows, cols] with rows `row_stride` elements apart: a box is 64 columns x `box_rows` rows,
-// coordinates (column, row), reads past either extent give zeros. Throws an Error naming `what` and the shape when
-// the driver refuses it (the base and the row stride must be 16-byte aligned).
-CUtensorMap matrix_map(const void* ptr, int64_t rows, int64_t cols, int64_t row_stride, int box_rows,
-                       const char* what);
 
 }  // namespace ringtrain::attention::cuda

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/cuda/fused_gemm.h"
 #include "ringtrain/model/logprobs.h"
 
 namespace ringtrain::model::cuda {
@@ -21,8 +20,6 @@ Tensor upload_i32(const int32_t* host, int64_t n, Device device) {
   return t;
 }
 
-constexpr int64_t kFusedChunksPerPass = 32;
-
 }  // namespace
 
 int64_t default_logprob_chunk(int64_t vocab) {
@@ -33,22 +30,11 @@ int64_t default_logprob_chunk(int64_t vocab) {
 }
 
 void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_head, const int32_t* targets,
-                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* entropy,
-                    bool forward_only) {
+                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* entropy) {
   RT_CHECK(chunk_tokens > 0, "logprobs: chunk size must be positive, got ", chunk_tokens);
+  const int64_t rows = std::min(n, chunk_tokens);
   int device = 0;
   cudaGetDevice(&device);
-  if (forward_only && fused_epilogues_enabled() && fused_logprobs_fit(hidden, lm_head, hidden_dim)) {
-    // 16 bytes per 128 logits, 1/32 of a chunk's fp32 logits
-    const int64_t rows = std::min(n, kFusedChunksPerPass * chunk_tokens);
-    const Tensor scratch =
-        Tensor::empty({fused_logprob_scratch_floats(rows, vocab)}, DType::F32, Device::cuda(device));
-    for (int64_t r0 = 0; r0 < n; r0 += rows)
-      fused_token_logprobs(gemm.stream(), out + r0, entropy ? entropy + r0 : nullptr, hidden + r0 * hidden_dim,
-                           lm_head, targets + r0, std::min(rows, n - r0), hidden_dim, vocab, scratch.ptr<float>());
-    return;
-  }
-  const int64_t rows = std::min(n, chunk_tokens);
   const Tensor logits = Tensor::empty({rows, vocab}, DType::F32, Device::cuda(device));
   const Tensor lse = Tensor::empty({rows}, DType::F32, Device::cuda(device));
   for (int64_t c0 = 0; c0 < n; c0 += chunk_tokens) {
@@ -134,7 +120,7 @@ std::vector<float> model_row_logprobs(GpuModel& model, const int32_t* tokens, co
   const Tensor targets_dev = upload_i32(targets, n, model.device());
   const Tensor rows = Tensor::empty({n}, DType::F32, model.device());
   token_logprobs(model.gemm(), rows.ptr<float>(), hidden, model.lm_head(), targets_dev.ptr<int32_t>(), n, c.hidden,
-                 c.vocab, chunk_tokens, /*entropy=*/nullptr, /*forward_only=*/!for_backward);
+                 c.vocab, chunk_tokens);
   std::vector<float> out(static_cast<size_t>(n));
   copy(contiguous_view(out.data(), DType::F32, Device::cpu(), {n}), rows);
   return out;

@@ -27,12 +27,8 @@ int64_t default_logprob_chunk(int64_t vocab);
 // Device pointers, enqueued on gemm.stream(). out[i] = log P(targets[i] | row i) for rows [n, hidden_dim]; 0 where
 // targets[i] < 0. Targets must lie below vocab (checked on the host by the callers below). With `entropy` (optional,
 // [n]), entropy[i] = the entropy of row i's whole distribution, from the same pass over the logits.
-// forward_only: no backward will recompute these logits, so on Hopper the LM head with its log-softmax fused into the
-// GEMM's epilogue serves them (fused_gemm.h; 32 chunks' rows per pass in the memory of one chunk's logits). A
-// backward's logprobs keep the cuBLASLt + log-softmax path that its recomputation takes, bit for bit.
 void token_logprobs(Gemm& gemm, float* out, const bf16* hidden, const bf16* lm_head, const int32_t* targets,
-                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* entropy = nullptr,
-                    bool forward_only = false);
+                    int64_t n, int64_t hidden_dim, int64_t vocab, int64_t chunk_tokens, float* entropy = nullptr);
 // d_hidden [n, hidden_dim] overwritten with d(loss)/d(hidden); d(loss)/d(lm_head) added into the fp32 d_lm_head
 // (written instead when it is fresh).
 // The logprobs are recomputed on the way; when `logprobs` is non-null they are written there too, so that a loss

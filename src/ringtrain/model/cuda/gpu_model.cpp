@@ -3,7 +3,6 @@
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
-#include "ringtrain/model/cuda/fused_gemm.h"
 #include "ringtrain/model/layers.h"
 
 namespace ringtrain::model::cuda {
@@ -71,7 +70,7 @@ int64_t GpuParamLayout::place(const ParamLayout& host, int64_t host_offset, bool
   throw Error(cat("gpu model: no weight at host offset ", host_offset));
 }
 
-void GpuLayerActs::allocate(const ModelConfig& c, int64_t batch, int64_t seqlen, Device device, bool with_gate_up) {
+void GpuLayerActs::allocate(const ModelConfig& c, int64_t batch, int64_t seqlen, Device device) {
   const int64_t N = batch * seqlen, H = c.hidden, D = c.head_dim;
   norm1 = Tensor::empty({N, H}, DType::BF16, device);
   rstd1 = Tensor::empty({N}, DType::F32, device);
@@ -88,7 +87,7 @@ void GpuLayerActs::allocate(const ModelConfig& c, int64_t batch, int64_t seqlen,
   mid = Tensor::empty({N, H}, DType::BF16, device);
   norm2 = Tensor::empty({N, H}, DType::BF16, device);
   rstd2 = Tensor::empty({N}, DType::F32, device);
-  if (with_gate_up) gate_up = Tensor::empty({N, 2 * c.ffn}, DType::BF16, device);
+  gate_up = Tensor::empty({N, 2 * c.ffn}, DType::BF16, device);
   act = Tensor::empty({N, c.ffn}, DType::BF16, device);
 }
 
@@ -254,7 +253,7 @@ void GpuModel::prepare(int64_t batch, int64_t seqlen, bool for_backward) {
     saved_.resize(static_cast<size_t>(L));
     for (size_t l = 0; l < saved_.size(); ++l) {
       if (checkpointed(l)) need_scratch = true;
-      else saved_[l].allocate(c, batch, seqlen, device_, /*with_gate_up=*/true);
+      else saved_[l].allocate(c, batch, seqlen, device_);
     }
     const int64_t qd = c.heads * D, kvd = c.kv_heads * D;
     dx_ = Tensor::empty({N, H}, DType::BF16, device_);
@@ -267,8 +266,7 @@ void GpuModel::prepare(int64_t batch, int64_t seqlen, bool for_backward) {
     dv_ = Tensor::empty({N, c.kv_heads, D}, DType::BF16, device_);
     d_qkv_ = Tensor::empty({N, qd + 2 * kvd}, DType::BF16, device_);
   }
-  fuse_mlp_ = !for_backward && can_fuse_mlp();
-  if (need_scratch) scratch_.allocate(c, batch, seqlen, device_, /*with_gate_up=*/!fuse_mlp_);
+  if (need_scratch) scratch_.allocate(c, batch, seqlen, device_);
   batch_ = batch, seqlen_ = seqlen, sized_for_backward_ = for_backward;
 }
 
@@ -311,7 +309,7 @@ const bf16* GpuModel::run_forward(SequenceAttention& attention, bool for_backwar
   for (size_t l = 0; l < L; ++l) {
     GpuLayerActs& a = for_backward && !checkpointed(l) ? saved_[l] : scratch_;
     bf16* x_out = l + 1 < L ? layer_input(l + 1) : final_in_.ptr<bf16>();
-    layer_forward(l, a, layer_input(l), x_out, attention, /*fused_mlp=*/fuse_mlp_);
+    layer_forward(l, a, layer_input(l), x_out, attention);
   }
   rmsnorm_forward(stream(), hidden_.ptr<bf16>(), final_rstd_.ptr<float>(), final_in_.ptr<bf16>(), W + dev_.final_norm,
                   N, H, static_cast<float>(config_.rms_eps));
@@ -319,17 +317,8 @@ const bf16* GpuModel::run_forward(SequenceAttention& attention, bool for_backwar
   return hidden_.ptr<bf16>();
 }
 
-bool GpuModel::can_fuse_mlp() const {
-  if (!fused_epilogues_enabled()) return false;
-  const bf16* W = weights_.ptr<bf16>();
-  // The activations are fresh pool allocations (aligned); the weights' alignment is checked per layer.
-  for (const GpuLayerOffsets& w : dev_.layers)
-    if (!fused_swiglu_fits(nullptr, nullptr, W + w.gate_up, config_.hidden, config_.ffn)) return false;
-  return true;
-}
-
 void GpuModel::layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf16* x_out,
-                             SequenceAttention& attention, bool fused_mlp) {
+                             SequenceAttention& attention) {
   const ModelConfig& c = config_;
   const GpuLayerOffsets& w = dev_.layers[layer];
   const bf16* W = weights_.ptr<bf16>();
@@ -349,12 +338,8 @@ void GpuModel::layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf
   gemm_->linear_forward(a.mid.ptr<bf16>(), a.attn.ptr<bf16>(), W + w.o_w, at(W, w.o_b), N, qd, H, /*residual=*/x_in);
 
   rmsnorm_forward(s, a.norm2.ptr<bf16>(), a.rstd2.ptr<float>(), a.mid.ptr<bf16>(), W + w.post_norm, N, H, eps);
-  if (fused_mlp) {
-    fused_gate_up_swiglu(s, a.act.ptr<bf16>(), a.norm2.ptr<bf16>(), W + w.gate_up, N, H, F);
-  } else {
-    gemm_->linear_forward(a.gate_up.ptr<bf16>(), a.norm2.ptr<bf16>(), W + w.gate_up, nullptr, N, H, 2 * F);
-    swiglu_forward(s, a.act.ptr<bf16>(), a.gate_up.ptr<bf16>(), N, F);
-  }
+  gemm_->linear_forward(a.gate_up.ptr<bf16>(), a.norm2.ptr<bf16>(), W + w.gate_up, nullptr, N, H, 2 * F);
+  swiglu_forward(s, a.act.ptr<bf16>(), a.gate_up.ptr<bf16>(), N, F);
   gemm_->linear_forward(x_out, a.act.ptr<bf16>(), W + w.down, nullptr, N, F, H, /*residual=*/a.mid.ptr<bf16>());
 }
 
@@ -376,7 +361,7 @@ void GpuModel::backward(const bf16* d_hidden, SequenceAttention& attention) {
       // Recompute the layer's activations from its input; its output goes to the next layer's input buffer,
       // whose backward has already run (or to the final norm's input, already used).
       bf16* x_out = l + 1 < L ? layer_input(l + 1) : final_in_.ptr<bf16>();
-      layer_forward(l, scratch_, x_in, x_out, attention, /*fused_mlp=*/false);
+      layer_forward(l, scratch_, x_in, x_out, attention);
     }
     layer_backward(l, checkpointed(l) ? scratch_ : saved_[l], x_in, attention);
   }

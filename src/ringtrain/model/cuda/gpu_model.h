@@ -69,8 +69,8 @@ struct GpuLayerActs {
   Tensor q, k, v;            // attention inputs [N, heads, d] after norm and RoPE
   Tensor attn, lse;          // attention output [N, hq d], fp32 LSE [B, hq, S]
   Tensor mid, norm2, rstd2;  // after the attention residual; post-attention RMSNorm
-  Tensor gate_up, act;       // MLP [N, 2 ffn] (absent where the fused gate/up + SwiGLU runs), [N, ffn]
-  void allocate(const ModelConfig& c, int64_t batch, int64_t seqlen, Device device, bool with_gate_up);
+  Tensor gate_up, act;       // MLP [N, 2 ffn], [N, ffn]
+  void allocate(const ModelConfig& c, int64_t batch, int64_t seqlen, Device device);
 };
 
 class GpuModel {
@@ -135,12 +135,7 @@ class GpuModel {
   // The forward over tokens_ / positions_ (filled for the prepared shape).
   const bf16* run_forward(SequenceAttention& attention, bool for_backward);
   bf16* layer_input(size_t layer);
-  // With fused_mlp the gate/up product and SwiGLU run as one kernel (fused_gemm.h) and a.gate_up is not written:
-  // for forwards that no backward reads.
-  void layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf16* x_out, SequenceAttention& attention,
-                     bool fused_mlp);
-  // Whether a forward without backward can fuse the MLP's gate/up product with SwiGLU on this device and shape.
-  bool can_fuse_mlp() const;
+  void layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf16* x_out, SequenceAttention& attention);
   void layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x_in, SequenceAttention& attention);
   void release_buffers();
   bool grad_fresh(int64_t device_offset) const;
@@ -159,7 +154,6 @@ class GpuModel {
   // The shape the buffers below were allocated for, and what the last forward kept.
   int64_t batch_ = 0, seqlen_ = 0;
   bool sized_for_backward_ = false, have_activations_ = false;
-  bool fuse_mlp_ = false;  // the prepared forward-only shape runs the fused gate/up + SwiGLU (no gate_up buffer)
   Tensor tokens_, positions_;   // int32 [N]
   std::vector<Tensor> inputs_;  // layer inputs: one per layer with for_backward, else two used in turn
   Tensor final_in_, final_rstd_, hidden_;

@@ -48,7 +48,7 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
     Scoring s = begin(batch, for_backward, with_entropy);
     cuda::token_logprobs(model_.gemm(), s.local.ptr<float>(), s.hidden, model_.lm_head(), s.targets.ptr<int32_t>(),
                          s.n, model_.config().hidden, model_.config().vocab, chunk_,
-                         with_entropy ? s.local.ptr<float>() + s.n : nullptr, /*forward_only=*/!for_backward);
+                         with_entropy ? s.local.ptr<float>() + s.n : nullptr);
     TokenScores scores = gather(s, with_entropy);
     if (for_backward) scored_ = std::move(s.rows), attention_ = std::move(s.attention);
     return scores;
@@ -173,7 +173,6 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
     std::unique_ptr<SequenceAttention> attention;
     int64_t n = 0, ids_rows = 0, ids_cols = 0;
     int rank = 0, cp = 1;
-    bool for_backward = false;
     Tensor offsets;    // token offsets [n], target offsets [n], every rank's result offsets [cp * n]
     Tensor tokens;     // tokens [n], then targets [n]
     Tensor positions;  // read by the forward's copy, kept until the work is enqueued
@@ -195,7 +194,6 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
     scored_.reset(), attention_.reset(), rows_forward_.reset();
     const Device dev = model_.device();
     RowsForward f;
-    f.for_backward = for_backward;
     f.cp = group_ ? group_->size() : 1;
     f.rank = group_ ? group_->rank() : 0;
     f.ids_rows = batch.ids.shape[0], f.ids_cols = batch.ids.shape[1];
@@ -228,7 +226,7 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
     const Tensor local = Tensor::empty({entropy.data ? 2 * f.n : f.n}, DType::F32, model_.device());
     cuda::token_logprobs(model_.gemm(), local.ptr<float>(), f.hidden, model_.lm_head(), f.targets(), f.n,
                          model_.config().hidden, model_.config().vocab, chunk_,
-                         entropy.data ? local.ptr<float>() + f.n : nullptr, /*forward_only=*/!f.for_backward);
+                         entropy.data ? local.ptr<float>() + f.n : nullptr);
     scatter_rows(f, local, logprobs, entropy);
   }
 
