@@ -2,15 +2,18 @@
 // tile of 128 keys, kv head, sequence) of three warpgroups:
 //  - the producer (one warp of warpgroup 0, its registers given back) copies K and V once, then for every query tile
 //    (64 rows) of every query head of the GQA group that can see the keys (causally and within a sliding window) its
-//    Q, dO, LSE and Delta into a ring of two shared-memory stages guarded by full and empty mbarriers (tma.cuh):
+//    Q, dO, LSE and Delta into a ring of shared-memory stages (three at D = 64, two at D = 128, where no third
+//    fits) guarded by full and empty mbarriers (tma.cuh):
 //    bulk-tensor (TMA) copies, or zero-filling cp.async for tiles that reach past their sequence's end (a NaN there
 //    would survive the zeroed P^T and dS^T in 0 * NaN); LSE and Delta always by cp.async, zero-filled;
 //  - two consumers own 64 keys each and keep their dK and dV in registers. Per query tile each computes
 //      S^T = K Q^T and dP^T = V dO^T (shared operands), P^T and dS^T = P^T (dP^T - Delta) * scale in registers,
 //      dV += P^T dO and dK += dS^T Q (P^T and dS^T as register operands),
-//    and a 64 x 64 share of dQ = dS K from dS^T in shared memory (double-buffered, so that only the share's readers
-//    wait for its writers): head dim 128 splits dQ's columns between the consumers, head dim 64 its keys.
-// Each share is added to an fp32 accumulator in global memory by one bulk reduction (cp.reduce.async.bulk) of a
+//    and a 64 x 64 block of dQ = dS K over all 128 keys from dS^T in shared memory (double-buffered, so that only
+//    the block's readers wait for its writers): head dim 128 splits dQ's columns between the consumers; at head dim
+//    64 the consumers take turns, one query tile each, so that every dQ element is reduced once per key tile (split
+//    by keys, two reductions would add into the same block and double the atomic traffic into L2).
+// Each block is added to an fp32 accumulator in global memory by one bulk reduction (cp.reduce.async.bulk) of a
 // 16 KB staging block, in the order the registers hold it; flash_dq_convert_sm90_kernel reads that order back into
 // dq. The accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
 #include <cuda.h>
@@ -29,14 +32,11 @@ using namespace tile;
 
 template <int D>
 struct BwdSm90Config {
-  static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = 64, BN = 128, kStages = 2;
+  static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = 64, BN = 128, kStages = D == 64 ? 3 : 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
   static constexpr int kTileKV = BN * D * 2, kTileQ = BM * D * 2;
   static constexpr int kDsBytes = BN * BM * 2;  // dS^T, [BN keys][BM queries]
-  static constexpr int kDqBlock = BM * 64 * 4;  // one consumer's dQ share, 64 x 64 fp32
-  // dQ share of consumer w: head dim 128 -> columns [64w, 64w + 64) over all keys (block w of the tile);
-  // head dim 64 -> all columns over keys [64w, 64w + 64) (both add into block 0).
-  static constexpr int kDqKeySteps = D == 128 ? BN / 16 : 4;
+  static constexpr int kDqBlock = BM * 64 * 4;  // one consumer's dQ block, 64 x 64 fp32, over all BN keys
   static constexpr int kStatBytes = 2 * BM * 4;  // per stage: BM LSE values, then BM Delta values
   static constexpr int kBarriers = 1 + 2 * kStages;  // K/V; full and empty per stage
   static constexpr int kSmemBytes = 1024 + 2 * kTileKV + 2 * kStages * kTileQ + 2 * kDsBytes + kConsumers * kDqBlock +
@@ -174,7 +174,7 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  const int dq_key_step0 = D == 128 ? 0 : wgi * 4, dq_panel = D == 128 ? wgi : 0;
+  const int dq_panel = D == 128 ? wgi : 0;  // which 64 columns of dQ (and of K) this consumer's block covers
   const uint32_t s_dq = sm.dq(wgi);
 
   if (w.steps > 0) {
@@ -273,29 +273,40 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dk, dst[k], wg::desc_mn(sQ, BM, k, 0), 1);
     wg::commit();
 
+    // This step's dQ block: every consumer's at D = 128, consumer (step mod 2)'s at D = 64.
+    const bool dq_here = D == 128 || step % 2 == wgi;
     wg::fence_async_smem();
-    if (ctid % 128 == 0) wg::bulk_wait_read();  // this consumer's previous dQ reduction has read its staging block
-    // dS^T complete: at D = 128 every consumer reads every key's, at D = 64 only its own keys'.
-    if constexpr (D == 128) wg::named_sync(3, Cfg::kConsumers * 128);
-    else wg::named_sync(1 + wgi, 128);
+    if (dq_here && ctid % 128 == 0) wg::bulk_wait_read();  // the staging block's previous reduction has read it
+    // dS^T complete, every key's. At D = 64 the consumer without a block only arrives; the barrier alternates with
+    // the step, so that its next arrival cannot complete this step's barrier before the other consumer's wait.
+    const int ds_barrier = D == 128 ? 3 : 3 + step % 2;
+    if (dq_here) wg::named_sync(ds_barrier, Cfg::kConsumers * 128);
+    else tma::named_arrive(ds_barrier, Cfg::kConsumers * 128);
+    // The step's GEMMs are done, so its Q, dO and statistics are read. Every thread arrives: its own plain loads of
+    // the statistics precede its own arrival, so the producer's refill is ordered after all of them.
+    auto release_stage = [&] {
+      wg::keep(dk);
+      wg::keep(dv);
+      wg::keep(pt);
+      wg::keep(dst);
+      tma::arrive(sm.empty(stage));
+    };
+    if (!dq_here) {
+      wg::wait<0>();
+      release_stage();
+      continue;
+    }
     float dq[32];
     wg::fence();
 #pragma unroll
-    for (int k = 0; k < Cfg::kDqKeySteps; ++k)
-      wg::Mma<T, 64>::template ss<1, 1>(dq, wg::desc_mn(sDS, BN, dq_key_step0 + k, 0),
-                                        wg::desc_mn(sm.k, BN, dq_key_step0 + k, dq_panel), k > 0);
+    for (int k = 0; k < BN / 16; ++k)
+      wg::Mma<T, 64>::template ss<1, 1>(dq, wg::desc_mn(sDS, BN, k, 0), wg::desc_mn(sm.k, BN, k, dq_panel), k > 0);
     wg::commit();
     wg::wait<0>();
     wg::keep(dq);
-    wg::keep(dk);
-    wg::keep(dv);
-    wg::keep(pt);
-    wg::keep(dst);
-    // This step's Q, dO and statistics are read. Every thread arrives: its own plain loads of the statistics precede
-    // its own arrival, so the producer's refill is ordered after all of them.
-    tma::arrive(sm.empty(stage));
+    release_stage();
 
-    // This consumer's dQ share to its staging block (consecutive lanes, consecutive 8 bytes), then one bulk add.
+    // The dQ block to this consumer's staging block (consecutive lanes, consecutive 8 bytes), then one bulk add.
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
