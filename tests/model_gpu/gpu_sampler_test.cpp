@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -433,6 +434,46 @@ void check_draws() {
   }
 }
 
+// Top-p with its crossing at a token boundary (the share of the m likeliest tokens' mass, so that where the kept
+// set ends is decided within rounding): every row, all with the same logits and the same (seed, id, step), must draw
+// the same token with the same logprobs, bit for bit. Each row is its own block, whose atomic additions land in
+// their own order; a histogram summed in floats would keep m tokens in some rows and m + 1 in others.
+void check_top_p_at_a_boundary_is_reproducible() {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const int64_t V = 32000, rows = 512;
+  std::normal_distribution<double> n(0, 2);
+  std::vector<float> row(static_cast<size_t>(V));
+  for (float& x : row) x = static_cast<float>(n(rng));
+  std::vector<double> w(row.begin(), row.end());
+  std::sort(w.begin(), w.end(), std::greater<>());
+  const double mx = w[0];
+  for (double& x : w) x = std::exp(x - mx);
+  const double total = std::accumulate(w.begin(), w.end(), 0.0);
+  std::vector<float> logits;
+  for (int64_t r = 0; r < rows; ++r) logits.insert(logits.end(), row.begin(), row.end());
+  const std::vector<uint64_t> ids(static_cast<size_t>(rows), 77);
+  for (int64_t m : {2, 17, 300}) {
+    model::SamplingParams s;
+    s.temperature = 1, s.top_k = 0, s.seed = rng();
+    s.top_p = std::accumulate(w.begin(), w.begin() + m, 0.0) / total;
+    const Drawn d = draw(logits, rows, V, s, ids, 5);
+    const double z_m = std::accumulate(w.begin(), w.begin() + m, 0.0), z_m1 = z_m + w[static_cast<size_t>(m)];
+    const int32_t t = d.token[0];
+    ASSERT_EQ(d.status[0], 0);
+    const double lp_t = row[static_cast<size_t>(t)] - mx;  // the token's unnormalised log mass
+    EXPECT_LE(std::min(std::fabs(d.sampling_logprob[0] - (lp_t - std::log(z_m))),
+                       std::fabs(d.sampling_logprob[0] - (lp_t - std::log(z_m1)))),
+              1e-4)
+        << "kept set of neither " << m << " nor " << m + 1 << " tokens";
+    for (int64_t r = 1; r < rows; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      ASSERT_EQ(d.token[i], d.token[0]) << "row " << r << ", crossing after " << m << " tokens";
+      ASSERT_EQ(d.sampling_logprob[i], d.sampling_logprob[0]) << "row " << r << ", crossing after " << m << " tokens";
+      ASSERT_EQ(d.logprob[i], d.logprob[0]) << "row " << r;
+    }
+  }
+}
+
 void check_greedy_tie_and_nan() {
   const int64_t V = 5000;
   std::vector<float> logits(static_cast<size_t>(2 * V), -1.f);
@@ -452,6 +493,11 @@ void check_greedy_tie_and_nan() {
 TEST(GpuSampleKernel, DrawsFromTheProcessedDistribution) {
   RT_REQUIRE_GPU();
   RT_GPU_ONLY(check_draws());
+}
+
+TEST(GpuSampleKernel, TopPAtATokenBoundaryIsReproducible) {
+  RT_REQUIRE_GPU();
+  RT_GPU_ONLY(check_top_p_at_a_boundary_is_reproducible());
 }
 
 TEST(GpuSampleKernel, GreedyTakesTheLowestIdOnATieAndNaNIsReported) {

@@ -87,34 +87,63 @@ __device__ inline uint32_t key_of(float x) {
 struct SampleShared {
   ArgMax arg[kWarps];
   float f[kWarps];
-  float hist[256];
+  unsigned long long hist[256];
   uint32_t prefix;
-  float above;
+  unsigned long long above;
 };
 
-// The largest threshold t with measure({v : key_v >= t, key_v >= floor}) >= target, where the measure of token v is
-// 1 (kMass false: a count) or exp((x_v - mx) * inv_t) (a probability mass): four passes, one byte of the key each,
-// from the most significant, each a 256-bin histogram of the candidates that share the bytes fixed so far.
+// A token's measure in the radix select, as an integer so that the histogram's atomic sums do not depend on the
+// order of the additions (float atomics would let two runs of one row keep different sets when the top-p crossing
+// lies within rounding of a bin boundary): 1 for a count, or the mass exp((x - mx) * inv_t) in (0, 1] in units of
+// 2^-40, at least one unit, so that every candidate weighs something (vocab * 2^40 < 2^64 for any vocab < 2^24).
 template <bool kMass>
-__device__ uint32_t radix_select(const float* x, int64_t vocab, uint32_t floor, float target, float mx, float inv_t,
+__device__ inline unsigned long long measure(float x, float mx, float inv_t) {
+  if constexpr (!kMass) return 1;
+  return max(1ull, __float2ull_rn(__expf((x - mx) * inv_t) * 0x1p40f));
+}
+
+// The largest threshold t with measure({v : key_v >= t, key_v >= floor}) >= target: the top-k count `goal` (kMass
+// false), or the share `goal` of the candidates' total mass (kMass true, top-p). Four passes, one byte of the key
+// each, from the most significant, each a 256-bin histogram of the candidates that share the bytes fixed so far.
+template <bool kMass>
+__device__ uint32_t radix_select(const float* x, int64_t vocab, uint32_t floor, double goal, float mx, float inv_t,
                                  SampleShared& sh) {
   uint32_t prefix = 0, mask = 0;
-  float above = 0.f;  // the measure of the candidates already known to lie above the prefix's range
+  unsigned long long above = 0;  // the measure of the candidates already known to lie above the prefix's range
+  unsigned long long target = kMass ? 0 : static_cast<unsigned long long>(goal);
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += kThreads) sh.hist[i] = 0.f;
+    for (int i = threadIdx.x; i < 256; i += kThreads) sh.hist[i] = 0;
     __syncthreads();
-    for (int64_t v = threadIdx.x; v < vocab; v += kThreads) {
-      const uint32_t k = key_of(x[v]);
-      if (k < floor || (k & mask) != prefix) continue;
-      atomicAdd(&sh.hist[(k >> shift) & 255u], kMass ? __expf((x[v] - mx) * inv_t) : 1.f);
+    // Every lane of a warp takes part in each round (a lane without a candidate has bin 256): the lanes with one bin
+    // add their measures (in two 20-bit halves, whose sums over 32 lanes fit 32 bits) and one of them adds the sum
+    // to the bin, which also spares the few bins that take almost every candidate in the first passes the
+    // contention of one atomic per token.
+    for (int64_t v0 = 0; v0 < vocab; v0 += kThreads) {
+      const int64_t v = v0 + threadIdx.x;
+      uint32_t bin = 256;
+      unsigned long long m = 0;
+      if (v < vocab) {
+        const uint32_t k = key_of(x[v]);
+        if (k >= floor && (k & mask) == prefix) bin = (k >> shift) & 255u, m = measure<kMass>(x[v], mx, inv_t);
+      }
+      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+      const uint32_t hi = __reduce_add_sync(peers, static_cast<uint32_t>(m >> 20));
+      const uint32_t lo = __reduce_add_sync(peers, static_cast<uint32_t>(m & 0xFFFFFu));
+      if (bin < 256 && threadIdx.x % 32 == __ffs(peers) - 1)
+        atomicAdd(&sh.hist[bin], (static_cast<unsigned long long>(hi) << 20) + lo);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      float cum = above;
+      if (kMass && shift == 24) {  // the first histogram holds every candidate: the top-p target is a share of it
+        unsigned long long total = 0;
+        for (int d = 0; d < 256; ++d) total += sh.hist[d];
+        target = static_cast<unsigned long long>(ceil(goal * static_cast<double>(total)));
+      }
+      unsigned long long cum = above;
       int chosen = -1, lowest = -1;
       for (int d = 255; d >= 0; --d) {
-        const float w = sh.hist[d];
-        if (w <= 0.f) continue;
+        const unsigned long long w = sh.hist[d];
+        if (w == 0) continue;
         lowest = d;
         if (cum + w >= target) {
           chosen = d;
@@ -122,7 +151,7 @@ __device__ uint32_t radix_select(const float* x, int64_t vocab, uint32_t floor, 
         }
         cum += w;
       }
-      if (chosen < 0) {  // the target is not reached (rounding of a mass): keep every candidate
+      if (chosen < 0) {  // the target is not reached (a share rounded up past the total): keep every candidate
         chosen = lowest < 0 ? 0 : lowest;
         cum = above;
         for (int d = 255; d > chosen; --d) cum += sh.hist[d];
@@ -168,13 +197,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   const float inv_t = 1.f / a.temperature;
   uint32_t floor = 0;
   if (a.top_k > 0 && a.top_k < a.vocab)
-    floor = radix_select<false>(x, a.vocab, 0, static_cast<float>(a.top_k), mx, inv_t, sh);
-  if (a.top_p < 1.f) {
-    float z = 0.f;
-    for (int64_t v = tid; v < a.vocab; v += kThreads)
-      if (key_of(x[v]) >= floor) z += __expf((x[v] - mx) * inv_t);
-    floor = radix_select<true>(x, a.vocab, floor, a.top_p * block_sum(z, sh.f), mx, inv_t, sh);
-  }
+    floor = radix_select<false>(x, a.vocab, 0, static_cast<double>(a.top_k), mx, inv_t, sh);
+  if (a.top_p < 1.f) floor = radix_select<true>(x, a.vocab, floor, a.top_p, mx, inv_t, sh);
   const uint64_t base = splitmix64(splitmix64(splitmix64(a.seed) ^ a.sample_ids[row]) ^ static_cast<uint64_t>(a.step));
   ArgMax pick{-INFINITY, INT_MAX};
   float z = 0.f;
