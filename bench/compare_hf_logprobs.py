@@ -10,6 +10,10 @@ Then the model is freed and `ringtrain bench rollouts` scores one sequence of th
 get_logprobs call, host results included (ringtrain's side is timed the conservative way).
 
   python3 bench/compare_hf_logprobs.py --bin build/ringtrain --seq 8192
+
+With --power, nvidia-smi samples the GPU's power draw, SM clock and clock-event reasons every 20 ms while each side
+runs; each side reports the means over its samples that draw at least --active-watts (its calls, not its set-up:
+an 8K call draws 650-880 W, the idle GPU about 100 W) and the share of them with the software power cap active.
 """
 import argparse
 import json
@@ -17,6 +21,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from datetime import datetime
 
 from compare_hf_model import add_shape_args, cuda_median_ms, describe, hf_llama, shape_options
 
@@ -29,7 +36,45 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=2)
     add_shape_args(p)
     p.add_argument("--json", default=None, help="write both rows and the ratio here")
+    p.add_argument("--power", action="store_true", help="sample power and SM clock during each side's calls")
+    p.add_argument("--active-watts", type=float, default=300.0, help="--power: samples below this are idle")
     return p.parse_args()
+
+
+SW_POWER_CAP = 0x4  # nvidia-smi clocks_event_reasons.active: clocks reduced by the software power cap
+
+
+class PowerSampler:
+    """nvidia-smi's power, SM clock and clock-event reasons of GPU 0 every 20 ms, read by a thread."""
+
+    def __init__(self):
+        query = "timestamp,power.draw,clocks.sm,clocks_event_reasons.active"
+        self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=" + query, "--format=csv,noheader,nounits",
+                                      "-lms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.samples = []  # (unix time, watts, MHz, reasons)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            fields = [f.strip() for f in line.split(",")]
+            try:
+                t = datetime.strptime(fields[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.samples.append((t, float(fields[1]), float(fields[2]), int(fields[3], 16)))
+            except (ValueError, IndexError):
+                continue  # a field nvidia-smi reports as [N/A] or a partial line
+
+    def summary(self, t0, t1, active_watts):
+        got = [s for s in self.samples if t0 <= s[0] <= t1 and s[1] >= active_watts]
+        if not got:
+            return {"power_samples": 0}
+        return {"power_samples": len(got), "mean_watts": sum(s[1] for s in got) / len(got),
+                "max_watts": max(s[1] for s in got), "mean_sm_mhz": sum(s[2] for s in got) / len(got),
+                "power_capped_share": sum(1 for s in got if s[3] & SW_POWER_CAP) / len(got)}
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
 
 
 def time_hf(a):
@@ -72,8 +117,20 @@ def run_ours(a):
 def main():
     a = parse_args()
     print(describe(a) + ", bf16", flush=True)
-    hf = time_hf(a)
-    ours = run_ours(a)
+    sampler = PowerSampler() if a.power else None
+
+    def timed_side(run):
+        t0 = time.time()
+        row = run(a)
+        if sampler:
+            time.sleep(0.1)  # the last samples of the side
+            row.update(sampler.summary(t0, time.time(), a.active_watts))
+        return row
+
+    hf = timed_side(time_hf)
+    ours = timed_side(run_ours)
+    if sampler:
+        sampler.stop()
     print("HF %s" % json.dumps(hf))
     print("ringtrain %s" % json.dumps(ours))
     result = {"hf": hf, "ringtrain": ours}
