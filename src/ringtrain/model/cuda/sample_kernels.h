@@ -28,7 +28,8 @@ void decode_step_rows(cudaStream_t s, int32_t* positions, int32_t* slots, int32_
 //  - greedy (temperature 0, or top_k = 1): the most likely token, the lowest id on a tie; sampling logprob 0;
 //  - else the processed distribution: lp / temperature restricted to the top_k largest (ties with the k-th kept),
 //    then to the most likely set whose mass reaches top_p (ties with the crossing token kept); both thresholds are
-//    found by a 256-ary radix select (4 passes) on the order-preserving uint32 image of the logits, without a sort.
+//    found by a 256-ary radix select (4 passes) on the order-preserving uint32 image of the logits, without a sort,
+//    its histograms summed in integers, so that the kept set does not depend on the order of atomic additions.
 //    The token is the Gumbel-max draw over that set: argmax of lp / temperature + G, G = -log(-log(u)) with u from a
 //    counter-based hash of (seed, sample id, step, token id): the draw of a row depends on nothing else.
 // Writes token, logprob (lp at the token), sampling_logprob (the processed distribution's, renormalised) and status
