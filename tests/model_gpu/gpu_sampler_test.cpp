@@ -376,19 +376,29 @@ std::vector<double> processed(const std::vector<double>& lp, const model::Sampli
   return q;
 }
 
-void check_draws() {
-  std::mt19937_64 rng(testing::fresh_seed());
-  const int64_t V = 300, rows = 65536;
+// V logits drawn from N(0, 2^2), and `rows` copies of them.
+std::vector<float> normal_row(int64_t V, std::mt19937_64& rng) {
   std::normal_distribution<double> n(0, 2);
   std::vector<float> row(static_cast<size_t>(V));
   for (float& x : row) x = static_cast<float>(n(rng));
+  return row;
+}
+std::vector<float> repeated(const std::vector<float>& row, int64_t rows) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r) out.insert(out.end(), row.begin(), row.end());
+  return out;
+}
+
+void check_draws() {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const int64_t V = 300, rows = 65536;
+  const std::vector<float> row = normal_row(V, rng);
   std::vector<double> lp(row.begin(), row.end());
   const double mx = *std::max_element(lp.begin(), lp.end());
   double z = 0;
   for (double x : lp) z += std::exp(x - mx);
   for (double& x : lp) x -= mx + std::log(z);
-  std::vector<float> logits;
-  for (int64_t r = 0; r < rows; ++r) logits.insert(logits.end(), row.begin(), row.end());
+  const std::vector<float> logits = repeated(row, rows);
   std::vector<uint64_t> ids(static_cast<size_t>(rows));
   std::iota(ids.begin(), ids.end(), uint64_t{1000});
 
@@ -437,20 +447,17 @@ void check_draws() {
 // Top-p with its crossing at a token boundary (the share of the m likeliest tokens' mass, so that where the kept
 // set ends is decided within rounding): every row, all with the same logits and the same (seed, id, step), must draw
 // the same token with the same logprobs, bit for bit. Each row is its own block, whose atomic additions land in
-// their own order; a histogram summed in floats would keep m tokens in some rows and m + 1 in others.
+// their own order; a histogram summed in floats could keep m tokens in some rows and m + 1 in others.
 void check_top_p_at_a_boundary_is_reproducible() {
   std::mt19937_64 rng(testing::fresh_seed());
   const int64_t V = 32000, rows = 512;
-  std::normal_distribution<double> n(0, 2);
-  std::vector<float> row(static_cast<size_t>(V));
-  for (float& x : row) x = static_cast<float>(n(rng));
+  const std::vector<float> row = normal_row(V, rng);
   std::vector<double> w(row.begin(), row.end());
   std::sort(w.begin(), w.end(), std::greater<>());
   const double mx = w[0];
   for (double& x : w) x = std::exp(x - mx);
   const double total = std::accumulate(w.begin(), w.end(), 0.0);
-  std::vector<float> logits;
-  for (int64_t r = 0; r < rows; ++r) logits.insert(logits.end(), row.begin(), row.end());
+  const std::vector<float> logits = repeated(row, rows);
   const std::vector<uint64_t> ids(static_cast<size_t>(rows), 77);
   for (int64_t m : {2, 17, 300}) {
     model::SamplingParams s;
