@@ -38,7 +38,10 @@ def parse_args():
     p.add_argument("--json", default=None, help="write both rows and the ratio here")
     p.add_argument("--power", action="store_true", help="sample power and SM clock during each side's calls")
     p.add_argument("--active-watts", type=float, default=300.0, help="--power: samples below this are idle")
-    return p.parse_args()
+    a = p.parse_args()
+    if a.active_watts < 0:
+        p.error("--active-watts must be >= 0 (got %g)" % a.active_watts)
+    return a
 
 
 SW_POWER_CAP = 0x4  # nvidia-smi clocks_event_reasons.active: clocks reduced by the software power cap
@@ -49,8 +52,12 @@ class PowerSampler:
 
     def __init__(self):
         query = "timestamp,power.draw,clocks.sm,clocks_event_reasons.active"
-        self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=" + query, "--format=csv,noheader,nounits",
-                                      "-lms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=" + query,
+                                          "--format=csv,noheader,nounits", "-lms", "20"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except FileNotFoundError:
+            sys.exit("--power needs nvidia-smi on PATH")
         self.samples = []  # (unix time, watts, MHz, reasons)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -127,10 +134,12 @@ def main():
             row.update(sampler.summary(t0, time.time(), a.active_watts))
         return row
 
-    hf = timed_side(time_hf)
-    ours = timed_side(run_ours)
-    if sampler:
-        sampler.stop()
+    try:
+        hf = timed_side(time_hf)
+        ours = timed_side(run_ours)
+    finally:
+        if sampler:
+            sampler.stop()  # no nvidia-smi left running when a side fails
     print("HF %s" % json.dumps(hf))
     print("ringtrain %s" % json.dumps(ours))
     result = {"hf": hf, "ringtrain": ours}

@@ -396,5 +396,12 @@ else
   echo "ok   launch-sigkill (no rank survived)"
 fi
 
+# The device benchmark's power sampling: a negative threshold, and no nvidia-smi to sample with.
+py=$(python3 -c "import sys; print(sys.executable)")  # the interpreter itself, not a shim that needs PATH
+expect_error bench-power-negative-watts 'active-watts must be >= 0 \(got -1\)' \
+  "$py" "$root/bench/compare_hf_logprobs.py" --bin "$bin" --power --active-watts -1
+expect_error bench-power-no-nvidia-smi 'power needs nvidia-smi on PATH' \
+  env PATH="$work/no_such_dir" "$py" "$root/bench/compare_hf_logprobs.py" --bin "$bin" --power
+
 echo "bad inputs: $((cases - failures))/$cases cases passed"
 [ "$failures" -eq 0 ]

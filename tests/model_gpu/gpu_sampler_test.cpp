@@ -20,9 +20,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -462,9 +462,9 @@ void check_top_p_at_a_boundary_is_reproducible() {
   for (int64_t m : {2, 17, 300}) {
     model::SamplingParams s;
     s.temperature = 1, s.top_k = 0, s.seed = rng();
-    s.top_p = std::accumulate(w.begin(), w.begin() + m, 0.0) / total;
-    const Drawn d = draw(logits, rows, V, s, ids, 5);
     const double z_m = std::accumulate(w.begin(), w.begin() + m, 0.0), z_m1 = z_m + w[static_cast<size_t>(m)];
+    s.top_p = z_m / total;
+    const Drawn d = draw(logits, rows, V, s, ids, 5);
     const int32_t t = d.token[0];
     ASSERT_EQ(d.status[0], 0);
     const double lp_t = row[static_cast<size_t>(t)] - mx;  // the token's unnormalised log mass
