@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Summarise a kernel trace written by bench/kernel_trace.cpp: GPU time per kernel name (total, count, mean), per
 class of kernel, and the copies by direction (count, bytes, time). With --per N the totals are divided by N (the
-number of identical calls the traced program made), so they read as one call's.
+number of identical calls the traced program made), so they read as one call's. With --gaps N it also prints the
+idle time between consecutive GPU activities (kernels and copies), summed by the kernel that precedes each gap, and
+the N longest gaps shorter than --max-gap-us (longer ones are the traced program's pauses between calls).
 
-  python3 bench/kernel_trace_summary.py trace.csv --per 12 --top 25
+  python3 bench/kernel_trace_summary.py trace.csv --per 12 --top 25 --gaps 20
 """
 import argparse
 import collections
@@ -46,11 +48,45 @@ def copy_totals(path):
     return copies
 
 
+def short_name(name):
+    return re.sub(r"\(.*$", "", name)[:110]
+
+
+def print_gaps(path, per, top, max_gap_us):
+    """Idle time between consecutive activities of the trace (sorted by start), per preceding kernel and longest."""
+    acts = sorted((start, end, short_name(row[6]) if kind == "kernel" else "memcpy kind %s" % row[4])
+                  for kind, start, end, row in read_trace(path))
+    gaps, by_prev = [], collections.defaultdict(lambda: [0.0, 0])
+    busy_until = None
+    prev = None
+    for start, end, name in acts:
+        if busy_until is not None and start > busy_until:
+            us = (start - busy_until) / 1e3
+            if us < max_gap_us:
+                gaps.append((us, prev, name))
+                by_prev[prev][0] += us
+                by_prev[prev][1] += 1
+        if busy_until is None or end > busy_until:
+            busy_until, prev = end, name
+    total = sum(g[0] for g in gaps)
+    print("idle between activities: %.3f ms per call over %.0f gaps (gaps >= %.0f us left out)"
+          % (total / 1e3 / per, len(gaps) / per, max_gap_us))
+    print("idle after each kernel (us per call, gaps per call):")
+    for name, (us, count) in sorted(by_prev.items(), key=lambda kv: -kv[1][0])[:top]:
+        print("  %9.1f %6.1f  %s" % (us / per, count / per, name))
+    print("longest gaps (us, before -> after):")
+    for us, before, after in sorted(gaps, reverse=True)[:top]:
+        print("  %9.1f  %s -> %s" % (us, before, after))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace")
     p.add_argument("--per", type=float, default=1.0, help="divide totals by this many calls")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--gaps", type=int, default=0, help="also list the idle time between activities (this many rows)")
+    p.add_argument("--max-gap-us", type=float, default=5000.0,
+                   help="gaps at least this long are pauses between calls, left out of --gaps")
     a = p.parse_args()
     by_name = collections.defaultdict(lambda: [0.0, 0])
     by_class = collections.defaultdict(float)
@@ -60,7 +96,7 @@ def main():
         last = end if last is None else max(last, end)
         if kind == "kernel":
             ms = (end - start) / 1e6
-            short = re.sub(r"\(.*$", "", row[6])[:110]
+            short = short_name(row[6])
             by_name[short][0] += ms
             by_name[short][1] += 1
             by_class[classify(row[6])] += ms
@@ -76,6 +112,8 @@ def main():
         print("  %8.3f %6.1f %9.1f  %s" % (ms / n, count / n, 1e3 * ms / count, name))
     for kind, (count, nbytes, ms) in sorted(copies.items()):
         print("copies %-15s %6.1f per call, %12.0f bytes per call, %.3f ms per call" % (kind, count / n, nbytes / n, ms / n))
+    if a.gaps > 0:
+        print_gaps(a.trace, n, a.gaps, a.max_gap_us)
 
 
 if __name__ == "__main__":

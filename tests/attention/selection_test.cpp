@@ -151,8 +151,9 @@ TEST_F(Selection, DecisionIsDeterministicAndCached) {
   EXPECT_NE(candidate(c, BackendId::Flash).reasons.at(0).find("fp64"), std::string::npos);
 }
 
-// A forward-only scope reorders the default order only: flash first on CUDA at head dim 64 (the same members),
-// nothing else for other head dims or the CPU; a list set explicitly stays as given; outside the scope, the default.
+// A forward-only scope reorders the default order only: flash first on CUDA at head dims 64 and 256 (the same
+// members), nothing else for other head dims or the CPU; a list set explicitly stays as given; outside the scope, the
+// default.
 TEST_F(Selection, ForwardOnlyScopeReordersOnlyTheDefaultOrder) {
   AttnParams gpu64 = cpu_params();
   gpu64.device = Device::cuda(0);
@@ -165,6 +166,9 @@ TEST_F(Selection, ForwardOnlyScopeReordersOnlyTheDefaultOrder) {
   std::sort(fwd.begin(), fwd.end()), std::sort(all.begin(), all.end());
   EXPECT_EQ(fwd, all);
   EXPECT_EQ(default_forward_only_backends(gpu128), default_backends());
+  AttnParams gpu256 = gpu64;
+  gpu256.head_dim = 256;
+  EXPECT_EQ(default_forward_only_backends(gpu256), default_forward_only_backends(gpu64));
   EXPECT_EQ(default_forward_only_backends(cpu_params()), default_backends());
 
   if (std::getenv("RINGTRAIN_SDPA_BACKENDS")) GTEST_SKIP() << "RINGTRAIN_SDPA_BACKENDS sets the order explicitly";

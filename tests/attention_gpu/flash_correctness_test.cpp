@@ -1,7 +1,8 @@
 // The CUDA `flash` backend against the fp64 CPU math reference, on fresh random inputs with NaN-poisoned outputs:
 // O, LSE, dQ, dK, dV over odd lengths (not multiples of the tiles), GQA/MQA, both causal alignments with Sq != Skv,
 // fully masked rows, packed batches of odd lengths, a strided (BHSD) query, fp32 outputs with accumulate, the
-// deterministic mode, and S = 131072 (rows checked against a reference computed for those rows only).
+// deterministic mode, and S = 131072 (rows checked against a reference computed for those rows only); head dim 256
+// forward only, with the selection that keeps it out of calls a backward follows.
 //
 // Tolerances (relative L2 error against fp64): bf16 1e-2, fp16 5e-3. Inputs are rounded to the dtype before both
 // runs, so the error comes from the kernels' 16-bit operands inside the computation (P and dS are rounded to the
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "ringtrain/attention/backend.h"
+#include "ringtrain/attention/selection.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
 #include "test_util.h"
@@ -77,6 +79,7 @@ struct Case {
   bool fp32_accumulate = false;          // o in fp32, gradients added into random fp32 buffers
   bool deterministic = false;
   bool bhsd_q = false;                   // q as a strided [B, S, H, D] view of [B, H, S, D] storage
+  bool forward_only = false;             // O and LSE only (head dim 256: flash has no backward there)
 };
 
 double tol(DType t) { return t == DType::BF16 ? 1e-2 : 5e-3; }
@@ -148,6 +151,7 @@ Problem make_problem(const Case& c, std::mt19937_64& rng) {
   pr.dv_ref = empty_like_shape(pr.k, DType::F64, Device::cpu());
   AttnForwardArgs f{pr.q, pr.k, pr.v, pr.o_ref, pr.lse_ref, pr.cu_q, pr.cu_kv};
   cpu_math().forward(p, f);
+  if (c.forward_only) return pr;
   AttnBackwardArgs b{pr.q, pr.k, pr.v, pr.o_ref, pr.dout, pr.lse_ref, pr.dq_ref, pr.dk_ref, pr.dv_ref};
   b.cu_seqlens_q = pr.cu_q;
   b.cu_seqlens_kv = pr.cu_kv;
@@ -182,6 +186,12 @@ GpuResult run_gpu(const Case& c, const Problem& pr) {
   gpu_flash().forward(p, f);
 
   GpuResult r;
+  if (c.forward_only) {
+    cuda_synchronize(0);
+    r.o = to_host(o);
+    r.lse = to_host(lse);
+    return r;
+  }
   Tensor dq, dk, dv;
   if (c.fp32_accumulate) {
     std::mt19937_64 rng(testing::fresh_seed());
@@ -225,6 +235,12 @@ void check_case(const Case& c) {
   const GpuResult r = run_gpu(c, pr);
   const double t = tol(c.dtype);
   const double e_o = rel_error(r.o, pr.o_ref), e_lse = max_abs_error(r.lse, pr.lse_ref);
+  if (c.forward_only) {
+    std::printf("[%s] rel err O %.2e; LSE max abs %.2e (forward only)\n", pr.p.describe().c_str(), e_o, e_lse);
+    EXPECT_LE(e_o, t) << "O";
+    EXPECT_LE(e_lse, 1e-3) << "LSE";
+    return;
+  }
   const bool acc = c.fp32_accumulate;
   const double e_dq = rel_error(acc ? increment(r.dq, r.dq_init) : r.dq, pr.dq_ref);
   const double e_dk = rel_error(acc ? increment(r.dk, r.dk_init) : r.dk, pr.dk_ref);
@@ -292,6 +308,60 @@ TEST(FlashCuda, Fp32OutputAndAccumulatedGradients) {
               .fp32_accumulate = true});
   check_case({.hq = 4, .hkv = 2, .d = 64, .sq = 500, .skv = 900, .mask = MaskType::CausalBottomRight,
               .fp32_accumulate = true, .deterministic = true});
+}
+
+// Head dim 256, forward only (its 64-key tiles: odd lengths end mid-tile; GQA; both causal alignments with rows that
+// see no key; packed ragged documents with an empty one; an fp32 O).
+TEST(FlashCuda, HeadDim256ForwardAgainstFp64) {
+  RT_REQUIRE_GPU();
+  check_case({.hq = 8, .hkv = 2, .d = 256, .sq = 1000, .skv = 1000, .mask = MaskType::CausalTopLeft,
+              .forward_only = true});
+  check_case({.dtype = DType::F16, .hq = 4, .hkv = 4, .d = 256, .sq = 333, .skv = 777, .mask = MaskType::None,
+              .forward_only = true});
+  check_case({.hq = 2, .hkv = 1, .d = 256, .sq = 700, .skv = 300, .mask = MaskType::CausalBottomRight,
+              .fp32_accumulate = true, .forward_only = true});
+  check_case({.hq = 4, .hkv = 2, .d = 256, .mask = MaskType::CausalBottomRight, .q_lens = {5, 200, 0, 64, 333},
+              .kv_lens = {300, 200, 0, 1000, 100}, .forward_only = true});
+}
+
+// Head dim 256 reaches flash only where no backward follows: rejected with the reason otherwise, selected under a
+// forward-only scope, and a backward asked of it anyway is refused before any kernel runs.
+TEST(FlashCuda, HeadDim256IsServedForwardOnly) {
+  RT_REQUIRE_GPU();
+  if (cuda_arch(0) != 90) GTEST_SKIP() << "the Hopper flash kernels need sm_90";
+  const Case c{.hq = 2, .hkv = 2, .d = 256, .sq = 70, .skv = 70, .mask = MaskType::CausalTopLeft,
+               .forward_only = true};
+  std::mt19937_64 rng(testing::fresh_seed());
+  const Problem pr = make_problem(c, rng);
+  AttnParams p = pr.p;
+  p.device = Device::cuda();
+  EXPECT_TRUE(gpu_flash().unsupported_reasons(p).empty());
+  ASSERT_FALSE(gpu_flash().backward_unsupported_reasons(p).empty());
+  attention::BackendScope only_flash("flash only", {attention::BackendId::Flash});
+  const attention::Selection training = attention::explain(p);
+  EXPECT_EQ(training.backend, nullptr) << training.report();
+  EXPECT_NE(training.report().find("head dim 256 in a backward"), std::string::npos) << training.report();
+  {
+    attention::BackendScope scoring = attention::BackendScope::forward_only();
+    const attention::Selection s = attention::explain(p);
+    EXPECT_EQ(s.backend, &gpu_flash()) << s.report();
+    Tensor q = to_device(pr.q), k = to_device(pr.k), v = to_device(pr.v), dout = to_device(pr.dout);
+    Tensor o = poisoned_device(pr.q, c.dtype), lse = poisoned_device(pr.lse_ref, DType::F32);
+    attention::forward(p, {q, k, v, o, lse});
+    cuda_synchronize(0);
+    EXPECT_LE(rel_error(to_host(o), pr.o_ref), tol(c.dtype));
+    Tensor dq = poisoned_device(pr.q, c.dtype), dk = poisoned_device(pr.k, c.dtype);
+    Tensor dv = poisoned_device(pr.k, c.dtype);
+    try {
+      attention::backward(p, {q, k, v, o, dout, lse, dq, dk, dv});
+      ADD_FAILURE() << "a head-dim-256 backward ran on flash";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("head dim 256 in a backward"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NE(gpu_flash().backward_unsupported_reasons(p).front().find("forward-only"), std::string::npos);
+  p.head_dim = 128;
+  EXPECT_TRUE(gpu_flash().backward_unsupported_reasons(p).empty());
 }
 
 // The deterministic backward gives bit-identical gradients on every run, and matches the reference.
@@ -365,9 +435,9 @@ TEST(FlashCuda, Bf16Causal131072RowSlices) {
 // sequence's end must not let them in (0 * NaN is NaN in P V), on both the sequence-end tiles of each head dim.
 TEST(FlashCuda, PackedForwardIgnoresNanRowsPastTheSequences) {
   RT_REQUIRE_GPU();
-  for (const int64_t d : {int64_t(64), int64_t(128)}) {
+  for (const int64_t d : {int64_t(64), int64_t(128), int64_t(256)}) {
     const Case c{.hq = 4, .hkv = 2, .d = d, .mask = MaskType::CausalBottomRight, .q_lens = {200, 77},
-                 .kv_lens = {300, 129}};
+                 .kv_lens = {300, 129}, .forward_only = true};
     std::mt19937_64 rng(testing::fresh_seed());
     const Problem pr = make_problem(c, rng);
     AttnParams p = pr.p;

@@ -36,6 +36,9 @@ class Backend {
   virtual DeviceKind device_kind() const = 0;
   virtual bool cp_capable() const = 0;
   virtual std::vector<std::string> unsupported_reasons(const AttnParams& p) const = 0;
+  // Why the backward cannot serve params the forward can (none by default). Selection adds these to the reasons
+  // unless a forward-only scope says no backward follows, and backward() refuses such params.
+  virtual std::vector<std::string> backward_unsupported_reasons(const AttnParams&) const { return {}; }
   virtual void forward(const AttnParams& p, const AttnForwardArgs& a) const = 0;
   virtual void backward(const AttnParams& p, const AttnBackwardArgs& a) const = 0;
 };

@@ -97,6 +97,8 @@ Selection decide(const AttnParams& p, const std::vector<BackendId>& root_ids, co
     s.scopes += cat(" > ", sc.label,
                     sc.requires_cp || sc.forward_only ? "" : cat(" [", format_backend_list(sc.allowed), "]"));
 
+  const bool forward_only =
+      std::any_of(scopes.begin(), scopes.end(), [](const ScopeEntry& sc) { return sc.forward_only; });
   auto judge = [&](BackendId id) {
     CandidateReport c;
     c.id = id;
@@ -117,6 +119,8 @@ Selection decide(const AttnParams& p, const std::vector<BackendId>& root_ids, co
       return c;
     }
     c.reasons = impl->unsupported_reasons(p);
+    if (!forward_only)
+      for (std::string& why : impl->backward_unsupported_reasons(p)) c.reasons.push_back(std::move(why));
     if (c.reasons.empty()) {
       if (!s.backend) {
         s.backend = impl;
@@ -190,7 +194,7 @@ std::vector<BackendId> default_backends() {
 }
 
 std::vector<BackendId> default_forward_only_backends(const AttnParams& p) {
-  if (p.device.is_cuda() && p.head_dim == 64)
+  if (p.device.is_cuda() && (p.head_dim == 64 || p.head_dim == 256))
     return {BackendId::Flash, BackendId::Cudnn, BackendId::Efficient, BackendId::Decode, BackendId::Math};
   return default_backends();
 }
@@ -251,6 +255,12 @@ void forward(const AttnParams& p, const AttnForwardArgs& a) {
 void backward(const AttnParams& p, const AttnBackwardArgs& a) {
   validate(p, a);
   const Backend& b = select(p);
+  if (std::vector<std::string> why = b.backward_unsupported_reasons(p); !why.empty()) {
+    std::string all;
+    for (const std::string& r : why) all += (all.empty() ? "" : "; ") + r;
+    throw Error(cat("attention backward: ", backend_name(b.id()), " was selected for ", p.describe(),
+                    " under a forward-only scope, and its backward cannot serve it: ", all));
+  }
   g_backward[static_cast<int>(b.id())].fetch_add(1, std::memory_order_relaxed);
   b.backward(p, a);
 }

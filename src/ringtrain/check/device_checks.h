@@ -54,6 +54,7 @@ struct AttentionBenchRow {
   std::string backend, status;  // status: "ok" or why it did not run
   int64_t seq = 0;
   double fwd_ms = 0, fwd_tflops = 0, fwdbwd_ms = 0, fwdbwd_tflops = 0;
+  std::string no_backward;  // why only the forward was timed (the backend's backward cannot serve the shape)
 };
 AttentionBenchRow bench_attention_backend(attention::BackendId id, const AttnProblem& prob, int warmup, int iters);
 

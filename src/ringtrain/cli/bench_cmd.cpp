@@ -39,7 +39,10 @@ void run_attention_bench(const BenchOpts& o) {
     const check::AttnProblem prob = s.problem(seq);
     for (attention::BackendId id : ids) {
       const check::AttentionBenchRow row = check::bench_attention_backend(id, prob, o.warmup, o.iters);
-      if (row.status == "ok")
+      if (row.status == "ok" && !row.no_backward.empty())
+        std::printf("%-10s %7lld %10.3f %10.1f  forward only: %s\n", row.backend.c_str(), static_cast<long long>(seq),
+                    row.fwd_ms, row.fwd_tflops, row.no_backward.c_str());
+      else if (row.status == "ok")
         std::printf("%-10s %7lld %10.3f %10.1f %12.3f %14.1f\n", row.backend.c_str(), static_cast<long long>(seq),
                     row.fwd_ms, row.fwd_tflops, row.fwdbwd_ms, row.fwdbwd_tflops);
       else
@@ -47,7 +50,7 @@ void run_attention_bench(const BenchOpts& o) {
       std::fflush(stdout);
       rows.push_back({{"backend", row.backend}, {"seq", row.seq}, {"status", row.status}, {"fwd_ms", row.fwd_ms},
                       {"fwd_tflops", row.fwd_tflops}, {"fwdbwd_ms", row.fwdbwd_ms},
-                      {"fwdbwd_tflops", row.fwdbwd_tflops}});
+                      {"fwdbwd_tflops", row.fwdbwd_tflops}, {"no_backward", row.no_backward}});
     }
   }
   if (!o.json.empty()) {

@@ -1,6 +1,7 @@
 // The `flash` backend on CUDA: our own Hopper wgmma kernels (flash_fwd_sm90.cu, flash_bwd_sm90.cu; the mma.sync
 // flash_bwd.cu in deterministic mode). This file checks what the kernels need and turns the call's tensors into
-// the kernels' plain description (flash_kernels.h).
+// the kernels' plain description (flash_kernels.h). Head dims 64 and 128 both ways; 256 forward only (no backward
+// kernel holds a 64-key tile's dK and dV of 256 columns in registers yet), so selection offers it to forward-only calls.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -35,12 +36,19 @@ class FlashBackend final : public Backend {
     if (std::string why = hopper_unavailable_reason(p.device); !why.empty()) r.push_back(std::move(why));
     if (p.dtype != DType::BF16 && p.dtype != DType::F16)
       r.push_back(cat("dtype ", dtype_name(p.dtype), " (needs bf16 or fp16)"));
-    if (p.head_dim != 64 && p.head_dim != 128) r.push_back(cat("head dim ", p.head_dim, " (needs 64 or 128)"));
+    if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
+      r.push_back(cat("head dim ", p.head_dim, " (needs 64, 128 or 256)"));
     if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_kv >= (int64_t(1) << 31))
       r.push_back(cat("sequence length ", std::max(p.seqlen_q, p.seqlen_kv), " (needs < 2^31)"));
     if (p.has_bias) r.push_back("additive bias (the flash kernels take none; efficient and math do)");
     // Checked per call, not from the params: unit stride in D (validate), 16-byte aligned rows (rows_of).
     return r;
+  }
+
+  std::vector<std::string> backward_unsupported_reasons(const AttnParams& p) const override {
+    if (p.head_dim == 256)
+      return {"head dim 256 in a backward (flash serves it in forward-only calls; its backward needs 64 or 128)"};
+    return {};
   }
 
   void forward(const AttnParams& p, const AttnForwardArgs& a) const override {
@@ -60,6 +68,8 @@ class FlashBackend final : public Backend {
 
   void backward(const AttnParams& p, const AttnBackwardArgs& a) const override {
     validate(p, a);
+    for (const std::string& why : backward_unsupported_reasons(p))
+      throw Error(cat("flash (cuda): backward of ", p.describe(), ": not served: ", why));
     cuda::DeviceGuard guard(p.device.index);
     cuda::FlashBwdCall c;
     c.s = cuda::flash_shape(p, a.q, a.k, a.cu_seqlens_q, a.cu_seqlens_kv);

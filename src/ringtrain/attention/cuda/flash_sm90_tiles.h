@@ -20,6 +20,13 @@ struct FwdSm90Tiles<128> {
   static constexpr int kConsumers = 2, BN = 128, kStages = 2;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 };
+// O takes 128 registers per thread: 64-key tiles keep the scores and P at 48, and Q (64 KB) + 2 x (K + V) (128 KB)
+// fit; a third stage does not.
+template <>
+struct FwdSm90Tiles<256> {
+  static constexpr int kConsumers = 2, BN = 64, kStages = 2;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
 
 // What follows from a head dimension's tiles.
 template <int D>
@@ -28,6 +35,8 @@ struct FwdSm90Shape : FwdSm90Tiles<D> {
   static constexpr int BM = 64 * Tiles::kConsumers, kThreads = 128 * (1 + Tiles::kConsumers);
   static_assert(128 * (Tiles::kProducerRegs + Tiles::kConsumers * Tiles::kConsumerRegs) <= 65536,
                 "the warpgroups' registers must fit in the SM");
+  static_assert(BM * D * 2 + 4 * Tiles::kStages * Tiles::BN * D + 2048 <= 227 * 1024,
+                "Q and the K/V ring must fit in the SM's shared memory");
 };
 
 }  // namespace ringtrain::attention::cuda

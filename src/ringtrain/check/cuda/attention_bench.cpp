@@ -52,17 +52,21 @@ AttentionBenchRow bench_attention_backend(attention::BackendId id, const AttnPro
   const TimedRuns forward_runs = time_runs(dev, nullptr, warmup, iters, [&](int i, DeviceClock&) {
     be->forward(p, bufs[static_cast<size_t>(i % sets)].forward_args());
   });
+  const double flops = prob.forward_flops();
+  row.fwd_ms = forward_runs.median_to(0);
+  row.fwd_tflops = flops / (row.fwd_ms * 1e9);
+  row.status = "ok";
+  if (const auto why = be->backward_unsupported_reasons(p); !why.empty()) {
+    row.no_backward = why.front();
+    return row;
+  }
   const TimedRuns runs = time_runs(dev, nullptr, warmup, iters, [&](int i, DeviceClock&) {
     const AttnBuffers& b = bufs[static_cast<size_t>(i % sets)];
     be->forward(p, b.forward_args());
     be->backward(p, b.backward_args());
   });
-  const double flops = prob.forward_flops();
-  row.fwd_ms = forward_runs.median_to(0);
   row.fwdbwd_ms = runs.median_to(0);
-  row.fwd_tflops = flops / (row.fwd_ms * 1e9);
   row.fwdbwd_tflops = 3.5 * flops / (row.fwdbwd_ms * 1e9);
-  row.status = "ok";
   return row;
 }
 
