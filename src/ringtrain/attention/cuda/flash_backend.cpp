@@ -1,7 +1,7 @@
 // The `flash` backend on CUDA: our own Hopper wgmma kernels (flash_fwd_sm90.cu, flash_bwd_sm90.cu; the mma.sync
 // flash_bwd.cu in deterministic mode). This file checks what the kernels need and turns the call's tensors into
 // the kernels' plain description (flash_kernels.h). Head dims 64 and 128 both ways; 256 forward only (no backward
-// kernel holds a 64-key tile's dK and dV of 256 columns in registers yet), so selection offers it to forward-only calls.
+// kernel holds a 64-key tile's dK and dV of 256 columns in registers yet): selection offers it to forward-only calls.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
