@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from kernel_trace_summary import copy_totals
+from kernel_trace_summary import copy_totals, read_trace
 
 CALLS = 5
 B, S = 4, 64
@@ -60,7 +60,7 @@ def main():
             trace = os.path.join(tmp, f"{method}-{kind}.csv")
             env = dict(os.environ, CUDA_INJECTION64_PATH=os.path.abspath(a.trace_lib), RINGTRAIN_KERNEL_TRACE=trace)
             subprocess.run([sys.executable, os.path.abspath(__file__), "--work", method, kind], env=env, check=True)
-            counts[method, kind] = copy_totals(trace)["device->host"][:2]
+            counts[method, kind] = copy_totals(read_trace(trace))["device->host"][:2]
     base_n, base_bytes = counts["none", "numpy"]
     print(f"input_ids int64 [{B}, {S}] = {B * S * 8} bytes, token_mask bool = {B * S} bytes; {CALLS} calls each; "
           f"making the worker alone: {base_n} device-to-host copies, {base_bytes} bytes")

@@ -36,10 +36,10 @@ def read_trace(path):
                 yield row[0], int(row[1]), int(row[2]), row
 
 
-def copy_totals(path):
+def copy_totals(acts):
     """Copies by direction: {direction: [count, bytes, ms]}."""
     copies = collections.defaultdict(lambda: [0, 0, 0.0])
-    for kind, start, end, row in read_trace(path):
+    for kind, start, end, row in acts:
         if kind == "memcpy":
             c = copies[COPY_KINDS.get(int(row[4]), row[4])]
             c[0] += 1
@@ -52,10 +52,10 @@ def short_name(name):
     return re.sub(r"\(.*$", "", name)[:110]
 
 
-def print_gaps(path, per, top, max_gap_us):
+def print_gaps(acts, per, top, max_gap_us):
     """Idle time between consecutive activities of the trace (sorted by start), per preceding kernel and longest."""
     acts = sorted((start, end, short_name(row[6]) if kind == "kernel" else "memcpy kind %s" % row[4])
-                  for kind, start, end, row in read_trace(path))
+                  for kind, start, end, row in acts)
     gaps, by_prev = [], collections.defaultdict(lambda: [0.0, 0])
     busy_until = None
     prev = None
@@ -91,7 +91,8 @@ def main():
     by_name = collections.defaultdict(lambda: [0.0, 0])
     by_class = collections.defaultdict(float)
     first, last = None, None
-    for kind, start, end, row in read_trace(a.trace):
+    acts = list(read_trace(a.trace))
+    for kind, start, end, row in acts:
         first = start if first is None else min(first, start)
         last = end if last is None else max(last, end)
         if kind == "kernel":
@@ -100,7 +101,7 @@ def main():
             by_name[short][0] += ms
             by_name[short][1] += 1
             by_class[classify(row[6])] += ms
-    copies = copy_totals(a.trace)
+    copies = copy_totals(acts)
     n = a.per
     total = sum(v[0] for v in by_name.values())
     print("kernel time %.3f ms per call (%.0f kernels), trace span %.1f ms in all"
@@ -113,7 +114,7 @@ def main():
     for kind, (count, nbytes, ms) in sorted(copies.items()):
         print("copies %-15s %6.1f per call, %12.0f bytes per call, %.3f ms per call" % (kind, count / n, nbytes / n, ms / n))
     if a.gaps > 0:
-        print_gaps(a.trace, n, a.gaps, a.max_gap_us)
+        print_gaps(acts, n, a.gaps, a.max_gap_us)
 
 
 if __name__ == "__main__":

@@ -62,13 +62,25 @@ const Backend* find_backend(BackendId id, DeviceKind kind) {
   return nullptr;
 }
 
-void require_supported(const Backend& backend, const AttnParams& p) {
-  const std::vector<std::string> reasons = backend.unsupported_reasons(p);
+namespace {
+
+void throw_if_any(const Backend& backend, const AttnParams& p, const std::vector<std::string>& reasons,
+                  const char* what) {
   if (reasons.empty()) return;
   std::string all;
   for (const std::string& why : reasons) all += (all.empty() ? "" : "; ") + why;
   throw Error(cat(backend_name(backend.id()), " (", backend.device_kind() == DeviceKind::CUDA ? "cuda" : "cpu",
-                  ") cannot serve ", p.describe(), ": ", all));
+                  ") cannot serve ", what, p.describe(), ": ", all));
+}
+
+}  // namespace
+
+void require_supported(const Backend& backend, const AttnParams& p) {
+  throw_if_any(backend, p, backend.unsupported_reasons(p), "");
+}
+
+void require_backward_supported(const Backend& backend, const AttnParams& p) {
+  throw_if_any(backend, p, backend.backward_unsupported_reasons(p), "the backward of ");
 }
 
 }  // namespace ringtrain::attention

@@ -37,7 +37,8 @@ class Backend {
   virtual bool cp_capable() const = 0;
   virtual std::vector<std::string> unsupported_reasons(const AttnParams& p) const = 0;
   // Why the backward cannot serve params the forward can (none by default). Selection adds these to the reasons
-  // unless a forward-only scope says no backward follows, and backward() refuses such params.
+  // unless a forward-only scope says no backward follows, and backward() refuses such params
+  // (require_backward_supported).
   virtual std::vector<std::string> backward_unsupported_reasons(const AttnParams&) const { return {}; }
   virtual void forward(const AttnParams& p, const AttnForwardArgs& a) const = 0;
   virtual void backward(const AttnParams& p, const AttnBackwardArgs& a) const = 0;
@@ -46,6 +47,8 @@ class Backend {
 // For direct calls that bypass selection (tests, benchmarks), so that a kernel's geometry is never entered unchecked:
 // an error naming the backend, the params and every reason it cannot serve them.
 void require_supported(const Backend& backend, const AttnParams& p);
+// The same for the reasons a backend's backward adds (backward_unsupported_reasons), called by its backward().
+void require_backward_supported(const Backend& backend, const AttnParams& p);
 
 // The implementation of `id` on `kind`, or nullptr when this build has none.
 const Backend* find_backend(BackendId id, DeviceKind kind);

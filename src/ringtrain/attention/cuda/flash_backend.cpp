@@ -68,8 +68,7 @@ class FlashBackend final : public Backend {
 
   void backward(const AttnParams& p, const AttnBackwardArgs& a) const override {
     validate(p, a);
-    for (const std::string& why : backward_unsupported_reasons(p))
-      throw Error(cat("flash (cuda): backward of ", p.describe(), ": not served: ", why));
+    require_backward_supported(*this, p);
     cuda::DeviceGuard guard(p.device.index);
     cuda::FlashBwdCall c;
     c.s = cuda::flash_shape(p, a.q, a.k, a.cu_seqlens_q, a.cu_seqlens_kv);
