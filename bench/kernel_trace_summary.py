@@ -88,10 +88,15 @@ def main():
     p.add_argument("--max-gap-us", type=float, default=5000.0,
                    help="gaps at least this long are pauses between calls, left out of --gaps")
     a = p.parse_args()
+    if a.per <= 0 or a.gaps < 0 or a.max_gap_us <= 0:
+        p.error("--per and --max-gap-us must be > 0 and --gaps >= 0 (got %g, %g, %d)" % (a.per, a.max_gap_us, a.gaps))
     by_name = collections.defaultdict(lambda: [0.0, 0])
     by_class = collections.defaultdict(float)
     first, last = None, None
-    acts = list(read_trace(a.trace))
+    try:
+        acts = list(read_trace(a.trace))
+    except OSError as e:
+        p.error("cannot read the trace %s: %s" % (a.trace, e.strerror or e))
     for kind, start, end, row in acts:
         first = start if first is None else min(first, start)
         last = end if last is None else max(last, end)

@@ -403,5 +403,11 @@ expect_error bench-power-negative-watts 'active-watts must be >= 0 \(got -1\)' \
 expect_error bench-power-no-nvidia-smi 'power needs nvidia-smi on PATH' \
   env PATH="$work/no_such_dir" "$py" "$root/bench/compare_hf_logprobs.py" --bin "$bin" --power
 
+# The kernel-trace summary: a trace that is missing or a directory, and a gap threshold that is not positive.
+expect_error trace-summary-missing 'cannot read the trace' "$py" "$root/bench/kernel_trace_summary.py" "$work/no_trace.csv"
+expect_error trace-summary-directory 'cannot read the trace' "$py" "$root/bench/kernel_trace_summary.py" "$work"
+expect_error trace-summary-gap-threshold 'max-gap-us must be > 0' \
+  "$py" "$root/bench/kernel_trace_summary.py" "$work/no_trace.csv" --gaps 5 --max-gap-us -1
+
 echo "bad inputs: $((cases - failures))/$cases cases passed"
 [ "$failures" -eq 0 ]
