@@ -13,9 +13,10 @@
 //    the block's readers wait for its writers): head dim 128 splits dQ's columns between the consumers; at head dim
 //    64 the consumers take turns, one query tile each, so that every dQ element is reduced once per key tile (split
 //    by keys, two reductions would add into the same block and double the atomic traffic into L2).
-// Each block is added to an fp32 accumulator in global memory by one bulk reduction (cp.reduce.async.bulk) of a
-// 16 KB staging block, in the order the registers hold it; flash_dq_convert_sm90_kernel reads that order back into
-// dq. The accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
+// Each block is added to an fp32 accumulator in global memory in the order the registers hold it: at D = 64 by vector
+// reductions from the registers, at D = 128 by one bulk reduction (cp.reduce.async.bulk) of a 16 KB staging block;
+// flash_dq_convert_sm90_kernel reads that order back into dq. At D = 64 K and V are also register operands. The
+// accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
 #include <cuda.h>
 
 #include "ringtrain/attention/cuda/cuda_util.h"
@@ -34,9 +35,16 @@ template <int D>
 struct BwdSm90Config {
   static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = 64, BN = 128, kStages = D == 64 ? 3 : 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
+  // At D = 64, where shared-memory bandwidth binds as much as the tensor cores: K and V as register operands of
+  // S^T and dP^T (those GEMMs then read only Q and dO from shared memory; their 32 registers fit beside the
+  // accumulators at this head dim only), and dQ blocks added to the accumulator by vector reductions straight from
+  // registers instead of through a shared staging block and a bulk reduction: fwd+bwd 371 -> 402 TFLOP/s causal,
+  // 392 -> 441 without a mask (B = 2, H = 16, 8K; docs/PERF.md). D = 128 keeps the staging block and the bulk
+  // reduction (register reductions with the third stage their freed memory allows measured slower there).
+  static constexpr bool kKVInRegisters = D == 64, kDqFromRegisters = D == 64;
   static constexpr int kTileKV = BN * D * 2, kTileQ = BM * D * 2;
   static constexpr int kDsBytes = BN * BM * 2;  // dS^T, [BN keys][BM queries]
-  static constexpr int kDqBlock = BM * 64 * 4;  // one consumer's dQ block, 64 x 64 fp32, over all BN keys
+  static constexpr int kDqBlock = kDqFromRegisters ? 0 : BM * 64 * 4;  // a consumer's 64 x 64 fp32 dQ staging block
   static constexpr int kStatBytes = 2 * BM * 4;  // per stage: BM LSE values, then BM Delta values
   static constexpr int kBarriers = 1 + 2 * kStages;  // K/V; full and empty per stage
   static constexpr int kSmemBytes = 1024 + 2 * kTileKV + 2 * kStages * kTileQ + 2 * kDsBytes + kConsumers * kDqBlock +
@@ -177,9 +185,21 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
   const int dq_panel = D == 128 ? wgi : 0;  // which 64 columns of dQ (and of K) this consumer's block covers
   const uint32_t s_dq = sm.dq(wgi);
 
+  // This consumer's K and V rows as register-A fragments (read once; unused unless kKVInRegisters).
+  uint32_t kf[Cfg::kKVInRegisters ? D / 16 : 1][4], vf[Cfg::kKVInRegisters ? D / 16 : 1][4];
   if (w.steps > 0) {
     tma::wait(sm.full_kv(), 0);
     if (n0 + BN > seq.skv) wg::fence_async_smem();  // copied by cp.async: the generic proxy
+    if constexpr (Cfg::kKVInRegisters) {
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint32_t off = wg::panel_off(BN, wgi * 64 + warp * 16 + g + 8 * (r % 2), 16 * k + 8 * (r / 2) + 2 * t);
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(kf[k][r]) : "r"(sm.k + off));
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(vf[k][r]) : "r"(sm.v + off));
+        }
+    }
   }
   for (int step = 0; step < w.steps; ++step) {
     const int stage = step % Cfg::kStages;
@@ -194,12 +214,20 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     float sp[BM / 2], dp[BM / 2];
     wg::fence();
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      wg::Mma<T, BM>::template ss<0, 0>(sp, wg::desc_k(sm.k, BN, wgi * 64, k), wg::desc_k(sQ, BM, 0, k), k > 0);
+    for (int k = 0; k < D / 16; ++k) {
+      if constexpr (Cfg::kKVInRegisters)
+        wg::Mma<T, BM>::template rs<0>(sp, kf[k], wg::desc_k(sQ, BM, 0, k), k > 0);
+      else
+        wg::Mma<T, BM>::template ss<0, 0>(sp, wg::desc_k(sm.k, BN, wgi * 64, k), wg::desc_k(sQ, BM, 0, k), k > 0);
+    }
     wg::commit();
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      wg::Mma<T, BM>::template ss<0, 0>(dp, wg::desc_k(sm.v, BN, wgi * 64, k), wg::desc_k(sDO, BM, 0, k), k > 0);
+    for (int k = 0; k < D / 16; ++k) {
+      if constexpr (Cfg::kKVInRegisters)
+        wg::Mma<T, BM>::template rs<0>(dp, vf[k], wg::desc_k(sDO, BM, 0, k), k > 0);
+      else
+        wg::Mma<T, BM>::template ss<0, 0>(dp, wg::desc_k(sm.v, BN, wgi * 64, k), wg::desc_k(sDO, BM, 0, k), k > 0);
+    }
     wg::commit();
     wg::wait<1>();
     wg::keep(sp);
@@ -276,7 +304,8 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     // This step's dQ block: every consumer's at D = 128, consumer (step mod 2)'s at D = 64.
     const bool dq_here = D == 128 || step % 2 == wgi;
     wg::fence_async_smem();
-    if (dq_here && ctid % 128 == 0) wg::bulk_wait_read();  // the staging block's previous reduction has read it
+    // The staging block's previous reduction has read it.
+    if (!Cfg::kDqFromRegisters && dq_here && ctid % 128 == 0) wg::bulk_wait_read();
     // dS^T complete, every key's. At D = 64 the consumer without a block only arrives; the barrier alternates with
     // the step, so that its next arrival cannot complete this step's barrier before the other consumer's wait.
     const int ds_barrier = D == 128 ? 3 : 3 + step % 2;
@@ -306,24 +335,32 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     wg::keep(dq);
     release_stage();
 
-    // The dQ block to this consumer's staging block (consecutive lanes, consecutive 8 bytes), then one bulk add.
+    // The dQ block into the accumulator, in register order (consecutive lanes, consecutive 8 bytes): from registers
+    // by one vector reduction per register pair (256 contiguous bytes per warp instruction), or through this
+    // consumer's staging block and one bulk reduction.
+    auto acc_block = [&] {
+      return a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D + (D == 128 ? wgi * BM * 64 : 0);
+    };
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const uint32_t slot = ((warp * 8 + j) * 2 + half) * 32 + lane;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(s_dq + slot * 8), "f"(dq[4 * j + 2 * half]),
-                     "f"(dq[4 * j + 2 * half + 1]));
+        const float x = dq[4 * j + 2 * half], y = dq[4 * j + 2 * half + 1];
+        if constexpr (Cfg::kDqFromRegisters)
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc_block() + 2 * slot), "f"(x), "f"(y)
+                       : "memory");
+        else
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(s_dq + slot * 8), "f"(x), "f"(y));
       }
     }
-    wg::fence_async_smem();
-    wg::named_sync(1 + wgi, 128);
-    if (ctid % 128 == 0) {
-      float* acc_tile = a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D;
-      wg::bulk_reduce_add_f32(acc_tile + (D == 128 ? wgi * BM * 64 : 0), s_dq, Cfg::kDqBlock);
+    if constexpr (!Cfg::kDqFromRegisters) {
+      wg::fence_async_smem();
+      wg::named_sync(1 + wgi, 128);
+      if (ctid % 128 == 0) wg::bulk_reduce_add_f32(acc_block(), s_dq, Cfg::kDqBlock);
     }
   }
-  if (ctid % 128 == 0) wg::bulk_wait();
+  if (!Cfg::kDqFromRegisters && ctid % 128 == 0) wg::bulk_wait();
 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
