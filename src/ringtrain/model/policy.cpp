@@ -122,8 +122,6 @@ int64_t TokenBatch::tokens() const {
 
 std::unique_ptr<DeviceSampler> Policy::make_device_sampler(const SamplerOptions&) { return nullptr; }
 
-void Policy::update_weights(const WeightUpdate& update) { update(0, weights().numel(), nullptr); }
-
 std::vector<float> Policy::param(const std::string& name) const { return slice(params(), spec_named(*this, name)); }
 std::vector<float> Policy::grad(const std::string& name) const {
   return slice(grads_by_layout(), spec_named(*this, name));

@@ -139,19 +139,6 @@ class Policy {
   // clears what no backward has written since).
   virtual void zero_grads() = 0;
 
-  // An optimizer's update of the flat buffers, so that it can overlap the next forward: update_weights calls
-  // update(begin, end, stream) for consecutive element ranges [begin, end) of weights() / grads() that cover them
-  // once, in the order a forward first reads the weights, and `update` enqueues its work for the range on `stream`
-  // without waiting for it. A GPU policy passes a stream of its own that first waits for all the work already
-  // enqueued on the policy's, and returns at once; its next forward waits for each range just before reading it, and
-  // every other use of the buffers (weights(), grads(), params(), set_params(), grads_by_layout(), a backward)
-  // waits for the whole update. The CPU policies pass a null stream: `update` runs there and then.
-  using WeightUpdate = std::function<void(int64_t begin, int64_t end, void* stream)>;
-  virtual void update_weights(const WeightUpdate& update);
-  // Makes the policy's later device work, host copies included, wait for the last update_weights (for state that
-  // the update wrote outside the policy, such as an optimizer's moments).
-  virtual void finish_weight_update() {}
-
   // Host values in layout() order (fp32; fp64 for an F64 policy is rounded), and the way back in.
   virtual std::vector<float> params() const = 0;
   virtual void set_params(const std::vector<float>& values) = 0;

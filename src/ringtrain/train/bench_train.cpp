@@ -100,20 +100,15 @@ nlohmann::json run_train_bench(const BenchTrainOptions& o, comm::Communicator& w
   for (int i = 0; i < o.warmup; ++i) trainer.step(batch);
   synchronize(dev);
   if (dev.is_cuda()) cuda_reset_pool_peak(dev.index);
-  // Steps back to back, as a training loop runs them: a step's time runs from one step's return to the next one's,
-  // so that the part of a weight update that overlaps the next forward (Policy::update_weights) counts once. One
-  // untimed step first puts an update in flight; the last interval also waits for the device to finish.
-  world.barrier();
-  trainer.step(batch);
   std::vector<double> step_ms;
   StepResult last;
-  auto since = Clock::now();
   for (int i = 0; i < o.steps; ++i) {
+    world.barrier();
+    synchronize(dev);
+    const auto t0 = Clock::now();
     last = trainer.step(batch);
-    if (i + 1 == o.steps) synchronize(dev);
-    const auto now = Clock::now();
-    step_ms.push_back(std::chrono::duration<double, std::milli>(now - since).count());
-    since = now;
+    synchronize(dev);
+    step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   const double peak = dev.is_cuda() ? static_cast<double>(cuda_pool_peak_bytes(dev.index)) : 0.0;
 

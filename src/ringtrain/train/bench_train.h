@@ -2,10 +2,9 @@
 // norm and clipping, AdamW, weight all-gather) of a random model through the Trainer, on one GPU or on cp GPUs
 // (one process each, a 1 × cp mesh). Device-agnostic: it also runs on the CPU (a tiny model, for a smoke test).
 //
-// Timing: after warm-up steps, `steps` steps back to back, each from the previous step's return to its own (median;
-// a single GPU's weight update overlaps the next step's forward, so this is the step's cost in a training loop),
-// then `steps` more with a device synchronisation at the end of every phase, for the phases' medians (summed over
-// the microbatches of a step; there the update does not overlap). FLOPs per step as `bench model` counts them:
+// Timing: after warm-up steps, `steps` steps each between a barrier and a device synchronisation (median), then
+// `steps` more with a synchronisation at the end of every phase, for the phases' medians (summed over the
+// microbatches of a step). FLOPs per step as `bench model` counts them:
 //   6 · N · S + 6 · L · S² · heads · head_dim, N = the matmul weights (the LM head once, also when tied)
 // and MFU = FLOPs / (step time · GPUs · 989 TFLOP/s).
 #pragma once

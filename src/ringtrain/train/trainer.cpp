@@ -6,7 +6,6 @@
 #include <span>
 
 #include "ringtrain/core/error.h"
-#include "ringtrain/core/log.h"
 #include "ringtrain/train/device_optimizer.h"
 #include "ringtrain/train/trainer_detail.h"
 
@@ -304,14 +303,6 @@ Trainer::Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& me
   norm_result_ = Tensor::empty({1}, DType::F64, w.device);
 }
 
-Trainer::~Trainer() {
-  try {
-    policy_->finish_weight_update();
-  } catch (const std::exception& e) {
-    RT_LOG(Warn, "trainer: waiting for the last weight update failed: ", e.what());
-  }
-}
-
 void Trainer::restore_counters(int64_t steps, int64_t optimizer_steps, int64_t schedule_position) {
   RT_CHECK(steps >= 0 && optimizer_steps >= 0 && optimizer_steps <= steps,
            "trainer: bad counters: steps ", steps, ", optimizer steps ", optimizer_steps);
@@ -468,51 +459,35 @@ void Trainer::apply_gradients(StepResult& out, const PhaseHook& on_phase_end) {
   out.skipped = plan.skipped;
   mark(Phase::NormClip);
 
-  // 6. AdamW on the shard, its new compute weights into the policy's buffer, then everyone's. A single rank updates
-  // through the policy, range by range in the order the next forward reads them, so that forward can start before
-  // the update ends; with more ranks the all-gather has to follow the whole update.
+  // 6. AdamW on the shard, its new compute weights into the policy's buffer, then everyone's.
   if (!plan.skipped) {
     const TensorView w = flat(policy_->weights(), "weights");
-    const auto update = [&](int64_t begin, int64_t end, void* stream) { update_range(plan, w, g, begin, end, stream); };
-    if (world.size() == 1) {
-      policy_->update_weights(update);
-      mark(Phase::AdamW);
+    if (kernels) {
+      DeviceAdamWShard s;
+      s.master = shard_.master.ptr<float>();
+      s.exp_avg = shard_.exp_avg.ptr<float>();
+      s.exp_avg_sq = shard_.exp_avg_sq.ptr<float>();
+      s.grad = g_shard.ptr<float>();
+      s.compute_bf16 = reinterpret_cast<uint16_t*>(byte_at(w, shard_.begin));
+      s.n = n;
+      kernels->adamw_update(plan, s, nullptr);
+    } else if (g.dtype == DType::F64) {
+      adamw_update<double>(plan, shard_.master.ptr<double>(), shard_.exp_avg.ptr<double>(),
+                           shard_.exp_avg_sq.ptr<double>(), g_shard.ptr<double>(), n,
+                           {byte_at(w, shard_.begin), w.dtype});
     } else {
-      update(shard_.begin, shard_.end, nullptr);
-      mark(Phase::AdamW);
-      all_gather_weights();
-      mark(Phase::AllGather);
+      adamw_update<float>(plan, shard_.master.ptr<float>(), shard_.exp_avg.ptr<float>(), shard_.exp_avg_sq.ptr<float>(),
+                          g_shard.ptr<float>(), n, {byte_at(w, shard_.begin), w.dtype});
     }
+    mark(Phase::AdamW);
+    all_gather_weights();
+    mark(Phase::AllGather);
     completed_ = plan.step;
   }
 
   // 7. The schedule steps once per train step.
   ++steps_;
   schedule_.step();
-}
-
-void Trainer::update_range(const AdamWStep& plan, const TensorView& w, const TensorView& g, int64_t begin, int64_t end,
-                           void* stream) {
-  RT_CHECK(shard_.begin <= begin && begin <= end && end <= shard_.end, "trainer: update range [", begin, ", ", end,
-           ") is outside this rank's shard [", shard_.begin, ", ", shard_.end, ")");
-  const int64_t at = begin - shard_.begin, n = end - begin;
-  void* compute = byte_at(w, begin);
-  if (const DeviceOptimizerKernels* kernels = g.device.is_cpu() ? nullptr : device_optimizer_kernels()) {
-    DeviceAdamWShard s;
-    s.master = shard_.master.ptr<float>() + at;
-    s.exp_avg = shard_.exp_avg.ptr<float>() + at;
-    s.exp_avg_sq = shard_.exp_avg_sq.ptr<float>() + at;
-    s.grad = g.ptr<float>() + begin;
-    s.compute_bf16 = static_cast<uint16_t*>(compute);
-    s.n = n;
-    kernels->adamw_update(plan, s, stream);
-  } else if (g.dtype == DType::F64) {
-    adamw_update<double>(plan, shard_.master.ptr<double>() + at, shard_.exp_avg.ptr<double>() + at,
-                         shard_.exp_avg_sq.ptr<double>() + at, g.ptr<double>() + begin, n, {compute, w.dtype});
-  } else {
-    adamw_update<float>(plan, shard_.master.ptr<float>() + at, shard_.exp_avg.ptr<float>() + at,
-                        shard_.exp_avg_sq.ptr<float>() + at, g.ptr<float>() + begin, n, {compute, w.dtype});
-  }
 }
 
 }  // namespace ringtrain::train

@@ -7,9 +7,7 @@
 //   4. the flat gradient is reduce-scattered (sum) over all dp · cp ranks, in place, into this rank's shard;
 //   5. the shard's Σg² is all-reduced → global norm; NaN/Inf skips the step on every rank; clip coefficient;
 //   6. AdamW on the shard's master weights and moments (fp32; fp64 for an F64 policy), writing the shard's new
-//      compute weights into the policy's weights(); an in-place all-gather gives every rank all of them. A world of
-//      one rank has no all-gather: its update goes through Policy::update_weights, so that on a GPU it overlaps the
-//      next step's forward;
+//      compute weights into the policy's weights(); an in-place all-gather gives every rank all of them;
 //   7. the LR schedule steps (also after a skipped step).
 // Nothing here branches on the device: buffers are the policy's views, the optimizer's kernels come from
 // device_optimizer.h on a GPU.
@@ -100,10 +98,6 @@ class Trainer {
   // The policy is this rank's (under CP made over mesh.cp_group()); its current weights, the same on every rank,
   // are the starting point. Neither is owned; both must outlive the trainer.
   Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& mesh);
-  // Waits for an update still running on the device (it writes the shard's tensors).
-  ~Trainer();
-  Trainer(const Trainer&) = delete;
-  Trainer& operator=(const Trainer&) = delete;
 
   StepResult step(const TrainBatch& batch, const PhaseHook& on_phase_end = {});
   // The same step from rows on the policy's device (trainer_rows.cpp): the inputs are gathered into microbatches,
@@ -125,20 +119,13 @@ class Trainer {
 
   // For checkpoints (checkpoint.h): the shard, and restoring counters after its tensors were filled; refresh_weights
   // writes the compute weights from the master shards of all ranks (collective over the world).
-  ShardState& shard() {
-    policy_->finish_weight_update();
-    return shard_;
-  }
+  ShardState& shard() { return shard_; }
   void restore_counters(int64_t steps, int64_t optimizer_steps, int64_t schedule_position);
   void refresh_weights();
 
  private:
   // Steps 4-7 of a step whose gradients are in the policy's buffer.
   void apply_gradients(StepResult& out, const PhaseHook& on_phase_end);
-  // AdamW on elements [begin, end) of the flat buffers w (weights) and g (gradients), inside this rank's shard;
-  // enqueued on `stream` on a GPU.
-  void update_range(const AdamWStep& plan, const TensorView& w, const TensorView& g, int64_t begin, int64_t end,
-                    void* stream);
   void all_gather_weights();
 
   TrainerConfig cfg_;

@@ -1,7 +1,5 @@
 #include "ringtrain/model/cuda/gpu_model.h"
 
-#include <algorithm>
-
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
@@ -93,20 +91,6 @@ void GpuLayerActs::allocate(const ModelConfig& c, int64_t batch, int64_t seqlen,
   act = Tensor::empty({N, c.ffn}, DType::BF16, device);
 }
 
-UpdateStream::UpdateStream(size_t parts) : part_done(parts, nullptr) {
-  RT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating the weight update's stream");
-  RT_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready, cudaEventDisableTiming), "creating the weight update's events");
-  for (cudaEvent_t& e : part_done)
-    RT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating the weight update's events");
-}
-
-UpdateStream::~UpdateStream() {
-  cudaStreamSynchronize(stream);
-  for (cudaEvent_t e : part_done) cudaEventDestroy(e);
-  cudaEventDestroy(inputs_ready);
-  cudaStreamDestroy(stream);
-}
-
 GpuModel::GpuModel(ModelConfig config, ModelOptions options, int device)
     : config_(std::move(config)), layout_(config_), dev_(layout_), options_(std::move(options)),
       device_(Device::cuda(device)) {
@@ -125,7 +109,6 @@ GpuModel::GpuModel(ModelConfig config, const std::vector<float>& params, ModelOp
 }
 
 void GpuModel::set_params(const std::vector<float>& values) {
-  await_update();
   RT_CHECK(static_cast<int64_t>(values.size()) == layout_.total(), "gpu model: ", values.size(),
            " parameter values for a layout of ", layout_.total());
   const std::vector<ParamSpec>& specs = layout_.specs();
@@ -136,7 +119,6 @@ void GpuModel::set_params(const std::vector<float>& values) {
 }
 
 std::vector<float> GpuModel::params() const {
-  await_update();
   std::vector<float> out(static_cast<size_t>(layout_.total()));
   const std::vector<ParamSpec>& specs = layout_.specs();
   for (size_t i = 0; i < specs.size(); ++i)
@@ -165,7 +147,6 @@ GpuModel GpuModel::load(const std::filesystem::path& dir, ModelOptions options, 
 }
 
 GradSlot GpuModel::lm_head_grad() {
-  await_update();
   if (!grads_.defined()) zero_grads();
   const GradSlot slot{grads_.ptr<float>() + dev_.lm_head, lm_head_fresh_};
   lm_head_fresh_ = false;
@@ -196,7 +177,6 @@ void GpuModel::clear_summed_grads() {
 }
 
 TensorView GpuModel::grad_buffer() {
-  await_update();
   if (!grads_.defined()) zero_grads();
   float* G = grads_.ptr<float>();
   const auto clear = [&](int64_t begin, int64_t end) {
@@ -214,7 +194,6 @@ TensorView GpuModel::grad_buffer() {
 std::vector<float> GpuModel::grads() const {
   std::vector<float> out(static_cast<size_t>(layout_.total()), 0.f);
   if (!grads_.defined()) return out;
-  await_update();
   RT_CUDA_CHECK(cudaStreamSynchronize(stream()), "waiting for the gradients");
   const std::vector<ParamSpec>& specs = layout_.specs();
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -231,7 +210,6 @@ std::vector<float> GpuModel::grad(const std::string& name) const {
   RT_CHECK(spec != nullptr, "gpu model: no weight named '", name, "' in a ", arch_class_name(config_.arch));
   std::vector<float> out(static_cast<size_t>(spec->numel), 0.f);
   if (!grads_.defined()) return out;
-  await_update();
   RT_CUDA_CHECK(cudaStreamSynchronize(stream()), "waiting for the gradients");
   const int64_t device_offset = dev_.device_offsets()[static_cast<size_t>(spec - layout_.specs().data())];
   if (grad_fresh(device_offset)) return out;
@@ -241,51 +219,6 @@ std::vector<float> GpuModel::grad(const std::string& name) const {
 }
 
 size_t GpuModel::weight_bytes() const { return weights_.nbytes() + grads_.nbytes(); }
-
-std::vector<std::vector<std::pair<int64_t, int64_t>>> GpuModel::update_parts() const {
-  // The layers' matrices lie back to back after the embedding, followed by an untied LM head, then the vectors.
-  const size_t L = dev_.layers.size();
-  const int64_t tail = dev_.lm_head != dev_.embed ? dev_.lm_head : dev_.summed_begin();
-  const int64_t first = L > 0 ? dev_.layers[0].qkv : tail;
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> parts{{{0, first}, {tail, dev_.total()}}};
-  for (size_t l = 0; l < L; ++l) parts.push_back({{dev_.layers[l].qkv, l + 1 < L ? dev_.layers[l + 1].qkv : tail}});
-  int64_t covered = 0;
-  for (const auto& part : parts)
-    for (const auto& [begin, end] : part) {
-      RT_CHECK(begin <= end, "gpu model: an update range [", begin, ", ", end, ") is reversed");
-      covered += end - begin;
-    }
-  RT_CHECK(covered == dev_.total(), "gpu model: the update's parts cover ", covered, " of ", dev_.total(), " elements");
-  return parts;
-}
-
-void GpuModel::update_weights(const RangeUpdate& update) {
-  const auto parts = update_parts();
-  if (!update_) update_ = std::make_unique<UpdateStream>(parts.size());
-  UpdateStream& u = *update_;
-  RT_CUDA_CHECK(cudaEventRecord(u.inputs_ready, stream()), "starting the weight update");
-  RT_CUDA_CHECK(cudaStreamWaitEvent(u.stream, u.inputs_ready), "starting the weight update");
-  u.pending = true, u.awaited = 0;
-  for (size_t p = 0; p < parts.size(); ++p) {
-    for (const auto& [begin, end] : parts[p])
-      if (end > begin) update(begin, end, u.stream);
-    RT_CUDA_CHECK(cudaEventRecord(u.part_done[p], u.stream), "the weight update's part ", p);
-  }
-}
-
-void GpuModel::await_update(size_t part) const {
-  if (!update_ || !update_->pending) return;
-  UpdateStream& u = *update_;
-  part = std::min(part, u.part_done.size() - 1);
-  if (part < u.awaited) return;
-  RT_CUDA_CHECK(cudaStreamWaitEvent(stream(), u.part_done[part]), "waiting for the weight update's part ", part);
-  u.awaited = part + 1;
-  u.pending = u.awaited < u.part_done.size();
-}
-
-void GpuModel::await_update() const {
-  if (update_) await_update(update_->part_done.size() - 1);
-}
 
 bool GpuModel::checkpointed(size_t layer) const {
   return layer < options_.checkpoint_layers.size() && options_.checkpoint_layers[layer];
@@ -371,13 +304,11 @@ const bf16* GpuModel::run_forward(SequenceAttention& attention, bool for_backwar
   const attention::BackendScope no_backward = attention::BackendScope::forward_only(!for_backward);
 
   const bf16* W = weights_.ptr<bf16>();
-  await_update(0);  // an update in flight: each part just before its first read (update_parts)
   embedding_forward(stream(), layer_input(0), tokens_.ptr<int32_t>(), W + dev_.embed, N, H);
   const size_t L = static_cast<size_t>(config_.layers);
   for (size_t l = 0; l < L; ++l) {
     GpuLayerActs& a = for_backward && !checkpointed(l) ? saved_[l] : scratch_;
     bf16* x_out = l + 1 < L ? layer_input(l + 1) : final_in_.ptr<bf16>();
-    await_update(1 + l);
     layer_forward(l, a, layer_input(l), x_out, attention);
   }
   rmsnorm_forward(stream(), hidden_.ptr<bf16>(), final_rstd_.ptr<float>(), final_in_.ptr<bf16>(), W + dev_.final_norm,
@@ -415,7 +346,6 @@ void GpuModel::layer_forward(size_t layer, GpuLayerActs& a, const bf16* x_in, bf
 void GpuModel::backward(const bf16* d_hidden, SequenceAttention& attention) {
   RT_CHECK(have_activations_, "gpu model backward: forward(..., for_backward=true) must run first");
   have_activations_ = false;
-  await_update();
   if (!grads_.defined()) zero_grads();
   if (body_fresh_) clear_summed_grads();
   const int64_t N = batch_ * seqlen_, H = config_.hidden;

@@ -9,15 +9,13 @@
 // gate/up into one [2 ffn, hidden] matrix, the fused layouts of layer_kernels.h. Every Hugging Face tensor is still
 // one contiguous slice of those buffers, so gradients read back by name.
 //
-// Everything runs on the legacy default stream, where the attention backends and CP run when given no stream, except
-// an optimizer's update (update_weights), which runs on a stream of its own beside the next forward.
+// Everything runs on the legacy default stream, where the attention backends and CP run when given no stream.
 // Attention goes through a SequenceAttention (make_local_attention, or make_cp_attention over an NCCL
 // communicator) on dense BSHD device views, inside BackendScope("model", allow-list) as the CPU model does.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,19 +73,6 @@ struct GpuLayerActs {
   void allocate(const ModelConfig& c, int64_t batch, int64_t seqlen, Device device);
 };
 
-// The stream and per-part events of a weight update that overlaps the next forward (GpuModel::update_weights).
-struct UpdateStream {
-  explicit UpdateStream(size_t parts);
-  ~UpdateStream();  // waits for the stream
-  UpdateStream(const UpdateStream&) = delete;
-  UpdateStream& operator=(const UpdateStream&) = delete;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t inputs_ready = nullptr;    // recorded on the model's stream before the update's first part
-  std::vector<cudaEvent_t> part_done;    // recorded on `stream` after each part
-  size_t awaited = 0;                    // parts the model's stream waits for already
-  bool pending = false;                  // an update whose parts the model's stream has not all waited for
-};
-
 class GpuModel {
  public:
   // params: host fp32 values in ParamLayout order (as Model<float> holds them), converted to bf16 on upload.
@@ -118,10 +103,7 @@ class GpuModel {
   std::vector<float> grad(const std::string& name) const;
   // The device buffers themselves (dev_layout() order), for an optimizer: the bf16 weights, and the fp32 gradients
   // with every slice that zero_grads() marked but no backward wrote made zero on the device first.
-  TensorView weight_buffer() {
-    await_update();
-    return weights_.view();
-  }
+  TensorView weight_buffer() { return weights_.view(); }
   TensorView grad_buffer();
   const GpuParamLayout& dev_layout() const { return dev_; }
   // Host fp32 values in ParamLayout order: downloaded from the bf16 weights, and uploaded (rounded to bf16).
@@ -129,19 +111,6 @@ class GpuModel {
   void set_params(const std::vector<float>& values);
   // Bytes of the weights and gradients (what the benchmark counts as "weights").
   size_t weight_bytes() const;
-
-  // Policy::update_weights on this GPU: `update(begin, end, stream)` for the flat buffers' parts in the order
-  // run_forward reads them (update_parts()), on a stream of the model's own that first waits for the work already on
-  // stream(); an event after each part. The next forward waits for each part just before its first read of it;
-  // every other access to the weights or gradients through this class waits for the whole update.
-  using RangeUpdate = std::function<void(int64_t begin, int64_t end, cudaStream_t stream)>;
-  void update_weights(const RangeUpdate& update);
-  // The parts, each a list of [begin, end) ranges: part 0 all that is not a decoder layer's matrix (the embedding,
-  // an untied LM head, the norms and biases), part 1 + l layer l's matrices (with the alignment gap after them).
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> update_parts() const;
-  // Makes stream() wait for the update's parts up to `part`, or for all of them.
-  void await_update(size_t part) const;
-  void await_update() const;
 
   // tokens/positions: host [batch * seqlen] (this rank's tokens under CP, at their true positions). Returns the
   // final-normed hidden states [batch * seqlen, hidden] on the device (valid until the next forward). With
@@ -192,8 +161,6 @@ class GpuModel {
   GpuLayerActs scratch_;             // the activations of scoring and of checkpointed layers
   // Backward work buffers, shared by all layers: dx_ carries d(loss)/d(residual stream) down the layers.
   Tensor dx_, d_norm_, d_act_, d_gate_up_, d_attn_, dq_, dk_, dv_, d_qkv_;
-  // Last, so that it is destroyed first: its destructor waits for an update still writing the buffers above.
-  std::unique_ptr<UpdateStream> update_;
 };
 
 }  // namespace ringtrain::model::cuda

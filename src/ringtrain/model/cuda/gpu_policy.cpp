@@ -154,10 +154,6 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
   TensorView grads() override { return model_.grad_buffer(); }
   const std::vector<int64_t>& flat_offsets() const override { return offsets_; }
   void zero_grads() override { model_.zero_grads(); }
-  void update_weights(const WeightUpdate& update) override {
-    model_.update_weights([&](int64_t begin, int64_t end, cudaStream_t stream) { update(begin, end, stream); });
-  }
-  void finish_weight_update() override { model_.await_update(); }
 
   std::vector<float> params() const override { return model_.params(); }
   void set_params(const std::vector<float>& values) override { model_.set_params(values); }
