@@ -21,6 +21,7 @@
 
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cuda/flash_sm90.h"
+#include "ringtrain/attention/cuda/flash_sm90_schedule.cuh"
 #include "ringtrain/attention/cuda/flash_tile.cuh"
 #include "ringtrain/attention/cuda/tma.cuh"
 #include "ringtrain/attention/cuda/tma_map.h"
@@ -378,15 +379,16 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
 
 template <typename T, int D>
 __global__ void __launch_bounds__(BwdSm90Config<D>::kThreads, 1)
-    flash_bwd_sm90_kernel(const __grid_constant__ BwdMaps maps, const BwdSm90Args a) {
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdMaps maps, const BwdSm90Args a, const HeaviestFirst order) {
   using Cfg = BwdSm90Config<D>;
   extern __shared__ unsigned char smem[];
   const BwdSmem<D> sm(smem);
   const FlashShape& s = a.c.s;
   BwdTile w;
-  w.b = blockIdx.z;
-  w.hk = blockIdx.y;
-  w.n0 = blockIdx.x * Cfg::BN;
+  const TileOfCta t = order.at(blockIdx.x);
+  w.b = t.batch;
+  w.hk = t.head;
+  w.n0 = t.tile * Cfg::BN;
   w.group = s.heads_q / s.heads_kv;
   w.seq = seq_of(s, w.b);
   if (w.n0 >= w.seq.skv) return;
@@ -454,11 +456,12 @@ void launch_bwd(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t str
   auto kernel = flash_bwd_sm90_kernel<T, D>;
   RT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
                 cat("flash_bwd_sm90_kernel<D=", D, ">: setting ", Cfg::kSmemBytes, " bytes of shared memory"));
-  const dim3 grid((s.seqlen_kv + Cfg::BN - 1) / Cfg::BN, s.heads_kv, s.batch);
+  const HeaviestFirst order((s.seqlen_kv + Cfg::BN - 1) / Cfg::BN, s.heads_kv, s.batch, s.mask != kMaskNone, false,
+                            ringtrain::cuda::sm_count());
+  const dim3 grid = order.grid();
   if (grid.x > 0) {
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, a);
-    RT_CUDA_CHECK(cudaGetLastError(), cat("launching flash_bwd_sm90_kernel grid (", grid.x, ", ", grid.y, ", ",
-                                          grid.z, ")", flash_shape_str(s)));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, a, order);
+    RT_CUDA_CHECK(cudaGetLastError(), cat("launching flash_bwd_sm90_kernel grid (", grid.x, ")", flash_shape_str(s)));
   }
   const dim3 q_grid((s.seqlen_q + 63) / 64, s.heads_q, s.batch);
   flash_dq_convert_sm90_kernel<T, D><<<q_grid, 256, 0, stream>>>(a);

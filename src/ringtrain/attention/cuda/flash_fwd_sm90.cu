@@ -15,6 +15,7 @@
 #include <cuda.h>
 
 #include "ringtrain/attention/cuda/cuda_util.h"
+#include "ringtrain/attention/cuda/flash_sm90_schedule.cuh"
 #include "ringtrain/attention/cuda/flash_sm90_tiles.h"
 #include "ringtrain/attention/cuda/flash_tile.cuh"
 #include "ringtrain/attention/cuda/online_softmax.cuh"
@@ -306,17 +307,18 @@ __device__ __forceinline__ void store_empty_rows(const FlashFwdCall& c, const Fw
 
 template <typename T, int D>
 __global__ void __launch_bounds__(FwdSm90Shape<D>::kThreads, 1)
-    flash_fwd_sm90_kernel(const __grid_constant__ FwdMaps maps, const FlashFwdCall c) {
+    flash_fwd_sm90_kernel(const __grid_constant__ FwdMaps maps, const FlashFwdCall c, const HeaviestFirst order) {
   using Tiles = FwdSm90Shape<D>;
   extern __shared__ unsigned char smem[];
   const FwdSmem<D> sm(smem);
   const FlashShape& s = c.s;
 
   FwdTile w;
-  w.b = blockIdx.z;
-  w.h = blockIdx.y;
+  const TileOfCta t = order.at(blockIdx.x);
+  w.b = t.batch;
+  w.h = t.head;
   w.hk = w.h / (s.heads_q / s.heads_kv);
-  w.m0 = (gridDim.x - 1 - blockIdx.x) * Tiles::BM;  // the longest causal tiles start first
+  w.m0 = t.tile * Tiles::BM;
   w.seq = tile::seq_of(s, w.b);
   if (w.m0 >= w.seq.sq) return;
   w.rows_valid = min(Tiles::BM, w.seq.sq - w.m0);
@@ -372,10 +374,12 @@ void launch_fwd(const FlashFwdCall& c, cudaStream_t stream) {
   maps.o_by_tma = c.o.elem != FlashElem::F32;
   maps.o = maps.o_by_tma ? panel_map(c.o, packed ? c.s.total_q : c.s.seqlen_q, c.s.heads_q, batches, D, 64, "o")
                          : CUtensorMap{};
-  const dim3 grid((c.s.seqlen_q + Tiles::BM - 1) / Tiles::BM, c.s.heads_q, c.s.batch);
-  kernel<<<grid, Tiles::kThreads, kSmem, stream>>>(maps, c);
-  RT_CUDA_CHECK(cudaGetLastError(), cat("flash: launching flash_fwd_sm90_kernel<D=", D, "> grid (", grid.x, ", ",
-                                        grid.y, ", ", grid.z, ")", flash_shape_str(c.s)));
+  const HeaviestFirst order((c.s.seqlen_q + Tiles::BM - 1) / Tiles::BM, c.s.heads_q, c.s.batch, c.s.mask != kMaskNone,
+                            true, ringtrain::cuda::sm_count());
+  const dim3 grid = order.grid();
+  kernel<<<grid, Tiles::kThreads, kSmem, stream>>>(maps, c, order);
+  RT_CUDA_CHECK(cudaGetLastError(), cat("flash: launching flash_fwd_sm90_kernel<D=", D, "> grid (", grid.x, ")",
+                                        flash_shape_str(c.s)));
 }
 
 template <typename T>
