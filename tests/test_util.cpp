@@ -1,11 +1,13 @@
 #include "test_util.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace ringtrain::testing {
 
@@ -19,6 +21,18 @@ uint64_t fresh_seed() {
   }
   std::printf("[seed %llu]\n", static_cast<unsigned long long>(seed));
   return seed;
+}
+
+TempDir::TempDir(const std::string& prefix) {
+  static std::atomic<int> made{0};
+  path = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(made++));
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
 }
 
 namespace {

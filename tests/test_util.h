@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <string>
@@ -37,6 +38,16 @@ bool inside_rank();
 // grace: how long the launcher lets the other ranks finish after one has failed.
 int run_ranks_of_this_program(const std::string& filter, int nproc = 2,
                               std::chrono::milliseconds grace = std::chrono::milliseconds(5000));
+
+// A fresh, empty folder under the system's temporary directory (PREFIX_PID_N), removed with everything in it when the
+// object goes, so that test runs leave nothing behind.
+struct TempDir {
+  explicit TempDir(const std::string& prefix);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::filesystem::path path;
+};
 
 // Runs the ringtrain program (RINGTRAIN_CLI) with `args` through the shell; stdout and stderr together.
 struct CliResult {

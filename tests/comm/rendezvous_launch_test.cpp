@@ -15,6 +15,7 @@
 #include "ringtrain/comm/communicator.h"
 #include "ringtrain/comm/launch.h"
 #include "ringtrain/comm/rendezvous.h"
+#include "test_util.h"
 
 namespace ringtrain::comm {
 namespace {
@@ -110,8 +111,8 @@ std::string read_file(const std::string& path) {
 }
 
 TEST(Launch, EachRankGetsItsVariables) {
-  char dir[] = "/tmp/rt_launch_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const testing::TempDir tmp("rt_launch");
+  const std::string dir = tmp.path.string();
   LaunchOptions o;
   o.nproc = 3;
   o.master_port = 29611;

@@ -36,10 +36,11 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// A path (not created) in this program's temporary folder, which goes when the program ends.
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("rt_grpo_test_" + std::to_string(::getpid())) / name;
+  static const testing::TempDir root("rt_grpo_test");
+  const fs::path d = root.path / name;
   fs::remove_all(d);
-  fs::create_directories(d.parent_path());
   return d;
 }
 

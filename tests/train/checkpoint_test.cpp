@@ -27,20 +27,8 @@ namespace ringtrain::train {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::TempDir;
 using testing::TrainSetup;
-
-// A fresh folder under the system's temporary directory, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / cat("ringtrain-ckpt-", ::getpid(), "-", testing::fresh_seed());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 struct RunOutcome {
   std::vector<std::vector<StepResult>> results;  // [world rank][step]
@@ -87,7 +75,7 @@ std::vector<double> losses(const std::vector<StepResult>& steps) {
 TEST(TrainCheckpoint, ResumeAfterStep2IsBitwiseTheUninterruptedRun) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::ClippedPG, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   const fs::path dir = tmp.path / "step2";
   for (MeshShape shape : {MeshShape{1, 1}, MeshShape{2, 2}}) {
     const RunOutcome whole = run(s, shape, 1, 5, {}, dir, 2);
@@ -115,7 +103,7 @@ TEST(TrainCheckpoint, ResumeAfterStep2IsBitwiseTheUninterruptedRun) {
 TEST(TrainCheckpoint, SavedUnder2x2LoadsUnder1x1And1x4) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   const fs::path dir = tmp.path / "mesh2x2";
   const RunOutcome at2 = run(s, {2, 2}, 1, 2);
   const RunOutcome whole = run(s, {2, 2}, 1, 5, {}, dir, 2);
@@ -143,7 +131,7 @@ TEST(TrainCheckpoint, SavedUnder2x2LoadsUnder1x1And1x4) {
 TEST(TrainCheckpoint, OtherFlatOrderAndGaps) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::ClippedPG, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   std::vector<double> plain, gapped_after, gapped_saved;
   StepResult plain_result, gapped_result;
   testing::on_mesh(s, DType::F32, {1, 1}, [&](Trainer& t, model::Policy& p, const Mesh&) {
@@ -183,7 +171,7 @@ TEST(TrainCheckpoint, OtherFlatOrderAndGaps) {
 TEST(TrainCheckpoint, Fp64MasterLoadsIntoFp32) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   std::vector<double> saved;
   testing::on_mesh(s, DType::F64, {1, 1}, [&](Trainer& t, model::Policy& p, const Mesh&) {
     t.step(s.batch);
@@ -200,7 +188,7 @@ TEST(TrainCheckpoint, Fp64MasterLoadsIntoFp32) {
 TEST(TrainCheckpoint, HuggingFaceWeightsOneFileOrShards) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   testing::on_mesh(s, DType::F32, {2, 1}, [&](Trainer& t, model::Policy& p, const Mesh& mesh) {
     t.step(s.batch);
     save_training_checkpoint(tmp.path / "one", t, {});
@@ -232,7 +220,7 @@ std::string load_error(const TrainSetup& s, const fs::path& dir, MeshShape shape
 TEST(TrainCheckpoint, DamagedOrForeignCheckpointsAreNamed) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   const fs::path dir = tmp.path / "ckpt";
   run(s, {2, 2}, 1, 2, {}, dir, 2);
   ASSERT_EQ(load_error(s, dir), "");
@@ -265,7 +253,7 @@ TEST(TrainCheckpoint, DamagedOrForeignCheckpointsAreNamed) {
 TEST(TrainCheckpoint, BadOptimizerPiecesAreNamed) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   const fs::path dir = tmp.path / "ckpt", file = dir / "optimizer" / "rank-00000-of-00001.safetensors";
   run(s, {1, 1}, 1, 2, {}, dir, 2);
   const model::TensorMap good = model::read_safetensors(file);
@@ -323,7 +311,7 @@ TEST(TrainCheckpoint, BadOptimizerPiecesAreNamed) {
 TEST(TrainCheckpoint, InterruptedSaveLeavesThePreviousCheckpoint) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::DPO, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   const fs::path dir = tmp.path / "latest";
   std::vector<std::vector<double>> at2(2);
   std::string error;
@@ -364,7 +352,7 @@ TEST(TrainCheckpoint, InterruptedSaveLeavesThePreviousCheckpoint) {
 TEST(TrainCheckpoint, NeverReplacesWhatIsNotACheckpoint) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
-  TempDir tmp;
+  TempDir tmp("ringtrain-ckpt");
   const fs::path file = tmp.path / "notes.txt", folder = tmp.path / "data";
   std::ofstream(file) << "keep me";
   fs::create_directories(folder);

@@ -27,22 +27,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::run_cli;
+using testing::TempDir;
 
 // A test that outlives its deadline ends the test program (SIGALRM) instead of hanging CI: the ranks' own
 // --timeout covers collectives, this covers everything else.
 struct Deadline {
   explicit Deadline(unsigned seconds) { ::alarm(seconds); }
   ~Deadline() { ::alarm(0); }
-};
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
 };
 
 std::vector<int> random_ids(std::mt19937_64& rng, size_t len) {
