@@ -335,7 +335,8 @@ expect_error rollouts-json-no-folder 'bench rollouts: --json nowhere/r.json: .*n
 
 # --- running out of threads: an address-space limit leaves no room for 500 thread stacks (not under ASan, whose
 # shadow memory needs the address space; root ignores RLIMIT_NPROC, so `ulimit -u` cannot show it) ---
-if ldd "$bin" 2>/dev/null | grep -q libasan; then
+# grep reads all of ldd's output (no -q): an early exit would end ldd by SIGPIPE, which pipefail reports as a failure.
+if ldd "$bin" 2>/dev/null | grep libasan >/dev/null; then
   echo "skip threads-exhausted: a sanitized binary cannot run under ulimit -v"
 else
   # Room for the binary and its libraries (their file sizes: a CUDA build maps ~1 GB of them) plus 600 MB: some
@@ -355,7 +356,7 @@ if mount -t tmpfs -o size=512k tmpfs small 2>/dev/null; then
   expect_error disk-full-force 'No space left on device' \
     "$bin" init-model --out small/ck --force --layers 2 --hidden 128 --vocab 512
   cases=$((cases + 1))
-  if [ -e small/big ] || ls -a small | grep -q tmp || [ "$(cat small/ck/model.safetensors small/ck/config.json | md5sum)" != "$old" ]; then
+  if [ -e small/big ] || ls -a small | grep tmp >/dev/null || [ "$(cat small/ck/model.safetensors small/ck/config.json | md5sum)" != "$old" ]; then
     failures=$((failures + 1)); echo "FAIL disk-full-leftovers: $(ls -a small small/ck | tr '\n' ' ')"
   else
     echo "ok   disk-full-leftovers (no partial checkpoint, the old one intact)"
