@@ -39,9 +39,9 @@ struct BwdSm90Config {
   // At D = 64, where shared-memory bandwidth binds as much as the tensor cores: K and V as register operands of
   // S^T and dP^T (those GEMMs then read only Q and dO from shared memory; their 32 registers fit beside the
   // accumulators at this head dim only), and dQ blocks added to the accumulator by vector reductions straight from
-  // registers instead of through a shared staging block and a bulk reduction: fwd+bwd 371 -> 402 TFLOP/s causal,
-  // 392 -> 441 without a mask (B = 2, H = 16, 8K; docs/PERF.md). D = 128 keeps the staging block and the bulk
-  // reduction (register reductions with the third stage their freed memory allows measured slower there).
+  // registers instead of through a shared staging block and a bulk reduction (fwd+bwd +8 % causal, +12 % without a
+  // mask, B = 2, H = 16, 8K; docs/PERF.md). D = 128 keeps the staging block and the bulk reduction (register
+  // reductions with the third stage their freed memory allows are slower there).
   static constexpr bool kKVInRegisters = D == 64, kDqFromRegisters = D == 64;
   static constexpr int kTileKV = BN * D * 2, kTileQ = BM * D * 2;
   static constexpr int kDsBytes = BN * BM * 2;  // dS^T, [BN keys][BM queries]

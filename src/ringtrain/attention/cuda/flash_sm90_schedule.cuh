@@ -1,11 +1,11 @@
 // The order in which the Hopper flash kernels' CTAs take their tiles. Under a causal mask CTAs differ in work (the
-// last query tiles of the forward and the first key tiles of the backward see the most), and walked head by head
-// the longest CTAs of the last heads started last and ran alone at the end of the kernel: at 8K with GQA 32/8 the
-// backward's longest CTA (512 query tiles) started after 87 % of the work had been handed out. So the rows (head,
-// sequence) are cut into groups, each walked tile by tile with its rows inside, longest tiles first: a group's long
-// CTAs start together, and the next group's long ones fill in beside its short ones. Groups are as small as that
-// allows, because the CTAs running at once read only their group's rows, which then stay in L2 (all heads at once
-// lost 5 % at D = 128, 16K). Without a mask every CTA has the same work: one row per group, head by head.
+// last query tiles of the forward and the first key tiles of the backward see the most); walked head by head, the
+// longest CTAs of the last heads would start last and run alone at the end of the kernel (at 8K with GQA 32/8 the
+// backward's longest CTA, 512 query tiles, would start after 87 % of the work). So the rows (head, sequence) are cut
+// into groups, each walked tile by tile with its rows inside, longest tiles first: a group's long CTAs start
+// together, and the next group's long ones fill in beside its short ones. Groups are as small as that allows,
+// because the CTAs running at once read only their group's rows, which then stay in L2 (all heads in one group is
+// 5 % slower at D = 128, 16K). Without a mask every CTA has the same work: one row per group, head by head.
 #pragma once
 
 #include <cuda_runtime_api.h>
