@@ -25,7 +25,8 @@ uint64_t fresh_seed() {
 
 TempDir::TempDir(const std::string& prefix) {
   static std::atomic<int> made{0};
-  path = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(made++));
+  path = std::filesystem::temp_directory_path() /
+         (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(made++));
   std::filesystem::remove_all(path);
   std::filesystem::create_directories(path);
 }

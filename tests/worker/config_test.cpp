@@ -2,13 +2,13 @@
 // mesh and shape validation, and hostile files (every bad input an Error naming where, never a crash).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "ringtrain/core/error.h"
 #include "ringtrain/worker/config.h"
+#include "test_util.h"
 
 namespace ringtrain::worker {
 namespace {
@@ -33,12 +33,6 @@ std::string parse_error(const std::string& text, const std::vector<std::string>&
   }
   ADD_FAILURE() << "no error for:\n" << text;
   return "";
-}
-
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("rt_config_test_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
 }
 
 TEST(WorkerConfig, DefaultsMatchTheOriginalFramework) {
@@ -281,7 +275,8 @@ TEST(WorkerConfig, ValidateAgainstTheModel) {
 }
 
 TEST(WorkerConfig, HostileFilesAreErrorsNotCrashes) {
-  const fs::path dir = temp_dir();
+  const testing::TempDir tmp("rt_config_test");
+  const fs::path& dir = tmp.path;
   auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir / name, std::ios::binary) << text;
     return dir / name;
@@ -320,7 +315,6 @@ TEST(WorkerConfig, HostileFilesAreErrorsNotCrashes) {
   EXPECT_NE(error_of(write("binary.yaml", std::string("\0\xff\xfe\x01", 4))).find("binary.yaml"), std::string::npos);
   std::ofstream(dir / "huge.yaml") << std::string(5u << 20, '#');
   EXPECT_NE(error_of(dir / "huge.yaml").find("too large for a config"), std::string::npos);
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -3,8 +3,6 @@
 // unit exactly once per epoch, dp shares disjoint, reproducible from the seed, different across epochs).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -129,12 +127,6 @@ TEST(WorkerData, BadRowsNameFileLineAndField) {
             std::string::npos);
 }
 
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("rt_data_test_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-
 // Random samples with every optional field, read back from the safetensors batch form.
 TEST(WorkerData, SafetensorsBatchRoundTrip) {
   std::mt19937_64 rng(testing::fresh_seed());
@@ -153,7 +145,8 @@ TEST(WorkerData, SafetensorsBatchRoundTrip) {
     s.sample_mask = static_cast<float>(rng() % 2);
     d.samples.push_back(s);
   }
-  const fs::path dir = temp_dir();
+  const testing::TempDir tmp("rt_data_test");
+  const fs::path& dir = tmp.path;
   write_batch_safetensors(dir / "batch.safetensors", d);
   const Dataset back = load_dataset(dir / "batch.safetensors", spec(LossType::ClippedPg));
   EXPECT_TRUE(back.samples == d.samples);
@@ -178,7 +171,6 @@ TEST(WorkerData, SafetensorsBatchRoundTrip) {
   model::write_safetensors(dir / "bad.safetensors", t);
   EXPECT_THROW(load_dataset(dir / "bad.safetensors", spec()), Error);
   EXPECT_THROW(load_dataset(dir, spec()), Error);
-  fs::remove_all(dir);
 }
 
 TEST(WorkerData, BatchScheduleCoversEveryUnitOncePerEpoch) {

@@ -3,8 +3,6 @@
 // tick marks to the data it was drawn from.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -23,12 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("rt_plot_test_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-
 double attr(const std::string& element, const std::string& name) {
   std::smatch m;
   EXPECT_TRUE(std::regex_search(element, m, std::regex(" " + name + "=\"([^\"]*)\""))) << name << " in " << element;
@@ -45,7 +37,8 @@ std::vector<std::pair<double, double>> ticks(const std::string& panel, const std
 }
 
 TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
-  const fs::path dir = temp_dir();
+  const testing::TempDir tmp("rt_plot_test");
+  const fs::path& dir = tmp.path;
   std::mt19937_64 rng(testing::fresh_seed());
   std::vector<double> loss, kl;
   {
@@ -128,11 +121,11 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
   EXPECT_EQ(model::read_file(dir / "curves.svg"), svg);
   fs::create_directories(dir / "adir");
   EXPECT_THROW(write_svg(dir / "adir", svg), Error);
-  fs::remove_all(dir);
 }
 
 TEST(WorkerPlot, BadInputsAreNamed) {
-  const fs::path dir = temp_dir();
+  const testing::TempDir tmp("rt_plot_test");
+  const fs::path& dir = tmp.path;
   auto error_of = [&](const std::string& text) -> std::string {
     std::ofstream(dir / "m.jsonl", std::ios::trunc) << text;
     try {
@@ -152,7 +145,6 @@ TEST(WorkerPlot, BadInputsAreNamed) {
   const std::string one = render_svg({Series{"x", {5}, {2.5}}}, "t");
   EXPECT_EQ(one.find("nan"), std::string::npos);
   EXPECT_THROW(render_svg({Series{"x", {0, 1}, {-1.7e308, 1.7e308}}}, "t"), Error);
-  fs::remove_all(dir);
 }
 
 }  // namespace
