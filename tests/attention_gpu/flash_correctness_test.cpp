@@ -1,8 +1,8 @@
 // The CUDA `flash` backend against the fp64 CPU math reference, on fresh random inputs with NaN-poisoned outputs:
 // O, LSE, dQ, dK, dV over odd lengths (not multiples of the tiles), GQA/MQA, both causal alignments with Sq != Skv,
 // fully masked rows, packed batches of odd lengths, a strided (BHSD) query, fp32 outputs with accumulate, the
-// deterministic mode, and S = 131072 (rows checked against a reference computed for those rows only); head dim 256
-// forward only, with the selection that keeps it out of calls a backward follows.
+// deterministic mode, and S = 131072 (rows checked against a reference computed for those rows only); head dims 64,
+// 128, 192 and 256, with the selection that keeps head dim 256 out of deterministic backwards.
 //
 // Tolerances (relative L2 error against fp64): bf16 1e-2, fp16 5e-3. Inputs are rounded to the dtype before both
 // runs, so the error comes from the kernels' 16-bit operands inside the computation (P and dS are rounded to the
@@ -79,7 +79,7 @@ struct Case {
   bool fp32_accumulate = false;          // o in fp32, gradients added into random fp32 buffers
   bool deterministic = false;
   bool bhsd_q = false;                   // q as a strided [B, S, H, D] view of [B, H, S, D] storage
-  bool forward_only = false;             // O and LSE only (head dim 256: flash has no backward there)
+  bool forward_only = false;             // O and LSE only
 };
 
 double tol(DType t) { return t == DType::BF16 ? 1e-2 : 5e-3; }
@@ -310,37 +310,48 @@ TEST(FlashCuda, Fp32OutputAndAccumulatedGradients) {
               .fp32_accumulate = true, .deterministic = true});
 }
 
-// Head dim 256, forward only (its 64-key tiles: odd lengths end mid-tile; GQA; both causal alignments with rows that
-// see no key; packed ragged documents with an empty one; an fp32 O).
-TEST(FlashCuda, HeadDim256ForwardAgainstFp64) {
+// Head dim 256, where the backward's two consumers split a 64-key tile by gradient (odd lengths end mid-tile; GQA
+// with four query heads per kv head; both causal alignments with rows that see no key; packed ragged documents with
+// an empty one; an fp32 O and gradients added into fp32 buffers; fp16).
+TEST(FlashCuda, HeadDim256AgainstFp64) {
   RT_REQUIRE_GPU();
-  check_case({.hq = 8, .hkv = 2, .d = 256, .sq = 1000, .skv = 1000, .mask = MaskType::CausalTopLeft,
-              .forward_only = true});
-  check_case({.dtype = DType::F16, .hq = 4, .hkv = 4, .d = 256, .sq = 333, .skv = 777, .mask = MaskType::None,
-              .forward_only = true});
+  check_case({.hq = 8, .hkv = 2, .d = 256, .sq = 1000, .skv = 1000, .mask = MaskType::CausalTopLeft});
+  check_case({.dtype = DType::F16, .hq = 4, .hkv = 4, .d = 256, .sq = 333, .skv = 777, .mask = MaskType::None});
   check_case({.hq = 2, .hkv = 1, .d = 256, .sq = 700, .skv = 300, .mask = MaskType::CausalBottomRight,
-              .fp32_accumulate = true, .forward_only = true});
+              .fp32_accumulate = true});
   check_case({.hq = 4, .hkv = 2, .d = 256, .mask = MaskType::CausalBottomRight, .q_lens = {5, 200, 0, 64, 333},
-              .kv_lens = {300, 200, 0, 1000, 100}, .forward_only = true});
+              .kv_lens = {300, 200, 0, 1000, 100}});
 }
 
-// Head dim 256 reaches flash only where no backward follows: rejected with the reason otherwise, selected under a
-// forward-only scope, and a backward asked of it anyway is refused before any kernel runs.
-TEST(FlashCuda, HeadDim256IsServedForwardOnly) {
+// Head dim 192: three 64-column panels, 64-key tiles, the backward's consumers split by gradient with dQ's columns
+// split 128 / 64 between them.
+TEST(FlashCuda, HeadDim192AgainstFp64) {
+  RT_REQUIRE_GPU();
+  check_case({.hq = 6, .hkv = 2, .d = 192, .sq = 777, .skv = 777, .mask = MaskType::CausalTopLeft});
+  check_case({.dtype = DType::F16, .hq = 2, .hkv = 2, .d = 192, .sq = 300, .skv = 1000,
+              .mask = MaskType::CausalBottomRight, .fp32_accumulate = true});
+  check_case({.hq = 4, .hkv = 4, .d = 192, .mask = MaskType::None, .q_lens = {65, 1, 0, 400},
+              .kv_lens = {130, 64, 0, 333}});
+}
+
+// Head dim 256 has the fast backward only: a deterministic one is rejected with the reason (selection passes flash
+// over, except under a forward-only scope), and one asked of flash anyway is refused before any kernel runs.
+TEST(FlashCuda, HeadDim256DeterministicBackwardIsRefused) {
   RT_REQUIRE_GPU();
   if (cuda_arch(0) != 90) GTEST_SKIP() << "the Hopper flash kernels need sm_90";
   const Case c{.hq = 2, .hkv = 2, .d = 256, .sq = 70, .skv = 70, .mask = MaskType::CausalTopLeft,
-               .forward_only = true};
+               .deterministic = true, .forward_only = true};
   std::mt19937_64 rng(testing::fresh_seed());
   const Problem pr = make_problem(c, rng);
   AttnParams p = pr.p;
   p.device = Device::cuda();
+  const std::string reason = "head dim 256 in a deterministic backward";
   EXPECT_TRUE(gpu_flash().unsupported_reasons(p).empty());
   ASSERT_FALSE(gpu_flash().backward_unsupported_reasons(p).empty());
   attention::BackendScope only_flash("flash only", {attention::BackendId::Flash});
   const attention::Selection training = attention::explain(p);
   EXPECT_EQ(training.backend, nullptr) << training.report();
-  EXPECT_NE(training.report().find("head dim 256 in a backward"), std::string::npos) << training.report();
+  EXPECT_NE(training.report().find(reason), std::string::npos) << training.report();
   {
     attention::BackendScope scoring = attention::BackendScope::forward_only();
     const attention::Selection s = attention::explain(p);
@@ -354,14 +365,14 @@ TEST(FlashCuda, HeadDim256IsServedForwardOnly) {
     Tensor dv = poisoned_device(pr.k, c.dtype);
     try {
       attention::backward(p, {q, k, v, o, dout, lse, dq, dk, dv});
-      ADD_FAILURE() << "a head-dim-256 backward ran on flash";
+      ADD_FAILURE() << "a deterministic head-dim-256 backward ran on flash";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("head dim 256 in a backward"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
     }
   }
-  EXPECT_NE(gpu_flash().backward_unsupported_reasons(p).front().find("forward-only"), std::string::npos);
-  p.head_dim = 128;
+  p.deterministic = false;
   EXPECT_TRUE(gpu_flash().backward_unsupported_reasons(p).empty());
+  EXPECT_EQ(attention::explain(p).backend, &gpu_flash());
 }
 
 // The deterministic backward gives bit-identical gradients on every run, and matches the reference.
@@ -435,7 +446,7 @@ TEST(FlashCuda, Bf16Causal131072RowSlices) {
 // sequence's end must not let them in (0 * NaN is NaN in P V), on both the sequence-end tiles of each head dim.
 TEST(FlashCuda, PackedForwardIgnoresNanRowsPastTheSequences) {
   RT_REQUIRE_GPU();
-  for (const int64_t d : {int64_t(64), int64_t(128), int64_t(256)}) {
+  for (const int64_t d : {int64_t(64), int64_t(128), int64_t(192), int64_t(256)}) {
     const Case c{.hq = 4, .hkv = 2, .d = d, .mask = MaskType::CausalBottomRight, .q_lens = {200, 77},
                  .kv_lens = {300, 129}, .forward_only = true};
     std::mt19937_64 rng(testing::fresh_seed());

@@ -6,9 +6,9 @@
 //
 // Covered: efficient's tensor-core kernels (flash_fwd.cu, flash_bwd.cu fast and deterministic) and SIMT kernels (fp32,
 // D = 256), the GPU math backend, cudnn (top-left causal, Sq <= Skv: what its sliding window takes; the rest is
-// declined with a reason, checked from the params alone), and flash (the Hopper forward and backward, and
-// flash_bwd.cu in deterministic mode). Windows of one key, inside a tile, across tile boundaries and longer than the
-// sequence; both causal alignments with Sq != Skv, including rows that see no key.
+// declined with a reason, checked from the params alone), and flash (the Hopper forward and backward at head dims
+// 64, 128, 192 and 256, and flash_bwd.cu in deterministic mode). Windows of one key, inside a tile, across tile boundaries
+// and longer than the sequence; both causal alignments with Sq != Skv, including rows that see no key.
 //
 // Tolerances as in efficient_test.cpp / cuda_math_test.cpp (relative L2 error against fp64 on the same rounded
 // inputs): bf16 1e-2, fp16 5e-3, fp32 1e-5; LSE max abs 1e-3 for 16-bit inputs, 1e-4 for fp32.
@@ -198,6 +198,17 @@ TEST(WindowFlashCuda, Bf16LongSequenceShortWindow) {
   check(BackendId::Flash, dense(DType::BF16, 128, 2000, 2000, MaskType::CausalTopLeft, 4, 2), 130, false,
         "flash bf16 S=2000 w=130");
   check(BackendId::Flash, dense(DType::BF16, 64, 600, 600, MaskType::CausalTopLeft), 1, false, "flash bf16 w=1");
+}
+
+// Head dims 192 and 256 (64-key tiles, consumers split by gradient): windows inside a key tile and across several,
+// bottom-right with Sq < Skv.
+TEST(WindowFlashCuda, Bf16D192AndD256) {
+  check(BackendId::Flash, dense(DType::BF16, 256, 500, 500, MaskType::CausalTopLeft, 4, 2), 40, false,
+        "flash bf16 D=256 w=40");
+  check(BackendId::Flash, dense(DType::BF16, 256, 300, 517, MaskType::CausalBottomRight), 150, false,
+        "flash bf16 D=256 bottom-right w=150");
+  check(BackendId::Flash, dense(DType::BF16, 192, 450, 450, MaskType::CausalTopLeft, 4, 2), 100, false,
+        "flash bf16 D=192 w=100");
 }
 
 TEST(WindowFlashCuda, Bf16Packed) {

@@ -1,7 +1,7 @@
 // The `flash` backend on CUDA: our own Hopper wgmma kernels (flash_fwd_sm90.cu, flash_bwd_sm90.cu; the mma.sync
 // flash_bwd.cu in deterministic mode). This file checks what the kernels need and turns the call's tensors into
-// the kernels' plain description (flash_kernels.h). Head dims 64 and 128 both ways; 256 forward only (no backward
-// kernel holds a 64-key tile's dK and dV of 256 columns in registers yet): selection offers it to forward-only calls.
+// the kernels' plain description (flash_kernels.h). Head dims 64, 128, 192 and 256 (whole 64-column panels); the
+// deterministic backward (mma.sync) tiles 64 or 128 wide, so above 128 only the fast backward exists.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -36,8 +36,8 @@ class FlashBackend final : public Backend {
     if (std::string why = hopper_unavailable_reason(p.device); !why.empty()) r.push_back(std::move(why));
     if (p.dtype != DType::BF16 && p.dtype != DType::F16)
       r.push_back(cat("dtype ", dtype_name(p.dtype), " (needs bf16 or fp16)"));
-    if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
-      r.push_back(cat("head dim ", p.head_dim, " (needs 64, 128 or 256)"));
+    if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256)
+      r.push_back(cat("head dim ", p.head_dim, " (needs 64, 128, 192 or 256)"));
     if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_kv >= (int64_t(1) << 31))
       r.push_back(cat("sequence length ", std::max(p.seqlen_q, p.seqlen_kv), " (needs < 2^31)"));
     if (p.has_bias) r.push_back("additive bias (the flash kernels take none; efficient and math do)");
@@ -46,8 +46,9 @@ class FlashBackend final : public Backend {
   }
 
   std::vector<std::string> backward_unsupported_reasons(const AttnParams& p) const override {
-    if (p.head_dim == 256)
-      return {"head dim 256 in a backward (flash serves it in forward-only calls; its backward needs 64 or 128)"};
+    if (p.head_dim > 128 && p.deterministic)
+      return {cat("head dim ", p.head_dim,
+                  " in a deterministic backward (flash's deterministic kernels need head dim 64 or 128)")};
     return {};
   }
 

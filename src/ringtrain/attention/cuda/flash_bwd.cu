@@ -478,6 +478,8 @@ void launch_bwd(const typename V::BwdCall& c, cudaStream_t stream) {
   compute_delta(c, args.delta, stream);
 
   if (c.deterministic) {
+    RT_CHECK(s.head_dim <= D, V::kBackend, ": no deterministic backward for head dim ", s.head_dim,
+             flash_shape_str(s));
     using Cfg = DkdvConfig<D, kDkdvWarps, kDkdvBM, false>;
     launch(flash_bwd_dkdv_kernel<V, T, D, kDkdvWarps, kDkdvBM, false>, "flash_bwd_dkdv_kernel", dkdv_grid(s),
            Cfg::kThreads, Cfg::kSmemBytes, stream, s, args);
@@ -497,7 +499,8 @@ void launch_bwd(const typename V::BwdCall& c, cudaStream_t stream) {
 template <typename V>
 void backward(const typename V::BwdCall& c, cudaStream_t stream) {
   if (c.s.total_q == 0 && c.s.seqlen_kv == 0) return;
-  // The tile width: the head dim for flash (64 or 128), the padded one for efficient (<= 128).
+  // The mma.sync kernels' tile width: the head dim for flash (64 or 128), the padded one for efficient (<= 128).
+  // Flash at head dim 256 runs the Hopper kernel only (no deterministic mode there).
   const bool d64 = c.s.head_dim <= 64;
   if (c.s.bf16) d64 ? launch_bwd<V, __nv_bfloat16, 64>(c, stream) : launch_bwd<V, __nv_bfloat16, 128>(c, stream);
   else d64 ? launch_bwd<V, __half, 64>(c, stream) : launch_bwd<V, __half, 128>(c, stream);

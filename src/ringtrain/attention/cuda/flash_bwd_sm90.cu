@@ -1,9 +1,9 @@
 // The `flash` backward on Hopper (fast mode), warp-specialised in the FlashAttention-3 structure. One CTA per (key
-// tile of 128 keys, kv head, sequence) of three warpgroups:
+// tile of 128 keys, 64 above D = 128, kv head, sequence) of three warpgroups:
 //  - the producer (one warp of warpgroup 0, its registers given back) copies K and V once, then for every query tile
 //    (64 rows) of every query head of the GQA group that can see the keys (causally and within a sliding window) its
-//    Q, dO, LSE and Delta into a ring of shared-memory stages (three at D = 64, two at D = 128, where no third
-//    fits) guarded by full and empty mbarriers (tma.cuh):
+//    Q, dO, LSE and Delta into a ring of shared-memory stages (as many as fit: three at D = 64 and 192, two at 128
+//    and 256) guarded by full and empty mbarriers (tma.cuh):
 //    bulk-tensor (TMA) copies, or zero-filling cp.async for tiles that reach past their sequence's end (a NaN there
 //    would survive the zeroed P^T and dS^T in 0 * NaN); LSE and Delta always by cp.async, zero-filled;
 //  - two consumers own 64 keys each and keep their dK and dV in registers. Per query tile each computes
@@ -17,6 +17,8 @@
 // reductions from the registers, at D = 128 by one bulk reduction (cp.reduce.async.bulk) of a 16 KB staging block;
 // flash_dq_convert_sm90_kernel reads that order back into dq. At D = 64 K and V are also register operands. The
 // accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
+// At D = 192 and 256 a CTA has 64 keys, which both consumers share, splitting the work by gradient: one computes P^T
+// and keeps dV, the other dP^T and dS^T and keeps dK (consume_bwd_split), each adding part of dQ from registers.
 #include <cuda.h>
 
 #include "ringtrain/attention/cuda/cuda_util.h"
@@ -34,22 +36,33 @@ using namespace tile;
 
 template <int D>
 struct BwdSm90Config {
-  static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = 64, BN = 128, kStages = D == 64 ? 3 : 2;
+  // Above D = 128 a 64-key tile's dK and dV take D / 2 fp32 registers per thread each: the two consumers share the
+  // tile's keys, one keeping dV and the other dK (consume_bwd_split). Below, each consumer owns 64 keys and both
+  // gradients.
+  static constexpr bool kSplitByGradient = D > 128;
+  static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = 64, BN = kSplitByGradient ? 64 : 128;
+  static constexpr int kStages = D == 64 || D == 192 ? 3 : 2;  // as many as fit
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
   // At D = 64, where shared-memory bandwidth binds as much as the tensor cores: K and V as register operands of
   // S^T and dP^T (those GEMMs then read only Q and dO from shared memory; their 32 registers fit beside the
   // accumulators at this head dim only), and dQ blocks added to the accumulator by vector reductions straight from
   // registers instead of through a shared staging block and a bulk reduction (fwd+bwd +8 % causal, +12 % without a
   // mask, B = 2, H = 16, 8K; docs/PERF.md). D = 128 keeps the staging block and the bulk reduction (register
-  // reductions with the third stage their freed memory allows are slower there).
-  static constexpr bool kKVInRegisters = D == 64, kDqFromRegisters = D == 64;
+  // reductions with the third stage their freed memory allows are slower there); above 128 the staging has no room.
+  static constexpr bool kKVInRegisters = D == 64, kDqFromRegisters = D != 128;
+  static_assert(!(kSplitByGradient && kKVInRegisters), "the split consumers read K and V from shared memory");
   static constexpr int kTileKV = BN * D * 2, kTileQ = BM * D * 2;
   static constexpr int kDsBytes = BN * BM * 2;  // dS^T, [BN keys][BM queries]
+  // dS^T is double-buffered where each consumer writes its own keys' rows; the split consumers' single buffer is
+  // ordered by their hand-over barriers (consume_bwd_split).
+  static constexpr int kDsBuffers = kSplitByGradient ? 1 : 2;
+  static constexpr int kPtBytes = kSplitByGradient ? BN * BM * 4 : 0;  // P^T handed between split consumers, fp32
   static constexpr int kDqBlock = kDqFromRegisters ? 0 : BM * 64 * 4;  // a consumer's 64 x 64 fp32 dQ staging block
   static constexpr int kStatBytes = 2 * BM * 4;  // per stage: BM LSE values, then BM Delta values
   static constexpr int kBarriers = 1 + 2 * kStages;  // K/V; full and empty per stage
-  static constexpr int kSmemBytes = 1024 + 2 * kTileKV + 2 * kStages * kTileQ + 2 * kDsBytes + kConsumers * kDqBlock +
-                                    kStages * kStatBytes + 8 * kBarriers;
+  static constexpr int kSmemBytes = 1024 + 2 * kTileKV + 2 * kStages * kTileQ + kDsBuffers * kDsBytes + kPtBytes +
+                                    kConsumers * kDqBlock + kStages * kStatBytes + 8 * kBarriers;
+  static_assert(kSmemBytes <= 227 * 1024, "the backward's tiles must fit in the SM's shared memory");
 };
 
 struct BwdMaps {
@@ -69,20 +82,20 @@ __device__ __forceinline__ int64_t dq_tile_base(const FlashShape& s, int b) {
   return s.cu_q ? int64_t(s.cu_q[b]) / 64 + b : int64_t(b) * ((s.seqlen_q + 63) / 64);
 }
 
-// Position (in floats) of dQ element (r, c) of a 64 x D tile in the staging order of the kernel: block c / 64,
-// then warp r / 16, column group, row half, lane, pair element.
-template <int D>
+// Position (in floats) of dQ element (r, c) of a 64 x D tile in the accumulator's order: block c / 64 (64 x 64),
+// then warp r / 16, column group, row half, lane, pair element: the order the kernel's registers hold a block in.
 __device__ __forceinline__ int dq_staged_index(int r, int c) {
   const int cc = c % 64, lane = 4 * (r % 8) + (cc % 8) / 2;
   const int slot = (((r / 16) * 8 + cc / 8) * 2 + (r % 16) / 8) * 32 + lane;
-  return (D == 128 ? (c / 64) * 64 * 64 : 0) + 2 * slot + cc % 2;
+  return (c / 64) * 64 * 64 + 2 * slot + cc % 2;
 }
 
-// Shared memory of one CTA: K, V, the Q / dO / statistics ring, dS^T twice, the consumers' dQ staging, barriers.
+// Shared memory of one CTA: K, V, the Q / dO / statistics ring, dS^T, P^T (split consumers), the consumers' dQ
+// staging, barriers.
 template <int D>
 struct BwdSmem {
   using Cfg = BwdSm90Config<D>;
-  uint32_t k, v, q0, do0, ds0, dq0, stat0, bars;
+  uint32_t k, v, q0, do0, ds0, pt, dq0, stat0, bars;
   const float* stats;  // stat0 as a generic pointer, for plain loads
   __device__ explicit BwdSmem(unsigned char* base) {
     k = (smem_u32(base) + 1023) & ~1023u;
@@ -90,14 +103,15 @@ struct BwdSmem {
     q0 = v + Cfg::kTileKV;
     do0 = q0 + Cfg::kStages * Cfg::kTileQ;
     ds0 = do0 + Cfg::kStages * Cfg::kTileQ;
-    dq0 = ds0 + 2 * Cfg::kDsBytes;
+    pt = ds0 + Cfg::kDsBuffers * Cfg::kDsBytes;
+    dq0 = pt + Cfg::kPtBytes;
     stat0 = dq0 + Cfg::kConsumers * Cfg::kDqBlock;
     bars = stat0 + Cfg::kStages * Cfg::kStatBytes;
     stats = reinterpret_cast<const float*>(base + (stat0 - smem_u32(base)));
   }
   __device__ uint32_t q(int stage) const { return q0 + stage * Cfg::kTileQ; }
   __device__ uint32_t dout(int stage) const { return do0 + stage * Cfg::kTileQ; }
-  __device__ uint32_t ds(int step) const { return ds0 + (step & 1) * Cfg::kDsBytes; }
+  __device__ uint32_t ds(int step) const { return ds0 + (step % Cfg::kDsBuffers) * Cfg::kDsBytes; }
   __device__ uint32_t dq(int consumer) const { return dq0 + consumer * Cfg::kDqBlock; }
   __device__ uint32_t stat(int stage) const { return stat0 + stage * Cfg::kStatBytes; }
   __device__ uint32_t full_kv() const { return bars; }
@@ -166,6 +180,104 @@ __device__ __forceinline__ void produce_bwd(const BwdMaps& maps, const BwdSm90Ar
   }
 }
 
+// P^T = exp(S^T scale - LSE) in place, for this thread's keys key0 and key0 + 8 (rows of S^T) and the tile's query
+// rows m0 + column; zero where a query row is past the sequence or cannot see the key (checked only in tiles that
+// have such rows).
+template <int BM, int BN>
+__device__ __forceinline__ void probabilities_t(float (&sp)[BM / 2], const float* s_lse, const FlashShape& s,
+                                                const Seq& seq, int m0, int n0, int key0, int t, float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float lse2 = lse_log2(s_lse[8 * j + 2 * t + e]);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float& x = sp[4 * j + 2 * half + e];
+        x = exp2_approx(x * scale_log2 - lse2);
+      }
+    }
+  }
+  // The tile's last row has the latest window start: a key tile beginning before it needs the window mask too.
+  if (m0 + BM > seq.sq || n0 + BN > seq.skv || (s.mask != kMaskNone && n0 + BN > m0 + 1 + seq.shift) ||
+      n0 < key_start(s, seq, min(m0 + BM, seq.sq) - 1)) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int row = m0 + 8 * j + 2 * t + e;
+        const int lim = row < seq.sq ? key_limit(s, seq, row) : 0, first = row < seq.sq ? key_start(s, seq, row) : 0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          if (key0 + 8 * half >= lim || key0 + 8 * half < first) sp[4 * j + 2 * half + e] = 0.f;
+      }
+    }
+  }
+}
+
+// dS^T = P^T (dP^T - Delta) * scale, in place of dP^T.
+template <int BM>
+__device__ __forceinline__ void score_grads_t(float (&dp)[BM / 2], const float (&pt)[BM / 2], const float* s_delta,
+                                              float scale, int t) {
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float delta = s_delta[8 * j + 2 * t + e];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 4 * j + 2 * half + e;
+        dp[i] = pt[i] * (dp[i] - delta) * scale;
+      }
+    }
+  }
+}
+
+// This thread's rows (key, key + 8) of dS^T, held as register-A fragments, into the [BN keys][BM queries] panel tile
+// at sDS.
+template <int BM, int BN>
+__device__ __forceinline__ void store_ds_t(uint32_t sDS, const uint32_t (&dst)[BM / 16][4], int key, int t) {
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sDS + wg::panel_off(BN, key + 8 * half, 8 * j + 2 * t)),
+                   "r"(j % 2 == 0 ? dst[j / 2][half] : dst[j / 2][2 + half]));
+  }
+}
+
+// A 64 x N block of dQ (an m64nN accumulator) added to the accumulator's 64-column blocks from `acc` on, in
+// register order, by one vector reduction per register pair (consecutive lanes, consecutive 8 bytes: 256
+// contiguous bytes per warp instruction).
+template <int N>
+__device__ __forceinline__ void reduce_dq(float* acc, const float (&dq)[N / 2], int warp, int lane) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t slot = ((warp * 8 + j % 8) * 2 + half) * 32 + lane;
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc + (j / 8) * 64 * 64 + 2 * slot),
+                   "f"(dq[4 * j + 2 * half]), "f"(dq[4 * j + 2 * half + 1])
+                   : "memory");
+    }
+  }
+}
+
+// A key gradient (dK or dV: an m64nD accumulator whose rows are this thread's keys key0 and key0 + 8) into its tensor.
+template <typename T, int D>
+__device__ __forceinline__ void store_key_grad(const FlashRows& dst, const float (&x)[D / 2], const BwdTile& w,
+                                               int key0, int t, bool accumulate) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = key0 + 8 * half;
+    if (key >= w.seq.skv) continue;
+    const int64_t off = row_off(dst, w.b, w.seq.kv_row0 + key, w.hk) + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      store_pair<T>(dst.ptr, dst.elem, off + 8 * j, x[4 * j + 2 * half], x[4 * j + 2 * half + 1], accumulate);
+  }
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<D>& sm, const BwdTile& w, int wgi,
                                             int ctid) {
@@ -175,7 +287,6 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
   const FlashShape& s = c.s;
   const Seq& seq = w.seq;
   const int n0 = w.n0, warp = ctid % 128 / 32, lane = ctid % 32, g = lane / 4, t = lane % 4;
-  const bool causal = s.mask != kMaskNone;
   const int key0 = n0 + wgi * 64 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
   const int64_t tile_base = dq_tile_base(s, w.b);
 
@@ -232,34 +343,7 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     wg::commit();
     wg::wait<1>();
     wg::keep(sp);
-    // P^T, then zeros where the query row is past the sequence or cannot see the key (only tiles that have such).
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float lse2 = lse_log2(s_lse[8 * j + 2 * t + e]);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float& x = sp[4 * j + 2 * half + e];
-          x = exp2_approx(x * scale_log2 - lse2);
-        }
-      }
-    }
-    // The tile's last row has the latest window start: a key tile beginning before it needs the window mask too.
-    if (m0 + BM > seq.sq || n0 + BN > seq.skv || (causal && n0 + BN > m0 + 1 + seq.shift) ||
-        n0 < key_start(s, seq, min(m0 + BM, seq.sq) - 1)) {
-#pragma unroll
-      for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int row = m0 + 8 * j + 2 * t + e;
-          const int lim = row < seq.sq ? key_limit(s, seq, row) : 0, first = row < seq.sq ? key_start(s, seq, row) : 0;
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-            if (key0 + 8 * half >= lim || key0 + 8 * half < first) sp[4 * j + 2 * half + e] = 0.f;
-        }
-      }
-    }
+    probabilities_t<BM, BN>(sp, s_lse, s, seq, m0, n0, key0, t, scale_log2);
     uint32_t pt[BM / 16][4];
     wg::acc_to_a<T, BM>(sp, pt);
 
@@ -272,29 +356,10 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     wg::keep(dp);
 
     // dS^T = P^T (dP^T - Delta) * scale, as register operands and, for dQ, into shared memory.
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float delta = s_delta[8 * j + 2 * t + e];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 4 * j + 2 * half + e;
-          dp[i] = sp[i] * (dp[i] - delta) * s.scale;
-        }
-      }
-    }
+    score_grads_t<BM>(dp, sp, s_delta, s.scale, t);
     uint32_t dst[BM / 16][4];
     wg::acc_to_a<T, BM>(dp, dst);
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int key = wgi * 64 + warp * 16 + g + 8 * half;
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sDS + wg::panel_off(BN, key, 8 * j + 2 * t)),
-                     "r"(j % 2 == 0 ? dst[j / 2][half] : dst[j / 2][2 + half]));
-      }
-    }
+    store_ds_t<BM, BN>(sDS, dst, wgi * 64 + warp * 16 + g, t);
 
     // dK += dS^T Q
     wg::fence();
@@ -336,45 +401,134 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     wg::keep(dq);
     release_stage();
 
-    // The dQ block into the accumulator, in register order (consecutive lanes, consecutive 8 bytes): from registers
-    // by one vector reduction per register pair (256 contiguous bytes per warp instruction), or through this
-    // consumer's staging block and one bulk reduction.
+    // The dQ block into the accumulator, in register order: from registers, or through this consumer's staging
+    // block and one bulk reduction.
     auto acc_block = [&] {
       return a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D + (D == 128 ? wgi * BM * 64 : 0);
     };
+    if constexpr (Cfg::kDqFromRegisters) {
+      reduce_dq<64>(acc_block(), dq, warp, lane);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t slot = ((warp * 8 + j) * 2 + half) * 32 + lane;
-        const float x = dq[4 * j + 2 * half], y = dq[4 * j + 2 * half + 1];
-        if constexpr (Cfg::kDqFromRegisters)
-          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc_block() + 2 * slot), "f"(x), "f"(y)
-                       : "memory");
-        else
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(s_dq + slot * 8), "f"(x), "f"(y));
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t slot = ((warp * 8 + j) * 2 + half) * 32 + lane;
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(s_dq + slot * 8), "f"(dq[4 * j + 2 * half]),
+                       "f"(dq[4 * j + 2 * half + 1]));
+        }
       }
-    }
-    if constexpr (!Cfg::kDqFromRegisters) {
       wg::fence_async_smem();
       wg::named_sync(1 + wgi, 128);
       if (ctid % 128 == 0) wg::bulk_reduce_add_f32(acc_block(), s_dq, Cfg::kDqBlock);
     }
   }
   if (!Cfg::kDqFromRegisters && ctid % 128 == 0) wg::bulk_wait();
+  store_key_grad<T, D>(c.dk, dk, w, key0, t, c.accumulate);
+  store_key_grad<T, D>(c.dv, dv, w, key0, t, c.accumulate);
+}
 
+// Head dims 192 and 256: both consumers work on the CTA's 64 keys, split by gradient. Per query tile
+//  - the dV consumer computes S^T = K Q^T and P^T, hands P^T (fp32) to the other through shared memory, and adds
+//    dV += P^T dO;
+//  - the dK consumer computes dP^T = V dO^T and, with that P^T, dS^T (into shared memory for dQ), and adds
+//    dK += dS^T Q;
+//  - each adds columns of dQ = dS K to the accumulator from registers: [0, 128) the dV consumer, [128, D) the other.
+// Two named barriers per step: P^T written (the dV consumer arrives, the dK consumer waits) and dS^T written (both
+// wait). They also order the single buffers' reuse: the dV consumer writes the next P^T only after the dS^T
+// barrier, which the dK consumer reaches after reading this P^T; the dK consumer writes the next dS^T only after the
+// next P^T barrier, which the dV consumer reaches after its dQ GEMMs have read this dS^T.
+template <typename T, int D, bool kDvSide>
+__device__ __forceinline__ void consume_bwd_split(const BwdSm90Args& a, const BwdSmem<D>& sm, const BwdTile& w,
+                                                  int ctid) {
+  using Cfg = BwdSm90Config<D>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, kPtWritten = 1, kDsWritten = 2;
+  constexpr int kDqCol0 = kDvSide ? 0 : 128, kDqCols = kDvSide ? 128 : D - 128;  // this side's columns of dQ
+  const FlashBwdCall& c = a.c;
+  const FlashShape& s = c.s;
+  const Seq& seq = w.seq;
+  const int n0 = w.n0, warp = ctid % 128 / 32, lane = ctid % 32, g = lane / 4, t = lane % 4;
+  const int key0 = n0 + warp * 16 + g;  // this thread's keys: key0, key0 + 8
+  const int64_t tile_base = dq_tile_base(s, w.b);
+  const float scale_log2 = s.scale * kLog2e;
+  // P^T as [BM / 8][128 threads] float4: a thread's 32 values, a warp's accesses contiguous.
+  const uint32_t pt_slot = sm.pt + ctid % 128 * 16;
+
+  float grad[D / 2];  // dV or dK of this thread's keys
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = key0 + 8 * half;
-    if (key >= seq.skv) continue;
-    const int64_t koff = row_off(c.dk, w.b, seq.kv_row0 + key, w.hk) + 2 * t;
-    const int64_t voff = row_off(c.dv, w.b, seq.kv_row0 + key, w.hk) + 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      store_pair<T>(c.dk.ptr, c.dk.elem, koff + 8 * j, dk[4 * j + 2 * half], dk[4 * j + 2 * half + 1], c.accumulate);
-      store_pair<T>(c.dv.ptr, c.dv.elem, voff + 8 * j, dv[4 * j + 2 * half], dv[4 * j + 2 * half + 1], c.accumulate);
-    }
+  for (int i = 0; i < D / 2; ++i) grad[i] = 0.f;
+  if (w.steps > 0) {
+    tma::wait(sm.full_kv(), 0);
+    if (n0 + BN > seq.skv) wg::fence_async_smem();  // copied by cp.async: the generic proxy
   }
+  for (int step = 0; step < w.steps; ++step) {
+    const int stage = step % Cfg::kStages;
+    const int h = w.head(step), m0 = w.row0(step, BM);
+    const uint32_t sQ = sm.q(stage), sDO = sm.dout(stage), sDS = sm.ds(step);
+    const float* s_lse = sm.stats + stage * Cfg::kStatBytes / 4;
+    tma::wait(sm.full(stage), (step / Cfg::kStages) & 1);
+    wg::fence_async_smem();  // the statistics (and a tile past the sequence end) came by cp.async
+
+    // S^T = K Q^T (dV side) or dP^T = V dO^T (dK side).
+    float sc[BM / 2];
+    wg::fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k)
+      wg::Mma<T, BM>::template ss<0, 0>(sc, wg::desc_k(kDvSide ? sm.k : sm.v, BN, 0, k),
+                                        wg::desc_k(kDvSide ? sQ : sDO, BM, 0, k), k > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::keep(sc);
+    uint32_t frag[BM / 16][4];  // P^T or dS^T as register-A fragments
+    if constexpr (kDvSide) {
+      probabilities_t<BM, BN>(sc, s_lse, s, seq, m0, n0, key0, t, scale_log2);
+#pragma unroll
+      for (int i = 0; i < BM / 8; ++i)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(pt_slot + i * 128 * 16), "f"(sc[4 * i]),
+                     "f"(sc[4 * i + 1]), "f"(sc[4 * i + 2]), "f"(sc[4 * i + 3]));
+      tma::named_arrive(kPtWritten, 2 * 128);
+      wg::acc_to_a<T, BM>(sc, frag);
+    } else {
+      float pt[BM / 2];
+      wg::named_sync(kPtWritten, 2 * 128);
+#pragma unroll
+      for (int i = 0; i < BM / 8; ++i)
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(pt[4 * i]), "=f"(pt[4 * i + 1]), "=f"(pt[4 * i + 2]), "=f"(pt[4 * i + 3])
+                     : "r"(pt_slot + i * 128 * 16));
+      score_grads_t<BM>(sc, pt, s_lse + BM, s.scale, t);
+      wg::acc_to_a<T, BM>(sc, frag);
+      store_ds_t<BM, BN>(sDS, frag, warp * 16 + g, t);
+      wg::fence_async_smem();
+    }
+
+    // dV += P^T dO or dK += dS^T Q.
+    wg::fence();
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k) wg::mma_rs_wide<T, D>(grad, frag[k], kDvSide ? sDO : sQ, BM, k);
+    wg::commit();
+
+    // This side's columns of dQ = dS K, once dS^T is complete. (Issued after the gradient's GEMM has completed: the
+    // fragments it reads are then free, and the registers suffice.)
+    wg::named_sync(kDsWritten, 2 * 128);
+    wg::wait<0>();
+    wg::keep(grad);
+    wg::keep(frag);
+    float dq[kDqCols / 2];
+    wg::fence();
+#pragma unroll
+    for (int k = 0; k < BN / 16; ++k)
+      wg::Mma<T, kDqCols>::template ss<1, 1>(dq, wg::desc_mn(sDS, BN, k, 0), wg::desc_mn(sm.k, BN, k, kDqCol0 / 64),
+                                             k > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::keep(dq);
+    // Every thread arrives: its own plain loads of the statistics precede its arrival (see consume_bwd).
+    tma::arrive(sm.empty(stage));
+    reduce_dq<kDqCols>(a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D + kDqCol0 * 64, dq, warp,
+                       lane);
+  }
+  store_key_grad<T, D>(kDvSide ? c.dv : c.dk, grad, w, key0, t, c.accumulate);
 }
 
 template <typename T, int D>
@@ -413,7 +567,12 @@ __global__ void __launch_bounds__(BwdSm90Config<D>::kThreads, 1)
     return;
   } else {
     tma::claim_registers<Cfg::kConsumerRegs>();
-    consume_bwd<T, D>(a, sm, w, warpgroup - 1, tid - 128);
+    if constexpr (Cfg::kSplitByGradient) {
+      if (warpgroup == 1) consume_bwd_split<T, D, true>(a, sm, w, tid - 128);
+      else consume_bwd_split<T, D, false>(a, sm, w, tid - 128);
+    } else {
+      consume_bwd<T, D>(a, sm, w, warpgroup - 1, tid - 128);
+    }
   }
 }
 
@@ -428,7 +587,7 @@ __global__ void flash_dq_convert_sm90_kernel(BwdSm90Args a) {
   for (int pair = threadIdx.x; pair < 64 * D / 2; pair += blockDim.x) {
     const int r = pair / (D / 2), col = pair % (D / 2) * 2;
     if (m0 + r >= seq.sq) break;
-    const float2 v = *reinterpret_cast<const float2*>(src + dq_staged_index<D>(r, col));
+    const float2 v = *reinterpret_cast<const float2*>(src + dq_staged_index(r, col));
     store_pair<T>(c.dq.ptr, c.dq.elem, row_off(c.dq, b, seq.q_row0 + m0 + r, h) + col, v.x, v.y, c.accumulate);
   }
 }
@@ -468,17 +627,24 @@ void launch_bwd(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t str
   RT_CUDA_CHECK(cudaGetLastError(), cat("launching flash_dq_convert_sm90_kernel", flash_shape_str(s)));
 }
 
+template <typename T>
+void launch_bwd_for_head_dim(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t stream) {
+  switch (c.s.head_dim) {
+    case 64: return launch_bwd<T, 64>(c, delta, stream);
+    case 128: return launch_bwd<T, 128>(c, delta, stream);
+    case 192: return launch_bwd<T, 192>(c, delta, stream);
+    case 256: return launch_bwd<T, 256>(c, delta, stream);
+    default: throw Error(cat("flash (cuda): no backward kernel for head dim ", c.s.head_dim, flash_shape_str(c.s)));
+  }
+}
+
 }  // namespace
 
 void flash_backward_sm90(const FlashBwdCall& c, const FlashStats& delta, cudaStream_t stream) {
   // No query rows: nothing to write. (Without keys dq is still written: zeros, or unchanged when accumulating.)
   if (c.s.total_q == 0) return;
-  const bool d64 = c.s.head_dim == 64;
-  if (c.s.bf16) {
-    d64 ? launch_bwd<__nv_bfloat16, 64>(c, delta, stream) : launch_bwd<__nv_bfloat16, 128>(c, delta, stream);
-  } else {
-    d64 ? launch_bwd<__half, 64>(c, delta, stream) : launch_bwd<__half, 128>(c, delta, stream);
-  }
+  if (c.s.bf16) launch_bwd_for_head_dim<__nv_bfloat16>(c, delta, stream);
+  else launch_bwd_for_head_dim<__half>(c, delta, stream);
 }
 
 }  // namespace ringtrain::attention::cuda

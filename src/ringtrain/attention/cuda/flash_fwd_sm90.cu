@@ -171,24 +171,14 @@ __device__ __forceinline__ void consume(const FwdMaps& maps, const FlashFwdCall&
                                         k > 0);
     wg::commit();
   };
-  // P V: one m64nD product per 16 keys; at D = 256 two m64n128 halves (columns of V from panels 0 and 2), which
-  // leave O in the m64n256 accumulator layout.
+  // P V: one m64nD product per 16 keys (above D = 128 in m64n128 / m64n64 pieces over V's panels).
   auto issue_pv = [&](int stage) {
-    // At D = 256 the compiler sinks part of O's rescale past the fence unless tied here, and ptxas then adds a wait
-    // (C7519).
+    // Above D = 128 the compiler sinks part of O's rescale past the fence unless tied here, and ptxas then adds a
+    // wait (C7519).
     if constexpr (D > 128) wg::keep(o);
     wg::fence();
 #pragma unroll
-    for (int k = 0; k < BN / 16; ++k) {
-      if constexpr (D <= 128) {
-        wg::Mma<T, D>::template rs<1>(o, p[k], wg::desc_mn(sm.v(stage), BN, k, 0), 1);
-      } else {
-#pragma unroll
-        for (int half = 0; half < D / 128; ++half)
-          wg::Mma<T, 128>::template rs<1>(*reinterpret_cast<float(*)[64]>(o + 64 * half), p[k],
-                                          wg::desc_mn(sm.v(stage), BN, k, 2 * half), 1);
-      }
-    }
+    for (int k = 0; k < BN / 16; ++k) wg::mma_rs_wide<T, D>(o, p[k], sm.v(stage), BN, k);
     wg::commit();
   };
   // Hides the keys of tile n that a row may not see; only tiles that reach past the sequence end, a row's causal
@@ -387,6 +377,7 @@ void launch_fwd_for_head_dim(const FlashFwdCall& c, cudaStream_t stream) {
   switch (c.s.head_dim) {
     case 64: return launch_fwd<T, 64>(c, stream);
     case 128: return launch_fwd<T, 128>(c, stream);
+    case 192: return launch_fwd<T, 192>(c, stream);
     case 256: return launch_fwd<T, 256>(c, stream);
     default: throw Error(cat("flash (cuda): no forward kernel for head dim ", c.s.head_dim, flash_shape_str(c.s)));
   }

@@ -20,6 +20,13 @@ struct FwdSm90Tiles<128> {
   static constexpr int kConsumers = 2, BN = 128, kStages = 2;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 };
+// Above D = 128, 64-key tiles: at 192 O takes 96 registers per thread and K + V of 128 keys would leave room for
+// only one stage beside Q (48 KB); with 64 keys three stages fit.
+template <>
+struct FwdSm90Tiles<192> {
+  static constexpr int kConsumers = 2, BN = 64, kStages = 3;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
 // O takes 128 registers per thread: 64-key tiles keep the scores and P at 48, and Q (64 KB) + 2 x (K + V) (128 KB)
 // fit; a third stage does not.
 template <>

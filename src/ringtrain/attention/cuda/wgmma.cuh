@@ -215,4 +215,23 @@ RT_WGMMA_MMA_N128(__half, "f16")
 #undef RT_WGMMA_MMA_N64
 #undef RT_WGMMA_MMA_N128
 
+// D[64 x N] += A[64 x 16] B[16 x N] for N = 64, 128, 192 or 256: A from registers, B the 16-row step `k` of an
+// MN-major panel tile of `rows` rows. Above 128 columns as m64n128 products over pairs of B's panels and, at 192, an
+// m64n64 over the last one, which leave D in the m64nN accumulator layout.
+template <typename T, int N>
+__device__ __forceinline__ void mma_rs_wide(float (&d)[N / 2], const uint32_t (&a)[4], uint32_t tile, int rows,
+                                            int k) {
+  static_assert(N % 64 == 0 && N <= 256, "N is a whole number of 64-column panels, at most four");
+  if constexpr (N <= 128) {
+    Mma<T, N>::template rs<1>(d, a, desc_mn(tile, rows, k, 0), 1);
+  } else {
+#pragma unroll
+    for (int p = 0; p + 2 <= N / 64; p += 2)
+      Mma<T, 128>::template rs<1>(*reinterpret_cast<float(*)[64]>(d + 32 * p), a, desc_mn(tile, rows, k, p), 1);
+    if constexpr (N % 128 != 0)
+      Mma<T, 64>::template rs<1>(*reinterpret_cast<float(*)[32]>(d + N / 2 - 32), a,
+                                 desc_mn(tile, rows, k, N / 64 - 1), 1);
+  }
+}
+
 }  // namespace ringtrain::attention::cuda::wg
