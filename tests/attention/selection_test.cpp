@@ -151,9 +151,9 @@ TEST_F(Selection, DecisionIsDeterministicAndCached) {
   EXPECT_NE(candidate(c, BackendId::Flash).reasons.at(0).find("fp64"), std::string::npos);
 }
 
-// A forward-only scope reorders the default order only: flash first on CUDA at head dims 64 and 256 (the same
-// members), nothing else for other head dims or the CPU; a list set explicitly stays as given; outside the scope, the
-// default.
+// The default order by head dim and direction: flash first on CUDA at head dim 64 under a forward-only scope and above
+// head dim 128 either way (the same members), nothing else for other head dims or the CPU; a list set explicitly
+// stays as given.
 TEST_F(Selection, ForwardOnlyScopeReordersOnlyTheDefaultOrder) {
   AttnParams gpu64 = cpu_params();
   gpu64.device = Device::cuda(0);
@@ -170,6 +170,16 @@ TEST_F(Selection, ForwardOnlyScopeReordersOnlyTheDefaultOrder) {
   gpu256.head_dim = 256;
   EXPECT_EQ(default_forward_only_backends(gpu256), default_forward_only_backends(gpu64));
   EXPECT_EQ(default_forward_only_backends(cpu_params()), default_backends());
+  // Without the scope: flash first on CUDA above head dim 128 only.
+  AttnParams gpu192 = gpu64;
+  gpu192.head_dim = 192;
+  EXPECT_EQ(default_backends(gpu64), default_backends());
+  EXPECT_EQ(default_backends(gpu128), default_backends());
+  EXPECT_EQ(default_backends(gpu192), default_forward_only_backends(gpu64));
+  EXPECT_EQ(default_backends(gpu256), default_forward_only_backends(gpu64));
+  AttnParams cpu256 = cpu_params();
+  cpu256.head_dim = 256;
+  EXPECT_EQ(default_backends(cpu256), default_backends());
 
   if (std::getenv("RINGTRAIN_SDPA_BACKENDS")) GTEST_SKIP() << "RINGTRAIN_SDPA_BACKENDS sets the order explicitly";
   reset_root_backends();
@@ -187,6 +197,10 @@ TEST_F(Selection, ForwardOnlyScopeReordersOnlyTheDefaultOrder) {
   const auto outside = explain(gpu64);  // the cache keeps the two decisions apart
   EXPECT_EQ(outside.candidates.front().id, BackendId::Cudnn) << outside.report();
   EXPECT_EQ(outside.scopes.find("forward"), std::string::npos) << outside.scopes;
+  EXPECT_EQ(outside.scopes.find("head dim"), std::string::npos) << outside.scopes;
+  const auto training256 = explain(gpu256);  // above head dim 128 flash leads whether or not a backward follows
+  EXPECT_EQ(training256.candidates.front().id, BackendId::Flash) << training256.report();
+  EXPECT_NE(training256.scopes.find("default order for head dim 256"), std::string::npos) << training256.scopes;
   set_root_backends(default_backends(), "test");
   const BackendScope no_backward = BackendScope::forward_only();
   EXPECT_EQ(explain(gpu64).candidates.front().id, BackendId::Cudnn);  // an explicit list is used as given

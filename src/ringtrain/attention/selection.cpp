@@ -60,12 +60,17 @@ Root root_list() {
 
 std::vector<BackendId> all_backends() { return {std::begin(kAllBackends), std::end(kAllBackends)}; }
 
-// The root order for these params: the default order becomes the forward-only one under a forward-only scope.
+// The root order for these params: the default order becomes the forward-only one under a forward-only scope, and
+// the head dim's where that differs.
 Root effective_root(const AttnParams& p, const std::vector<ScopeEntry>& scopes) {
   Root r = root_list();
-  if (r.is_default && std::any_of(scopes.begin(), scopes.end(), [](const ScopeEntry& sc) { return sc.forward_only; })) {
+  if (!r.is_default) return r;
+  if (std::any_of(scopes.begin(), scopes.end(), [](const ScopeEntry& sc) { return sc.forward_only; })) {
     r.ids = default_forward_only_backends(p);
     r.source = "default order for forward-only calls";
+  } else if (std::vector<BackendId> ids = default_backends(p); ids != r.ids) {
+    r.ids = std::move(ids);
+    r.source = cat("default order for head dim ", p.head_dim);
   }
   return r;
 }
@@ -193,10 +198,20 @@ std::vector<BackendId> default_backends() {
   return {BackendId::Cudnn, BackendId::Flash, BackendId::Efficient, BackendId::Decode, BackendId::Math};
 }
 
-std::vector<BackendId> default_forward_only_backends(const AttnParams& p) {
-  if (p.device.is_cuda() && (p.head_dim == 64 || p.head_dim == 256))
-    return {BackendId::Flash, BackendId::Cudnn, BackendId::Efficient, BackendId::Decode, BackendId::Math};
+namespace {
+std::vector<BackendId> flash_first() {
+  return {BackendId::Flash, BackendId::Cudnn, BackendId::Efficient, BackendId::Decode, BackendId::Math};
+}
+}  // namespace
+
+std::vector<BackendId> default_backends(const AttnParams& p) {
+  if (p.device.is_cuda() && p.head_dim > 128) return flash_first();
   return default_backends();
+}
+
+std::vector<BackendId> default_forward_only_backends(const AttnParams& p) {
+  if (p.device.is_cuda() && p.head_dim == 64) return flash_first();
+  return default_backends(p);
 }
 
 void set_root_backends(std::vector<BackendId> ids, std::string source) {

@@ -56,11 +56,13 @@ class BackendScope {
 };
 
 // The default preference order: measured on H200 (docs/PERF.md); on CPU only flash and math exist. cuDNN leads
-// because its forward+backward is the faster pair.
+// because its forward+backward is the faster pair at head dims 64 and 128.
 std::vector<BackendId> default_backends();
-// The default order for a call under a forward-only scope: flash first on CUDA at head dims 64 and 256, where its
-// forward alone is the faster one (docs/PERF.md, "Backends for forward-only calls"; at 256 flash has no backward, so
-// only these calls can reach it); default_backends() otherwise.
+// The default order for these params when a backward may follow: flash first on CUDA above head dim 128 (192, 256),
+// where its forward+backward is the faster pair (docs/PERF.md, "Flash against cuDNN"); default_backends() otherwise.
+std::vector<BackendId> default_backends(const AttnParams& p);
+// The default order for a call under a forward-only scope: also flash first on CUDA at head dim 64, where its forward
+// alone is the faster one (docs/PERF.md, "Backends for forward-only calls"); default_backends(p) otherwise.
 std::vector<BackendId> default_forward_only_backends(const AttnParams& p);
 // Root allow-list for the process; RINGTRAIN_SDPA_BACKENDS (if set) is read at first use unless this is called.
 // A list set here or by the variable is used as given, forward-only scopes included.
