@@ -83,11 +83,11 @@ __device__ __forceinline__ int64_t dq_tile_base(const FlashShape& s, int b) {
 }
 
 // Position (in floats) of dQ element (r, c) of a 64 x D tile in the accumulator's order: block c / 64 (64 x 64),
-// then warp r / 16, column group, row half, lane, pair element: the order the kernel's registers hold a block in.
+// then warp r / 16, column group, lane, row half, pair element: the order the kernel's registers hold a block in (a
+// thread's four values of a column group side by side, one 16-byte reduction).
 __device__ __forceinline__ int dq_staged_index(int r, int c) {
   const int cc = c % 64, lane = 4 * (r % 8) + (cc % 8) / 2;
-  const int slot = (((r / 16) * 8 + cc / 8) * 2 + (r % 16) / 8) * 32 + lane;
-  return (c / 64) * 64 * 64 + 2 * slot + cc % 2;
+  return (c / 64) * 64 * 64 + 4 * (((r / 16) * 8 + cc / 8) * 32 + lane) + 2 * ((r % 16) / 8) + cc % 2;
 }
 
 // Shared memory of one CTA: K, V, the Q / dO / statistics ring, dS^T, P^T (split consumers), the consumers' dQ
@@ -247,19 +247,16 @@ __device__ __forceinline__ void store_ds_t(uint32_t sDS, const uint32_t (&dst)[B
 }
 
 // A 64 x N block of dQ (an m64nN accumulator) added to the accumulator's 64-column blocks from `acc` on, in
-// register order, by one vector reduction per register pair (consecutive lanes, consecutive 8 bytes: 256
-// contiguous bytes per warp instruction).
+// register order (dq_staged_index), by one 16-byte reduction per column group (consecutive lanes, consecutive 16
+// bytes: 512 contiguous bytes per warp instruction).
 template <int N>
 __device__ __forceinline__ void reduce_dq(float* acc, const float (&dq)[N / 2], int warp, int lane) {
 #pragma unroll
   for (int j = 0; j < N / 8; ++j) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint32_t slot = ((warp * 8 + j % 8) * 2 + half) * 32 + lane;
-      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc + (j / 8) * 64 * 64 + 2 * slot),
-                   "f"(dq[4 * j + 2 * half]), "f"(dq[4 * j + 2 * half + 1])
-                   : "memory");
-    }
+    const uint32_t slot = (warp * 8 + j % 8) * 32 + lane;
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(acc + (j / 8) * 64 * 64 + 4 * slot),
+                 "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+                 : "memory");
   }
 }
 
@@ -410,14 +407,9 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
       reduce_dq<64>(acc_block(), dq, warp, lane);
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t slot = ((warp * 8 + j) * 2 + half) * 32 + lane;
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(s_dq + slot * 8), "f"(dq[4 * j + 2 * half]),
-                       "f"(dq[4 * j + 2 * half + 1]));
-        }
-      }
+      for (int j = 0; j < 8; ++j)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(s_dq + ((warp * 8 + j) * 32 + lane) * 16),
+                     "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3]));
       wg::fence_async_smem();
       wg::named_sync(1 + wgi, 128);
       if (ctid % 128 == 0) wg::bulk_reduce_add_f32(acc_block(), s_dq, Cfg::kDqBlock);
