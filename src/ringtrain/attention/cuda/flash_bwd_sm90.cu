@@ -2,8 +2,8 @@
 // tile of 128 keys, 64 above D = 128, kv head, sequence) of three warpgroups:
 //  - the producer (one warp of warpgroup 0, its registers given back) copies K and V once, then for every query tile
 //    (64 rows) of every query head of the GQA group that can see the keys (causally and within a sliding window) its
-//    Q, dO, LSE and Delta into a ring of shared-memory stages (as many as fit: three at D = 64 and 192, two at 128
-//    and 256) guarded by full and empty mbarriers (tma.cuh):
+//    Q, dO, LSE and Delta into a ring of shared-memory stages (three at D = 64 and 192, two at 128 and 256) guarded
+//    by full and empty mbarriers (tma.cuh):
 //    bulk-tensor (TMA) copies, or zero-filling cp.async for tiles that reach past their sequence's end (a NaN there
 //    would survive the zeroed P^T and dS^T in 0 * NaN); LSE and Delta always by cp.async, zero-filled;
 //  - two consumers own 64 keys each and keep their dK and dV in registers. Per query tile each computes
@@ -14,7 +14,8 @@
 //    64 the consumers take turns, one query tile each, so that every dQ element is reduced once per key tile (split
 //    by keys, two reductions would add into the same block and double the atomic traffic into L2).
 // Each block is added to an fp32 accumulator in global memory in the order the registers hold it: at D = 64 by vector
-// reductions from the registers, at D = 128 by one bulk reduction (cp.reduce.async.bulk) of a 16 KB staging block;
+// reductions from the registers, at D = 128 by one bulk reduction (cp.reduce.async.bulk) of a 16 KB staging block,
+// filled while dK's GEMM runs;
 // flash_dq_convert_sm90_kernel reads that order back into dq. At D = 64 K and V are also register operands. The
 // accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
 // At D = 192 and 256 a CTA has 64 keys, which both consumers share, splitting the work by gradient: one computes P^T
@@ -41,7 +42,8 @@ struct BwdSm90Config {
   // gradients.
   static constexpr bool kSplitByGradient = D > 128;
   static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = 64, BN = kSplitByGradient ? 64 : 128;
-  static constexpr int kStages = D == 64 || D == 192 ? 3 : 2;  // as many as fit
+  // As many as fit, but two at D = 128: a third fits there and costs 2-3 % of fwd+bwd (PERF.md).
+  static constexpr int kStages = D == 64 || D == 192 ? 3 : 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
   // At D = 64, where shared-memory bandwidth binds as much as the tensor cores: K and V as register operands of
   // S^T and dP^T (those GEMMs then read only Q and dO from shared memory; their 32 registers fit beside the
@@ -80,6 +82,12 @@ struct BwdSm90Args {
 // least its ceil(length / 64) tiles before the next.
 __device__ __forceinline__ int64_t dq_tile_base(const FlashShape& s, int b) {
   return s.cu_q ? int64_t(s.cu_q[b]) / 64 + b : int64_t(b) * ((s.seqlen_q + 63) / 64);
+}
+
+// The accumulator's tile `tile` (dq_tile_base + query row / 64) of head h, from column col0 (a multiple of 64).
+template <int D>
+__device__ __forceinline__ float* dq_tile(const BwdSm90Args& a, int h, int64_t tile, int col0) {
+  return a.dq_acc + (h * a.tiles_per_head + tile) * 64 * D + col0 * 64;
 }
 
 // Position (in floats) of dQ element (r, c) of a 64 x D tile in the accumulator's order: block c / 64 (64 x 64),
@@ -291,7 +299,6 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  const int dq_panel = D == 128 ? wgi : 0;  // which 64 columns of dQ (and of K) this consumer's block covers
   const uint32_t s_dq = sm.dq(wgi);
 
   // This consumer's K and V rows as register-A fragments (read once; unused unless kKVInRegisters).
@@ -358,22 +365,6 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     wg::acc_to_a<T, BM>(dp, dst);
     store_ds_t<BM, BN>(sDS, dst, wgi * 64 + warp * 16 + g, t);
 
-    // dK += dS^T Q
-    wg::fence();
-#pragma unroll
-    for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dk, dst[k], wg::desc_mn(sQ, BM, k, 0), 1);
-    wg::commit();
-
-    // This step's dQ block: every consumer's at D = 128, consumer (step mod 2)'s at D = 64.
-    const bool dq_here = D == 128 || step % 2 == wgi;
-    wg::fence_async_smem();
-    // The staging block's previous reduction has read it.
-    if (!Cfg::kDqFromRegisters && dq_here && ctid % 128 == 0) wg::bulk_wait_read();
-    // dS^T complete, every key's. At D = 64 the consumer without a block only arrives; the barrier alternates with
-    // the step, so that its next arrival cannot complete this step's barrier before the other consumer's wait.
-    const int ds_barrier = D == 128 ? 3 : 3 + step % 2;
-    if (dq_here) wg::named_sync(ds_barrier, Cfg::kConsumers * 128);
-    else tma::named_arrive(ds_barrier, Cfg::kConsumers * 128);
     // The step's GEMMs are done, so its Q, dO and statistics are read. Every thread arrives: its own plain loads of
     // the statistics precede its own arrival, so the producer's refill is ordered after all of them.
     auto release_stage = [&] {
@@ -383,36 +374,63 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
       wg::keep(dst);
       tma::arrive(sm.empty(stage));
     };
-    if (!dq_here) {
-      wg::wait<0>();
-      release_stage();
-      continue;
-    }
-    float dq[32];
-    wg::fence();
+    // dK += dS^T Q
+    auto issue_dk = [&] {
+      wg::fence();
 #pragma unroll
-    for (int k = 0; k < BN / 16; ++k)
-      wg::Mma<T, 64>::template ss<1, 1>(dq, wg::desc_mn(sDS, BN, k, 0), wg::desc_mn(sm.k, BN, k, dq_panel), k > 0);
-    wg::commit();
-    wg::wait<0>();
-    wg::keep(dq);
-    release_stage();
-
-    // The dQ block into the accumulator, in register order: from registers, or through this consumer's staging
-    // block and one bulk reduction.
-    auto acc_block = [&] {
-      return a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D + (D == 128 ? wgi * BM * 64 : 0);
+      for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dk, dst[k], wg::desc_mn(sQ, BM, k, 0), 1);
+      wg::commit();
     };
-    if constexpr (Cfg::kDqFromRegisters) {
-      reduce_dq<64>(acc_block(), dq, warp, lane);
-    } else {
+    // This consumer's dQ block (64 columns from col0) = dS K, once dS^T is complete, every key's.
+    float dq[32];
+    auto issue_dq = [&](int col0) {
+      wg::fence();
+#pragma unroll
+      for (int k = 0; k < BN / 16; ++k)
+        wg::Mma<T, 64>::template ss<1, 1>(dq, wg::desc_mn(sDS, BN, k, 0), wg::desc_mn(sm.k, BN, k, col0 / 64), k > 0);
+      wg::commit();
+    };
+    const int64_t tile = tile_base + m0 / BM;
+
+    if constexpr (!Cfg::kDqFromRegisters) {
+      // D = 128: every consumer adds its 64 columns of dQ each step, through its staging block and one bulk
+      // reduction. dQ's GEMM goes first so that staging it overlaps dK's GEMM (fwd+bwd 0.6-1.0 % faster; PERF.md).
+      wg::fence_async_smem();
+      if (ctid % 128 == 0) wg::bulk_wait_read();  // the staging block's previous reduction has read it
+      wg::named_sync(3, Cfg::kConsumers * 128);
+      issue_dq(wgi * 64);
+      issue_dk();
+      wg::wait<1>();
+      wg::keep(dq);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(s_dq + ((warp * 8 + j) * 32 + lane) * 16),
                      "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3]));
+      wg::wait<0>();
+      release_stage();
       wg::fence_async_smem();
       wg::named_sync(1 + wgi, 128);
-      if (ctid % 128 == 0) wg::bulk_reduce_add_f32(acc_block(), s_dq, Cfg::kDqBlock);
+      if (ctid % 128 == 0) wg::bulk_reduce_add_f32(dq_tile<D>(a, h, tile, wgi * 64), s_dq, Cfg::kDqBlock);
+    } else {
+      // D = 64: consumer (step mod 2) adds the step's dQ block, from registers. The other only arrives at the dS^T
+      // barrier, which alternates with the step so that its next arrival cannot complete this step's barrier before
+      // the other consumer's wait.
+      issue_dk();
+      const bool dq_here = step % 2 == wgi;
+      wg::fence_async_smem();
+      const int ds_barrier = 3 + step % 2;
+      if (dq_here) wg::named_sync(ds_barrier, Cfg::kConsumers * 128);
+      else tma::named_arrive(ds_barrier, Cfg::kConsumers * 128);
+      if (!dq_here) {
+        wg::wait<0>();
+        release_stage();
+        continue;
+      }
+      issue_dq(0);
+      wg::wait<0>();
+      wg::keep(dq);
+      release_stage();
+      reduce_dq<64>(dq_tile<D>(a, h, tile, 0), dq, warp, lane);
     }
   }
   if (!Cfg::kDqFromRegisters && ctid % 128 == 0) wg::bulk_wait();
@@ -517,8 +535,7 @@ __device__ __forceinline__ void consume_bwd_split(const BwdSm90Args& a, const Bw
     wg::keep(dq);
     // Every thread arrives: its own plain loads of the statistics precede its arrival (see consume_bwd).
     tma::arrive(sm.empty(stage));
-    reduce_dq<kDqCols>(a.dq_acc + (h * a.tiles_per_head + tile_base + m0 / BM) * BM * D + kDqCol0 * 64, dq, warp,
-                       lane);
+    reduce_dq<kDqCols>(dq_tile<D>(a, h, tile_base + m0 / BM, kDqCol0), dq, warp, lane);
   }
   store_key_grad<T, D>(kDvSide ? c.dv : c.dk, grad, w, key0, t, c.accumulate);
 }
@@ -575,7 +592,7 @@ __global__ void flash_dq_convert_sm90_kernel(BwdSm90Args a) {
   const int b = blockIdx.z, h = blockIdx.y, m0 = blockIdx.x * 64;
   const Seq seq = seq_of(c.s, b);
   if (m0 >= seq.sq) return;
-  const float* src = a.dq_acc + (h * a.tiles_per_head + dq_tile_base(c.s, b) + blockIdx.x) * 64 * D;
+  const float* src = dq_tile<D>(a, h, dq_tile_base(c.s, b) + blockIdx.x, 0);
   for (int pair = threadIdx.x; pair < 64 * D / 2; pair += blockDim.x) {
     const int r = pair / (D / 2), col = pair % (D / 2) * 2;
     if (m0 + r >= seq.sq) break;
