@@ -97,9 +97,10 @@ double max_ragged_diff(const std::vector<std::vector<float>>& a, const std::vect
   return m;
 }
 
-CliResult run_cli(const std::string& args) {
+CliResult run_cli(const std::string& args, const std::string& pipe_in) {
   CliResult r;
-  FILE* pipe = popen((std::string(RINGTRAIN_CLI) + " " + args + " 2>&1").c_str(), "r");
+  const std::string feed = pipe_in.empty() ? "" : "cat '" + pipe_in + "' | ";
+  FILE* pipe = popen((feed + RINGTRAIN_CLI + " " + args + " 2>&1").c_str(), "r");
   if (!pipe) return r;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, n);

@@ -54,7 +54,8 @@ struct CliResult {
   int code = -1;  // the exit status; -1 when it did not exit normally
   std::string output;
 };
-CliResult run_cli(const std::string& args);
+// With `pipe_in`, that file reaches the program's standard input through a pipe (`cat FILE | ringtrain ARGS`).
+CliResult run_cli(const std::string& args, const std::string& pipe_in = "");
 
 }  // namespace ringtrain::testing
 

@@ -397,6 +397,49 @@ else
   echo "ok   launch-sigkill (no rank survived)"
 fi
 
+# Outputs that are the command's own inputs or run files, refused before any work; inputs that are not files.
+grpo_args=(grpo.prompts=builtin:reverse_digits policy.train_global_batch_size=2 grpo.num_prompts_per_step=1
+  grpo.num_generations_per_prompt=2 loss_fn.type=clipped_pg)
+cp run.yaml run_copy.yaml
+expect_error grpo-plot-over-config 'run_copy.yaml: an SVG file.s name ends in .svg' \
+  "$bin" grpo --config run_copy.yaml "${grpo_args[@]}" train.metrics_dir=plot_metrics --plot run_copy.yaml
+cmp -s run.yaml run_copy.yaml || { echo "FAIL grpo-plot-over-config: the config changed"; failures=$((failures + 1)); }
+expect_error grpo-plot-over-metrics 'plot_metrics/metrics.jsonl: an SVG file.s name ends in .svg' \
+  "$bin" grpo --config run.yaml "${grpo_args[@]}" train.metrics_dir=plot_metrics --plot plot_metrics/metrics.jsonl
+ln -sf run_copy.yaml plot_link.svg
+expect_error grpo-plot-symlink 'plot_link.svg: exists and is not a regular file' \
+  "$bin" grpo --config run.yaml "${grpo_args[@]}" train.metrics_dir=plot_metrics --plot plot_link.svg
+expect_error grpo-plot-no-metrics 'train.metrics_dir is empty' "$bin" grpo --config run.yaml "${grpo_args[@]}" \
+  --plot curves.svg
+expect_error grpo-plot-no-folder 'folder no_folder does not exist' \
+  "$bin" grpo --config run.yaml "${grpo_args[@]}" train.metrics_dir=plot_metrics --plot no_folder/curves.svg
+[ ! -e plot_metrics ] || { echo "FAIL grpo-plot-*: a run started"; failures=$((failures + 1)); }
+copy_ck out_in_model
+expect_error out-inside-model 'out out_in_model/model.safetensors lies inside out_in_model \(the --model folder' \
+  "$bin" logprobs --model out_in_model --data good.jsonl --out out_in_model/model.safetensors
+cmp -s ck/model.safetensors out_in_model/model.safetensors ||
+  { echo "FAIL out-inside-model: the weights changed"; failures=$((failures + 1)); }
+expect_error out-is-config 'out run_copy.yaml is the --config file' \
+  "$bin" logprobs --config run_copy.yaml --data good.jsonl --out run_copy.yaml
+mkdir -p fifo_ck && cp ck/model.safetensors fifo_ck/ && mkfifo fifo_ck/config.json
+expect_error model-config-fifo 'fifo_ck/config.json: it is a FIFO, expected a regular file' \
+  "$bin" logprobs --model fifo_ck --data good.jsonl
+mkdir -p decoy && echo keep > decoy/mine.txt && ln -sfn decoy init_link
+expect_error init-model-symlink 'init_link: it exists and is not a directory \(a symlink\)' \
+  "$bin" init-model --out init_link --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32
+[ "$(ls decoy)" = mine.txt ] || { echo "FAIL init-model-symlink: wrote into decoy/"; failures=$((failures + 1)); }
+expect_error dpo-beta-zero 'loss_fn.reference_policy_kl_penalty = 0: with loss_fn.type = dpo it is DPO.s beta' \
+  "$bin" config run.yaml loss_fn.type=dpo
+# A resumed run keeps its data order: the seed, the data and the global batch of the run it continues.
+"$bin" train --config run.yaml train.data=four.jsonl train.steps=2 train.checkpoint_dir=order_ck >/dev/null 2>&1 ||
+  { echo "FAIL resume-order: the first run failed"; failures=$((failures + 1)); }
+cp four.jsonl four_edited.jsonl && sed -i '4s/\[4,/[5,/' four_edited.jsonl
+for change in policy.train_global_batch_size=2 train.data=four_edited.jsonl train.seed=7; do
+  args=(train.data=four.jsonl "$change") && [ "${change%%=*}" = train.data ] && args=("$change")
+  expect_error "resume-changed-${change%%=*}" 'a run resumes only with the train.seed, train.data and policy.train_global' \
+    "$bin" train --config run.yaml "${args[@]}" train.steps=4 train.checkpoint_dir=order_ck --resume
+done
+
 # The device benchmark's power sampling: a negative threshold, and no nvidia-smi to sample with.
 py=$(python3 -c "import sys; print(sys.executable)")  # the interpreter itself, not a shim that needs PATH
 expect_error bench-power-negative-watts 'active-watts must be >= 0 \(got -1\)' \

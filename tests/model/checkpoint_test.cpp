@@ -408,6 +408,8 @@ TEST_F(Checkpoint, WritesRefuseWhatIsNotARegularFileAndReadsNameDirectories) {
   EXPECT_EQ(model::read_file(target), "keep");
   ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0644), 0);
   expect_error([&] { model::write_file_atomic(dir_ / "fifo", "x"); }, {"fifo", "FIFO"});
+  // Without a writer, opening the FIFO would block: a checkpoint or config file is opened without waiting.
+  expect_error([&] { model::read_file(dir_ / "fifo"); }, {"fifo", "a FIFO, expected a regular file"});
   expect_error([&] { model::read_file(dir_); }, {dir_.string(), "is a directory"});
   expect_error([&] { model::write_file_atomic(dir_ / "no" / "such" / "f", "x"); },
                {"cannot create", "No such file or directory"});

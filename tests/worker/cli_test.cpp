@@ -57,5 +57,22 @@ TEST(WorkerCli, PlotWritesAnSvg) {
   fs::remove_all(dir);
 }
 
+// --data is the one input that may be a pipe (model and config files must be regular files): the same lines give
+// the same logprobs from a pipe as from the file.
+TEST(WorkerCli, LogprobsReadDataFromAPipe) {
+  const fs::path dir = fs::temp_directory_path() / ("rt_cli_pipe_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string ck = (dir / "ck").string(), data = (dir / "data.jsonl").string();
+  ASSERT_EQ(run_cli("init-model --out " + ck + " --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32").code, 0);
+  model::write_file_atomic(data, "{\"input_ids\": [1, 5, 9, 2]}\n{\"input_ids\": [3, 4]}\n");
+  const testing::CliResult from_file = run_cli("logprobs --model " + ck + " --data " + data);
+  ASSERT_EQ(from_file.code, 0) << from_file.output;
+  const testing::CliResult from_pipe = run_cli("logprobs --model " + ck + " --data /dev/stdin", data);
+  ASSERT_EQ(from_pipe.code, 0) << from_pipe.output;
+  EXPECT_EQ(from_pipe.output, from_file.output);
+  EXPECT_NE(from_file.output.find("logprobs"), std::string::npos) << from_file.output;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ringtrain::worker

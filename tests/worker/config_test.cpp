@@ -54,7 +54,9 @@ TEST(WorkerConfig, DefaultsMatchTheOriginalFramework) {
   const Config packed = parse_config(kMinimal, "cfg.yaml", {"policy.sequence_packing.enabled=true"});
   EXPECT_EQ(packed.train_mb_tokens(), 4096);
   EXPECT_EQ(packed.logprob_mb_tokens(), 4096);
-  const Config dpo = parse_config(kMinimal, "cfg.yaml", {"policy.sequence_packing.enabled=true", "loss_fn.type=dpo"});
+  const Config dpo = parse_config(
+      kMinimal, "cfg.yaml",
+      {"policy.sequence_packing.enabled=true", "loss_fn.type=dpo", "loss_fn.reference_policy_kl_penalty=0.1"});
   EXPECT_EQ(dpo.train_mb_tokens(), 8192);  // a pair stays in one row
   const Config dynamic = parse_config(kMinimal, "cfg.yaml", {"policy.dynamic_batching.enabled=true"});
   EXPECT_EQ(dynamic.train_mb_tokens(), 4096 * 4);
@@ -96,8 +98,9 @@ TEST(WorkerConfig, ReadsNestedOriginalKeys) {
 TEST(WorkerConfig, PrintedYamlReadsBackEqual) {
   Config c = parse_config(
       kMinimal, "cfg.yaml",
-      {"loss_fn.type=dpo", "loss_fn.ratio_clip_c=2.5", "policy.optimizer.kwargs.lr=3.3e-7", "attention.backends=[math]",
-       "parallel.cp=3", "parallel.cp_comm=a2a", "train.seed=18446744073709551615", "policy.scheduler.kind=cosine",
+      {"loss_fn.type=dpo", "loss_fn.reference_policy_kl_penalty=0.1", "loss_fn.ratio_clip_c=2.5",
+       "policy.optimizer.kwargs.lr=3.3e-7", "attention.backends=[math]", "parallel.cp=3", "parallel.cp_comm=a2a",
+       "train.seed=18446744073709551615", "policy.scheduler.kind=cosine",
        "train.steps=100", "policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=9000",
                            "train.data=' x: #y'", "train.checkpoint_dir='null'", "train.metrics_dir='123'"});
   const std::string yaml = to_yaml(c);
@@ -190,8 +193,10 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
       {{"device=cuda"}, "policy.precision = float32 with device cuda:0"},
       {{"policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=100"},
        "sequence_packing.train_mb_tokens = 100 is below the longest training unit, 4096 tokens"},
-      {{"policy.dynamic_batching.enabled=true", "policy.dynamic_batching.train_mb_tokens=8000", "loss_fn.type=dpo"},
+      {{"policy.dynamic_batching.enabled=true", "policy.dynamic_batching.train_mb_tokens=8000", "loss_fn.type=dpo",
+        "loss_fn.reference_policy_kl_penalty=0.1"},
        "dynamic_batching.train_mb_tokens = 8000 is below the longest training unit, 8192 tokens"},
+      {{"loss_fn.type=dpo"}, "loss_fn.reference_policy_kl_penalty = 0: with loss_fn.type = dpo it is DPO's beta"},
       {{"policy.dynamic_batching.enabled=true", "policy.sequence_packing.enabled=true"}, "choose one way"},
       {{"policy.sequence_packing.enabled=true", "policy.sequence_packing.logprob_mb_tokens=4095"},
        "logprob_mb_tokens = 4095"},

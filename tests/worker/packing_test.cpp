@@ -192,14 +192,16 @@ TEST(WorkerPacking, PlanFollowsTheConfig) {
   const Config fixed = parse_config(yaml, "cfg");
   EXPECT_TRUE(same(plan_microbatches(fixed, lengths, Pass::Train), fixed_microbatches(lengths, 2)));
   EXPECT_TRUE(same(plan_microbatches(fixed, lengths, Pass::Score), fixed_microbatches(lengths, 3)));
-  const Config dpo = parse_config(yaml, "cfg", {"loss_fn.type=dpo"});
+  const Config dpo = parse_config(yaml, "cfg", {"loss_fn.type=dpo", "loss_fn.reference_policy_kl_penalty=0.1"});
   EXPECT_TRUE(same(plan_microbatches(dpo, lengths, Pass::Train), fixed_microbatches(lengths, 2, 2)));
   EXPECT_TRUE(same(plan_microbatches(dpo, lengths, Pass::Score), fixed_microbatches(lengths, 3)));
   const Config packed = parse_config(yaml, "cfg", {"policy.sequence_packing.enabled=true",
                                                    "policy.sequence_packing.logprob_mb_tokens=300"});
   EXPECT_TRUE(same(plan_microbatches(packed, lengths, Pass::Train), first_fit_decreasing(lengths, 100)));
   EXPECT_TRUE(same(plan_microbatches(packed, lengths, Pass::Score), first_fit_decreasing(lengths, 300)));
-  const Config dynamic = parse_config(yaml, "cfg", {"policy.dynamic_batching.enabled=true", "loss_fn.type=dpo"});
+  const Config dynamic = parse_config(
+      yaml, "cfg",
+      {"policy.dynamic_batching.enabled=true", "loss_fn.type=dpo", "loss_fn.reference_policy_kl_penalty=0.1"});
   EXPECT_TRUE(same(plan_microbatches(dynamic, lengths, Pass::Train), bucket_by_length(lengths, 400, 2)));
   EXPECT_TRUE(same(plan_microbatches(dynamic, lengths, Pass::Score), bucket_by_length(lengths, 300)));
 }

@@ -119,8 +119,20 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
 
   write_svg(dir / "curves.svg", svg);
   EXPECT_EQ(model::read_file(dir / "curves.svg"), svg);
-  fs::create_directories(dir / "adir");
-  EXPECT_THROW(write_svg(dir / "adir", svg), Error);
+  auto error_of_writing = [&](const fs::path& out) -> std::string {
+    try {
+      write_svg(out, svg);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  fs::create_directories(dir / "adir.svg");
+  EXPECT_NE(error_of_writing(dir / "adir.svg").find("adir.svg: exists and is not a regular file"), std::string::npos);
+  std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1}\n";
+  EXPECT_NE(error_of_writing(dir / "metrics.jsonl").find("metrics.jsonl: an SVG file's name ends in .svg"),
+            std::string::npos);
+  EXPECT_EQ(model::read_file(dir / "metrics.jsonl"), "{\"step\": 1}\n");
 }
 
 TEST(WorkerPlot, BadInputsAreNamed) {

@@ -62,6 +62,24 @@ void add_grpo_command(CLI::App& app) {
   cmd->callback([o] {
     const worker::Config c = worker::load_config(o->config, o->overrides);
     RT_CHECK(!c.grpo.prompts.empty(), o->config, ": grpo.prompts is required (builtin:reverse_digits or a JSONL file)");
+    // The curves' file, checked before the first step: a run that cannot write it fails now, not after training.
+    RT_CHECK(o->plot.empty() || !c.train.metrics_dir.empty(), "--plot ", o->plot,
+             ": the curves are drawn from train.metrics_dir's metrics.jsonl, and train.metrics_dir is empty; set it "
+             "(or drop --plot)");
+    const std::filesystem::path metrics_dir = c.train.metrics_dir;
+    const std::filesystem::path plot =
+        o->plot.empty() && !metrics_dir.empty() ? metrics_dir / "reward.svg" : std::filesystem::path(o->plot);
+    if (!plot.empty()) {
+      worker::check_svg_out(plot);
+      check_out_is_not_input("--plot", plot.string(),
+                             {{o->config, "--config"},
+                              {c.grpo.prompts, "grpo.prompts"},
+                              {c.policy.model_name, "policy.model_name"},
+                              {c.train.checkpoint_dir, "train.checkpoint_dir"}});
+      const std::filesystem::path folder = plot.parent_path();
+      RT_CHECK(folder.empty() || folder == metrics_dir || std::filesystem::is_directory(folder), "--plot ",
+               plot.string(), ": folder ", folder.string(), " does not exist");
+    }
     if (!o->resume && !o->overwrite_metrics && !c.train.metrics_dir.empty())  // once, before GPU ranks are started
       worker::check_no_earlier_metrics(c.train.metrics_dir, cat(worker::kEarlierRunHint, " (train.metrics_dir)"));
     const int world = static_cast<int>(c.parallel.world());
@@ -113,11 +131,9 @@ void add_grpo_command(CLI::App& app) {
       const std::vector<worker::Series> panels =
           worker::select_series(all, {"reward/mean", "reward/exact_match", "loss", "kl_to_reference"});
       reward = panels[0].values, exact = panels[1].values;
-      const std::string out = o->plot.empty() ? (std::filesystem::path(c.train.metrics_dir) / "reward.svg").string()
-                                              : o->plot;
       const std::string title = "GRPO on " + c.grpo.prompts + " (" + c.policy.model_name + ")";
-      worker::write_svg(out, worker::render_svg(panels, title));
-      std::printf("metrics: %s; curves: %s\n", jsonl.c_str(), out.c_str());
+      worker::write_svg(plot, worker::render_svg(panels, title));
+      std::printf("metrics: %s; curves: %s\n", jsonl.c_str(), plot.c_str());
     } else {
       for (const rl::GrpoStepLog& s : summary.steps) reward.push_back(s.reward_mean), exact.push_back(s.exact_match);
     }

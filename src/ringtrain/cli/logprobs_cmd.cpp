@@ -27,7 +27,7 @@ namespace {
 
 // Output line N belongs to input line N, so a blank line is an error rather than skipped.
 std::vector<std::vector<int32_t>> read_samples(const std::string& path, int64_t vocab) {
-  const std::string text = model::read_file(path);
+  const std::string text = model::read_file(path, model::FileSource::Stream);
   std::vector<std::vector<int32_t>> out;
   size_t pos = 0;
   for (int64_t lineno = 1; pos < text.size(); ++lineno) {
@@ -114,7 +114,9 @@ void add_logprobs_command(CLI::App& app) {
               int64_t{1}, kMaxSeq);
   cmd->callback([o, cmd] {
     using namespace model;
-    check_out_is_not_input(o->out, o->data, "--data");
+    check_out_is_not_input("--out", o->out,
+                           {{o->data, "--data"}, {o->model, "--model"}, {o->with_config.config, "--config"},
+                            {o->with_config.checkpoint, "--checkpoint"}});
     // No option is ignored: one that the chosen mode does not read is an error naming it and what to use instead.
     const auto given = [&](const char* name) { return cmd->count(name) > 0; };
     if (!o->with_config.config.empty()) {

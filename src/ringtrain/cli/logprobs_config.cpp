@@ -8,6 +8,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
+#include "ringtrain/cli/options.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -18,6 +19,7 @@ namespace ringtrain::cli {
 
 std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigLogprobsOptions& o) {
   const worker::Config c = worker::load_config(o.config, o.overrides);
+  check_out_is_not_input("--out", o.out, {{c.policy.model_name, "policy.model_name"}});
   const int world = static_cast<int>(c.parallel.world());
   if (c.device.is_cuda()) {
     if (const std::string why = cuda_unavailable_reason(); !why.empty()) {

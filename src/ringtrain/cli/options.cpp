@@ -1,5 +1,6 @@
 #include "ringtrain/cli/options.h"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 
@@ -180,10 +181,24 @@ model::ModelConfig ModelShapeOptions::apply_to(model::ModelConfig c, bool tie_em
   return c;
 }
 
-void check_out_is_not_input(const std::string& out, const std::string& input, const char* input_option) {
+void check_out_is_not_input(const char* out_option, const std::string& out, const std::vector<InputPath>& inputs) {
+  namespace fs = std::filesystem;
+  if (out.empty()) return;
   std::error_code ec;
-  RT_CHECK(out.empty() || input.empty() || !std::filesystem::equivalent(out, input, ec), "--out ", out, " is the ",
-           input_option, " file; refusing to overwrite it");
+  const fs::path out_path = fs::weakly_canonical(out, ec);
+  for (const InputPath& in : inputs) {
+    if (in.path.empty()) continue;
+    RT_CHECK(!fs::equivalent(out, in.path, ec), out_option, " ", out, " is the ", in.what,
+             " file; refusing to overwrite it");
+    if (!fs::is_directory(in.path, ec) || out_path.empty()) continue;
+    const fs::path folder = fs::canonical(in.path, ec);
+    if (ec) continue;
+    // Inside the folder: the folder's components are a prefix of the output's.
+    const bool inside = std::mismatch(folder.begin(), folder.end(), out_path.begin(), out_path.end()).first ==
+                        folder.end();
+    RT_CHECK(!inside, out_option, " ", out, " lies inside ", in.path, " (the ", in.what,
+             " folder, which this command reads); refusing to write there");
+  }
 }
 
 CLI::Option* add_timeout_ms(CLI::App& cmd, int64_t& timeout_ms) {

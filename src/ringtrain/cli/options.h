@@ -118,9 +118,14 @@ struct ModelShapeOptions {
   model::ModelConfig apply_to(model::ModelConfig base, bool tie_embeddings) const;
 };
 
-// Refuses an --out that is the command's input file (the same file under another name too): writing it would
-// replace what is being read.
-void check_out_is_not_input(const std::string& out, const std::string& input, const char* input_option);
+// An input of a command, for check_out_is_not_input: a file or a folder (a model or a checkpoint), and what names it
+// ("--data", "policy.model_name"). An empty path is skipped.
+struct InputPath {
+  std::string path, what;
+};
+// Refuses an output (named by `out_option`) that the command reads: one of `inputs` (the same file under another name
+// too), or a path inside an input folder. Writing it would replace or corrupt what is being read.
+void check_out_is_not_input(const char* out_option, const std::string& out, const std::vector<InputPath>& inputs);
 
 // The communicator timeout of multi-rank commands.
 CLI::Option* add_timeout_ms(CLI::App& cmd, int64_t& timeout_ms);

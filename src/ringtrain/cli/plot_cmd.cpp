@@ -24,7 +24,7 @@ void add_plot_command(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--title", o->title, "title (default: the metrics file's path)");
   cmd->callback([o] {
-    check_out_is_not_input(o->out, o->metrics, "metrics");
+    check_out_is_not_input("--out", o->out, {{o->metrics, "metrics"}});
     const std::vector<worker::Series> all = worker::read_metrics(o->metrics);
     const std::vector<std::string> names = o->panels.empty() ? worker::default_panels(all) : o->panels;
     RT_CHECK(!names.empty(), o->metrics,

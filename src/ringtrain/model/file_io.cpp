@@ -68,15 +68,18 @@ void InputFile::read_at(uint64_t offset, void* dst, size_t n) const {
   }
 }
 
-std::string read_file(const std::filesystem::path& path) {
+std::string read_file(const std::filesystem::path& path, FileSource source) {
   const std::string name = path.string();
-  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK where only a regular file will do: opening a FIFO must not wait for a writer; it is refused below.
+  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | (source == FileSource::RegularFile ? O_NONBLOCK : 0));
   if (fd < 0) throw_sys_error("cannot open", name);
   std::string bytes;
   try {
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_sys_error("cannot stat", name);
     RT_CHECK(!S_ISDIR(st.st_mode), "cannot read ", name, ": it is a directory, expected a file");
+    RT_CHECK(S_ISREG(st.st_mode) || source == FileSource::Stream, "cannot read ", name, ": it is ",
+             file_kind(st.st_mode), ", expected a regular file");
     // Sequential reads, so that pipes (--data /dev/stdin) work too.
     if (S_ISREG(st.st_mode)) bytes.reserve(static_cast<size_t>(st.st_size));
     char buf[1 << 16];

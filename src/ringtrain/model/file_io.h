@@ -28,8 +28,11 @@ class InputFile {
   uint64_t size_ = 0;
 };
 
-// The whole file (also a pipe); a directory is an error naming it.
-std::string read_file(const std::filesystem::path& path);
+// What read_file accepts besides a regular file: nothing (checkpoint and config files), or a pipe, terminal or
+// other stream (an input that a user may pipe in, like `--data /dev/stdin`).
+enum class FileSource : uint8_t { RegularFile, Stream };
+// The whole file; anything else is an error naming it and what it is.
+std::string read_file(const std::filesystem::path& path, FileSource source = FileSource::RegularFile);
 // Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`; a failed write leaves
 // `path` untouched. Refuses a `path` that exists and is not a regular file (a symlink, FIFO or device).
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);

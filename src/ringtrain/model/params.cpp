@@ -193,9 +193,11 @@ void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& c, con
            " values for a model of ", layout.total(), " parameters");
   const std::filesystem::path target = std::filesystem::absolute(dir).lexically_normal();
   std::error_code ec;
-  const bool exists = std::filesystem::exists(std::filesystem::symlink_status(target, ec));
-  RT_CHECK(!exists || std::filesystem::is_directory(std::filesystem::status(target, ec)), "cannot write a checkpoint to ", dir.string(),
-           ": it exists and is not a directory");
+  // A symlink is refused, not followed: it would put the checkpoint into a folder the command was not given.
+  const std::filesystem::file_status status = std::filesystem::symlink_status(target, ec);
+  const bool exists = std::filesystem::exists(status);
+  RT_CHECK(!exists || std::filesystem::is_directory(status), "cannot write a checkpoint to ", dir.string(),
+           ": it exists and is not a directory", std::filesystem::is_symlink(status) ? " (a symlink)" : "");
   RT_CHECK(!exists || existing == ExistingCheckpoint::Replace || !holds_checkpoint(target), dir.string(),
            " already holds a checkpoint (config.json, model.safetensors or an index); refusing to overwrite it");
   // The whole checkpoint is written into a staging folder next to the target first, so that a full disk or a

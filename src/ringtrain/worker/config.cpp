@@ -342,9 +342,10 @@ const std::vector<Field>& schema() {
                    RT_CHECK(n.IsSequence(), w, ": ", key, ": expected a list of backend names, got a ", node_kind(n));
                    for (size_t i = 0; i < n.size(); ++i) {
                      const std::string item = cat(key, "[", i, "]");
+                     const std::string& name = scalar(n[i], item, w);  // its errors name the place already
                      attention::BackendId id;
                      try {
-                       id = attention::parse_backend(scalar(n[i], item, w));
+                       id = attention::parse_backend(name);
                      } catch (const Error& e) {
                        throw Error(cat(w, ": ", item, ": ", e.what()));
                      }
@@ -642,6 +643,9 @@ void Config::validate(ConfigUse use) const {
   RT_CHECK(policy.train_global_batch_size % per_step == 0,
            "policy.train_global_batch_size = ", policy.train_global_batch_size, " must be a multiple of parallel.dp (",
            parallel.dp, ") x policy.train_micro_batch_size (", policy.train_micro_batch_size, ") = ", per_step);
+  RT_CHECK(loss_fn.type != LossType::Dpo || loss_fn.reference_policy_kl_penalty > 0,
+           "loss_fn.reference_policy_kl_penalty = ", loss_fn.reference_policy_kl_penalty,
+           ": with loss_fn.type = dpo it is DPO's beta and must be > 0 (0.1 is usual)");
   RT_CHECK(!(policy.sequence_packing.enabled && policy.dynamic_batching.enabled),
            "policy.sequence_packing.enabled and policy.dynamic_batching.enabled: choose one way to form microbatches");
   if (policy.sequence_packing.enabled || policy.dynamic_batching.enabled) {

@@ -204,11 +204,17 @@ std::string render_svg(const std::vector<Series>& panels, const std::string& tit
   return svg;
 }
 
-void write_svg(const std::filesystem::path& out, const std::string& svg) {
+void check_svg_out(const std::filesystem::path& out) {
+  RT_CHECK(out.extension() == ".svg", out.string(), ": an SVG file's name ends in .svg; refusing to write the curves "
+           "over what may be another file");
   std::error_code ec;
   const auto st = std::filesystem::symlink_status(out, ec);
   RT_CHECK(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st), out.string(),
            ": exists and is not a regular file; not replacing it");
+}
+
+void write_svg(const std::filesystem::path& out, const std::string& svg) {
+  check_svg_out(out);
   model::write_file_atomic(out, svg);
 }
 

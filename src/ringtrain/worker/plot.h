@@ -14,8 +14,8 @@ struct Series {
 };
 
 // Every numeric key of metrics.jsonl except step and wall_time becomes a series; null values (non-finite metrics)
-// are left out. A step that appears again (a resumed run) keeps its last value. A last line without its newline (a run stopped while writing it) is ignored; any other bad line is
-// an error naming FILE:LINE.
+// are left out. A step that appears again (a resumed run) keeps its last value. A last line without its newline (a
+// run stopped while writing it) is ignored; any other bad line is an error naming FILE:LINE.
 std::vector<Series> read_metrics(const std::filesystem::path& jsonl);
 
 // The panels shown when none are named: loss, grad_norm, then every metric with "reward" or "kl" in its name;
@@ -25,7 +25,10 @@ std::vector<std::string> default_panels(const std::vector<Series>& all);
 std::vector<Series> select_series(const std::vector<Series>& all, const std::vector<std::string>& names);
 
 std::string render_svg(const std::vector<Series>& panels, const std::string& title);
-// Writes through a temporary file and a rename; refuses to replace anything but a regular file.
+// An error unless `out` ends in .svg and is absent or a regular file (a symlink is not followed): what write_svg
+// checks, for a command to check before the work whose curves it will write.
+void check_svg_out(const std::filesystem::path& out);
+// Writes through a temporary file and a rename, after check_svg_out.
 void write_svg(const std::filesystem::path& out, const std::string& svg);
 
 }  // namespace ringtrain::worker

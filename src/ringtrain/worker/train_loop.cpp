@@ -21,8 +21,22 @@ namespace fs = std::filesystem;
 
 constexpr std::string_view kStepPrefix = "step_";
 
-// The data order's state: BatchSchedule draws every epoch's permutation from the seed alone.
-std::string rng_state(const Config& c) { return cat("batch_schedule seed ", c.train.seed); }
+// The data order's state: BatchSchedule draws every epoch's permutation from the seed, over the data's units, in
+// steps of the global batch; the tokens' FNV-1a hash tells another data file of as many units apart.
+std::string data_order(const Config& c, const Dataset& data) {
+  uint64_t hash = 14695981039346656037ull;
+  const auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) hash = (hash ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  for (const Sample& x : data.samples) {
+    mix(x.input_ids.size());
+    for (int32_t id : x.input_ids) mix(static_cast<uint32_t>(id));
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return cat("batch_schedule seed ", c.train.seed, ", ", data.units(), " units (tokens ", hex, "), ",
+             c.policy.train_global_batch_size, " per step");
+}
 
 }  // namespace
 
@@ -105,14 +119,16 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());
   const fs::path ckpt_dir = c.train.checkpoint_dir;
+  const std::string order = data_order(c, data);
 
   int64_t step = 0;  // steps done
   if (o.resume) {
     RT_CHECK(!ckpt_dir.empty(), "--resume needs train.checkpoint_dir");
     if (const auto from = newest_checkpoint(ckpt_dir)) {
       const train::TrainingProgress p = worker.load(*from);
-      RT_CHECK(p.rng == rng_state(c), from->string(), ": the data order was drawn with '", p.rng, "', this run's is '",
-               rng_state(c), "' (train.seed differs)");
+      RT_CHECK(p.rng == order, from->string(), ": its data order is '", p.rng, "', this run's '", order,
+               "': a run resumes only with the train.seed, train.data and policy.train_global_batch_size it started "
+               "with");
       const int64_t taken = worker.trainer().steps_taken();
       const std::string folder = cat(kStepPrefix, taken);
       RT_CHECK(from->filename() == folder, from->string(), ": its trainer_state.json records step ", taken,
@@ -140,7 +156,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
     train::TrainingProgress p;
     p.epoch = done / schedule.steps_per_epoch();
     p.index = done % schedule.steps_per_epoch() * c.policy.train_global_batch_size;
-    p.rng = rng_state(c);
+    p.rng = order;
     worker.save(ckpt_dir / cat(kStepPrefix, done), p);
   };
 
