@@ -394,7 +394,7 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
 
     if constexpr (!Cfg::kDqFromRegisters) {
       // D = 128: every consumer adds its 64 columns of dQ each step, through its staging block and one bulk
-      // reduction. dQ's GEMM goes first so that staging it overlaps dK's GEMM (fwd+bwd 0.6-1.0 % faster; PERF.md).
+      // reduction. dQ's GEMM goes first so that staging it overlaps dK's GEMM (fwd+bwd 0.5-1.0 % faster; PERF.md).
       wg::fence_async_smem();
       if (ctid % 128 == 0) wg::bulk_wait_read();  // the staging block's previous reduction has read it
       wg::named_sync(3, Cfg::kConsumers * 128);
