@@ -300,12 +300,16 @@ const char* element_at(const HostArray& a, int64_t i) {
   return a.base + off;
 }
 
-// The batch as a dict whose keys are all batch keys (a Mapping is copied into one); errors name `what`.
+// A copy of the batch as a dict whose keys are all batch keys; errors name `what`. A copy, also of a dict: reading an
+// array runs Python code (__dlpack__, the buffer protocol) that could change the caller's dict while we walk it, and
+// the copy holds a reference to every value until the batch is read.
 py::dict batch_dict(py::handle batch_obj, const std::string& what) {
   if (!py::isinstance<py::dict>(batch_obj) && !py::hasattr(batch_obj, "keys"))
     throw py::type_error(cat(what, ": the batch must be a dict of arrays, got ", type_name(batch_obj)));
-  const py::dict batch = py::isinstance<py::dict>(batch_obj) ? py::reinterpret_borrow<py::dict>(batch_obj)
-                                                              : py::dict(py::reinterpret_borrow<py::object>(batch_obj));
+  const py::dict batch = py::isinstance<py::dict>(batch_obj)
+                             ? py::reinterpret_steal<py::dict>(PyDict_Copy(batch_obj.ptr()))
+                             : py::dict(py::reinterpret_borrow<py::object>(batch_obj));
+  if (!batch) throw py::error_already_set();
   for (const auto& [k, v] : batch) {
     if (!py::isinstance<py::str>(k))
       throw py::type_error(cat(what, ": batch keys must be strings, got ", type_name(k)));

@@ -319,6 +319,25 @@ class Worker {
   std::mutex mu_;  // one call at a time: Python threads may share the worker while the GIL is released
 };
 
+// A member function as a binding that raises TypeError on an instance made by __new__ alone, whose C++ object was
+// never constructed: pybind11 would call the function on that storage as it is.
+template <typename C>
+C& constructed(py::handle self) {
+  auto* instance = reinterpret_cast<py::detail::instance*>(self.ptr());
+  const py::detail::value_and_holder v_h = instance->get_value_and_holder(py::detail::get_type_info(typeid(C)));
+  if (!v_h || !v_h.holder_constructed())
+    throw py::type_error("this object was made without __init__ (call the class, not __new__)");
+  return *v_h.template value_ptr<C>();
+}
+template <typename C, typename R, typename... A>
+auto initialized(R (C::*f)(A...)) {
+  return [f](py::handle self, A... a) -> R { return (constructed<C>(self).*f)(std::forward<A>(a)...); };
+}
+template <typename C, typename R, typename... A>
+auto initialized(R (C::*f)(A...) const) {
+  return [f](py::handle self, A... a) -> R { return (constructed<C>(self).*f)(std::forward<A>(a)...); };
+}
+
 }  // namespace
 }  // namespace ringtrain::python
 
@@ -326,6 +345,7 @@ PYBIND11_MODULE(_core, m) {
   namespace py = pybind11;
   using namespace ringtrain;
   using ringtrain::python::Worker;
+  using ringtrain::python::initialized;
   m.doc() = "The C++ side of the ringtrain package (use `import ringtrain`).";
   static py::exception<Error> error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
   py::register_exception<comm::CommError>(m, "CommError", error.ptr());
@@ -333,26 +353,27 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Worker>(m, "PolicyWorker")
       .def(py::init<const std::string&, bool, const std::string&, const std::vector<std::string>&, double>(),
            py::arg("config"), py::arg("is_text"), py::arg("source"), py::arg("overrides"), py::arg("timeout_s"))
-      .def("get_logprobs", &Worker::get_logprobs, py::arg("batch"), py::arg("with_entropy").noconvert() = false)
-      .def("get_reference_logprobs", &Worker::get_reference_logprobs, py::arg("batch"))
-      .def("get_logprobs_cuda", &Worker::get_logprobs_cuda, py::arg("batch"), py::arg("with_entropy"))
-      .def("get_reference_logprobs_cuda", &Worker::get_reference_logprobs_cuda, py::arg("batch"))
-      .def_property_readonly("zero_copy_device", &Worker::zero_copy_device)
-      .def("train", &Worker::train, py::arg("batch"))
-      .def("train_cuda", &Worker::train_cuda, py::arg("batch"))
-      .def("save", &Worker::save, py::arg("dir"), py::arg("epoch"), py::arg("index"), py::arg("rng"))
-      .def("load", &Worker::load, py::arg("dir"))
-      .def("export_hf", &Worker::export_hf, py::arg("dir"))
-      .def("refit_info", &Worker::refit_info)
-      .def("generate", &Worker::generate, py::arg("prompts"), py::arg("max_new_tokens"), py::arg("temperature"),
-           py::arg("top_p"), py::arg("top_k"), py::arg("stop_tokens"), py::arg("seed"))
-      .def_property_readonly("config_yaml", &Worker::config_yaml)
-      .def_property_readonly("model_config_json", &Worker::model_config_json)
-      .def_property_readonly("rank", &Worker::rank)
-      .def_property_readonly("world_size", &Worker::world_size)
-      .def_property_readonly("local_ranks", &Worker::local_ranks)
-      .def_property_readonly("device", &Worker::device)
-      .def_property_readonly("steps_taken", &Worker::steps_taken);
+      .def("get_logprobs", initialized(&Worker::get_logprobs), py::arg("batch"),
+           py::arg("with_entropy").noconvert() = false)
+      .def("get_reference_logprobs", initialized(&Worker::get_reference_logprobs), py::arg("batch"))
+      .def("get_logprobs_cuda", initialized(&Worker::get_logprobs_cuda), py::arg("batch"), py::arg("with_entropy"))
+      .def("get_reference_logprobs_cuda", initialized(&Worker::get_reference_logprobs_cuda), py::arg("batch"))
+      .def_property_readonly("zero_copy_device", initialized(&Worker::zero_copy_device))
+      .def("train", initialized(&Worker::train), py::arg("batch"))
+      .def("train_cuda", initialized(&Worker::train_cuda), py::arg("batch"))
+      .def("save", initialized(&Worker::save), py::arg("dir"), py::arg("epoch"), py::arg("index"), py::arg("rng"))
+      .def("load", initialized(&Worker::load), py::arg("dir"))
+      .def("export_hf", initialized(&Worker::export_hf), py::arg("dir"))
+      .def("refit_info", initialized(&Worker::refit_info))
+      .def("generate", initialized(&Worker::generate), py::arg("prompts"), py::arg("max_new_tokens"),
+           py::arg("temperature"), py::arg("top_p"), py::arg("top_k"), py::arg("stop_tokens"), py::arg("seed"))
+      .def_property_readonly("config_yaml", initialized(&Worker::config_yaml))
+      .def_property_readonly("model_config_json", initialized(&Worker::model_config_json))
+      .def_property_readonly("rank", initialized(&Worker::rank))
+      .def_property_readonly("world_size", initialized(&Worker::world_size))
+      .def_property_readonly("local_ranks", initialized(&Worker::local_ranks))
+      .def_property_readonly("device", initialized(&Worker::device))
+      .def_property_readonly("steps_taken", initialized(&Worker::steps_taken));
 
   m.def(
       "resolve_config",
@@ -366,7 +387,7 @@ PYBIND11_MODULE(_core, m) {
                                     "The order of global batches of `ringtrain train`: every epoch a permutation of "
                                     "the units drawn from the seed, cut into global batches.")
       .def(py::init<int64_t, int64_t, uint64_t>(), py::arg("units"), py::arg("global_batch"), py::arg("seed"))
-      .def_property_readonly("steps_per_epoch", &worker::BatchSchedule::steps_per_epoch)
-      .def("step_units", &worker::BatchSchedule::step_units, py::arg("step"),
+      .def_property_readonly("steps_per_epoch", initialized(&worker::BatchSchedule::steps_per_epoch))
+      .def("step_units", initialized(&worker::BatchSchedule::step_units), py::arg("step"),
            "The units (rows of the data file; DPO: pairs) of global step `step` (0-based), in batch order.");
 }

@@ -84,6 +84,18 @@ def _flag(value, name):
     raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r:.40}")
 
 
+def _path(value, name):
+    """A file-system path as bytes (any path Linux allows, UTF-8 or not); a NUL byte, which would end it unseen, is a
+    ValueError naming it."""
+    try:
+        path = _os.fsencode(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected a path (str, bytes or os.PathLike), got {type(value).__name__}") from None
+    if b"\0" in path:
+        raise ValueError(f"{name}: the path {path!r:.60} holds a NUL byte")
+    return path
+
+
 def _integer(value, name):
     """value as a Python int when it is an integer (int, NumPy or 0-d tensor integers); a float or a string is a
     TypeError naming it rather than silently truncated."""
@@ -209,16 +221,23 @@ class PolicyWorker:
 
     def save(self, path, epoch=0, index=0, rng=""):
         """Writes the training state (weights, optimizer shards, counters, the data position given) to path."""
-        self._w.save(_os.fsdecode(path), int(epoch), int(index), str(rng))
+        position = {}
+        for name, value in (("epoch", epoch), ("index", index)):
+            position[name] = _integer(value, name)
+            if not 0 <= position[name] < 2**63:
+                raise ValueError(f"{name} = {position[name]}: expected an integer in [0, 2^63)")
+        if not isinstance(rng, str):
+            raise TypeError(f"rng: expected a str, got {type(rng).__name__}")
+        self._w.save(_path(path, "path"), position["epoch"], position["index"], rng)
 
     def load(self, path):
         """Restores a state written by save() (the reference weights stay the config's model); returns the data
         position {'epoch', 'index', 'rng'} saved with it."""
-        return self._w.load(_os.fsdecode(path))
+        return self._w.load(_path(path, "path"))
 
     def export_hf(self, path):
         """Writes the current weights as a Hugging Face folder (config.json + model.safetensors)."""
-        self._w.export_hf(_os.fsdecode(path))
+        self._w.export_hf(_path(path, "path"))
 
     def refit_info(self):
         """The tensors an inference engine receives, in layout order: [{'name', 'shape', 'dtype'}]."""

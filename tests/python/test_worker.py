@@ -205,6 +205,21 @@ class TestBadInputs(unittest.TestCase):
         with self.assertRaisesRegex(exc, pattern):
             getattr(self.worker, method)(batch)
 
+    def test_an_array_that_empties_the_batch_while_it_is_read(self):
+        # __dlpack__ runs Python code in the middle of reading the batch: the batch is read from a copy that holds
+        # every value, so clearing the caller's dict changes nothing.
+        batch = {}
+
+        class Clearing(np.ndarray):
+            def __dlpack__(self, *args, **kwargs):
+                batch.clear()
+                raise BufferError("no DLPack here")
+
+        batch.update(token_mask=np.ones((2, 6), np.float32).view(Clearing), input_ids=self.ids)
+        expected = self.worker.get_logprobs({"input_ids": self.ids})["logprobs"]
+        np.testing.assert_array_equal(self.worker.get_logprobs(batch)["logprobs"], expected)
+        self.assertEqual(batch, {})
+
     def test_the_zero_copy_path_is_for_cuda_tensors_of_a_gpu_worker(self):
         # A CPU worker's in-process ranks would share one result tensor: it never takes the zero-copy path.
         self.assertEqual(self.worker._w.zero_copy_device, -1)
@@ -390,6 +405,39 @@ class TestCheckpoint(unittest.TestCase):
                 self.assertEqual(list(e["shape"]), header[e["name"]]["shape"], e["name"])
                 self.assertEqual((e["dtype"], header[e["name"]]["dtype"]), ("float32", "F32"))
             self.assertEqual(info[0]["name"], "model.embed_tokens.weight")
+
+    def test_save_arguments_are_checked_before_a_good_checkpoint_is_replaced(self):
+        rng = np.random.default_rng(SEED + 21)
+        w = ringtrain.PolicyWorker(base_config())
+        w.train({"input_ids": rng.integers(0, 256, (4, 12))})
+        with tempfile.TemporaryDirectory() as tmp:
+            good = os.path.join(tmp, "good")
+            w.save(good, epoch=2, index=3, rng="r")
+            for kwargs, exc, pattern in [({"epoch": -1}, ValueError, "epoch = -1: expected an integer in"),
+                                         ({"index": -5}, ValueError, "index = -5"),
+                                         ({"epoch": 2**70}, ValueError, "epoch = 1180591620717411303424"),
+                                         ({"epoch": 1.7}, TypeError, "epoch: expected an integer, got float"),
+                                         ({"index": "3"}, TypeError, "index: expected an integer, got str"),
+                                         ({"rng": None}, TypeError, "rng: expected a str, got NoneType"),
+                                         ({"rng": b"ab"}, TypeError, "rng: expected a str, got bytes")]:
+                with self.subTest(**{k: repr(v) for k, v in kwargs.items()}):
+                    with self.assertRaisesRegex(exc, pattern):
+                        w.save(good, **kwargs)
+            self.assertEqual(ringtrain.PolicyWorker(base_config()).load(good), {"epoch": 2, "index": 3, "rng": "r"})
+            with self.assertRaisesRegex(ValueError, "path: the path .* holds a NUL byte"):
+                w.save(os.path.join(tmp, "a\x00b"))
+            self.assertEqual(sorted(os.listdir(tmp)), ["good"])
+            # Linux allows any bytes but / and NUL in a name: a path that is not UTF-8 works too.
+            odd = os.path.join(os.fsencode(tmp), b"ckpt\xff")
+            w.save(odd, epoch=1)
+            self.assertEqual(ringtrain.PolicyWorker(base_config()).load(odd)["epoch"], 1)
+
+    def test_an_instance_made_without_init_raises(self):
+        for cls, use in [(ringtrain._core.PolicyWorker, lambda o: o.rank),
+                         (ringtrain._core.PolicyWorker, lambda o: o.refit_info()),
+                         (ringtrain._core.BatchSchedule, lambda o: o.steps_per_epoch)]:
+            with self.assertRaisesRegex(TypeError, "made without __init__"):
+                use(cls.__new__(cls))
 
 
 class TestGenerate(unittest.TestCase):

@@ -192,6 +192,9 @@ TEST(TrainCheckpoint, HuggingFaceWeightsOneFileOrShards) {
   testing::on_mesh(s, DType::F32, {2, 1}, [&](Trainer& t, model::Policy& p, const Mesh& mesh) {
     t.step(s.batch);
     save_training_checkpoint(tmp.path / "one", t, {});
+    // A data position that load would refuse is refused before the good checkpoint is touched.
+    EXPECT_THROW(save_training_checkpoint(tmp.path / "one", t, {-1, 0, ""}), Error);
+    EXPECT_THROW(save_training_checkpoint(tmp.path / "one", t, {0, -5, ""}), Error);
     CheckpointOptions small;
     small.max_shard_bytes = 20000;
     save_training_checkpoint(tmp.path / "sharded", t, {}, small);

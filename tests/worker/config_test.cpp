@@ -197,6 +197,7 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
         "loss_fn.reference_policy_kl_penalty=0.1"},
        "dynamic_batching.train_mb_tokens = 8000 is below the longest training unit, 8192 tokens"},
       {{"loss_fn.type=dpo"}, "loss_fn.reference_policy_kl_penalty = 0: with loss_fn.type = dpo it is DPO's beta"},
+      {{"policy.optimizer.kwargs.eps=0"}, "policy.optimizer.kwargs.eps = 0: must be > 0"},
       {{"policy.dynamic_batching.enabled=true", "policy.sequence_packing.enabled=true"}, "choose one way"},
       {{"policy.sequence_packing.enabled=true", "policy.sequence_packing.logprob_mb_tokens=4095"},
        "logprob_mb_tokens = 4095"},

@@ -350,6 +350,9 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
 
 void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const TrainingProgress& progress,
                               const CheckpointOptions& options) {
+  // What load accepts, checked before anything is written: a save that load would refuse must not replace a good one.
+  RT_CHECK(progress.epoch >= 0 && progress.index >= 0, "checkpoint save ", dir_in.string(),
+           ": the data position (epoch ", progress.epoch, ", index ", progress.index, ") must be non-negative");
   comm::Communicator& world = trainer.mesh().world();
   const fs::path dest = normalized(dir_in), tmp = saving_dir(dest);
   const int rank = world.rank(), size = world.size();

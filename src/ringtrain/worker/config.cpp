@@ -643,6 +643,8 @@ void Config::validate(ConfigUse use) const {
   RT_CHECK(policy.train_global_batch_size % per_step == 0,
            "policy.train_global_batch_size = ", policy.train_global_batch_size, " must be a multiple of parallel.dp (",
            parallel.dp, ") x policy.train_micro_batch_size (", policy.train_micro_batch_size, ") = ", per_step);
+  RT_CHECK(policy.optimizer.eps > 0, "policy.optimizer.kwargs.eps = ", policy.optimizer.eps,
+           ": must be > 0 (AdamW divides by sqrt(v) + eps, and v is 0 where a gradient is)");
   RT_CHECK(loss_fn.type != LossType::Dpo || loss_fn.reference_policy_kl_penalty > 0,
            "loss_fn.reference_policy_kl_penalty = ", loss_fn.reference_policy_kl_penalty,
            ": with loss_fn.type = dpo it is DPO's beta and must be > 0 (0.1 is usual)");
