@@ -60,13 +60,40 @@ def _config_args(config, overrides):
             raise TypeError(f"overrides: expected 'key=value' strings, got {type(o).__name__}")
     if isinstance(config, _Mapping):
         # JSON is YAML: the dict goes through the same loader as a file, one key per line for the error positions.
-        return _json.dumps(config, indent=2), True, "<config dict>", overrides
+        return _json.dumps(_plain(config, "config", 0), indent=2), True, "<config dict>", overrides
     if isinstance(config, (str, bytes, _os.PathLike)):
         path = _os.fsdecode(config)
         if not _os.path.isfile(path):
             raise FileNotFoundError(f"config: no such file: {path}")
         return path, False, path, overrides
     raise TypeError(f"config: expected a YAML path or a dict, got {type(config).__name__}")
+
+
+_MAX_CONFIG_DEPTH = 64
+
+
+def _plain(value, where, depth):
+    """A config dict's value as JSON-ready Python (str keys; NumPy and 0-d tensor scalars as Python numbers); anything
+    else is a TypeError naming where it sits."""
+    if depth > _MAX_CONFIG_DEPTH:
+        raise ValueError(f"{where}: nested more than {_MAX_CONFIG_DEPTH} levels deep")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, _Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where}: keys must be str, got {type(key).__name__} {key!r:.40}")
+            out[key] = _plain(item, f"{where}.{key}" if where != "config" else key, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):  # a NumPy scalar or a 0-d array / tensor
+        item = value.item()
+        if isinstance(item, (bool, int, float)):
+            return item
+    raise TypeError(f"{where}: expected a number, str, bool, None, list or dict, got {type(value).__name__} "
+                    f"{value!r:.40}")
 
 
 def load_config(config, overrides=None):
@@ -105,6 +132,17 @@ def _integer(value, name):
         return _operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r:.40}") from None
+
+
+def _real(value, name):
+    """value as a float when it is a real number (int, float, NumPy or 0-d tensor scalars); a string or a bool is a
+    TypeError naming it rather than converted."""
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r:.40}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r:.40}") from None
 
 
 def _token(value, name):
@@ -217,7 +255,7 @@ class PolicyWorker:
         for value, name in ((n, "max_new_tokens"), (k, "top_k")):
             if not -2**63 <= value < 2**63:
                 raise ValueError(f"{name}: {value} is out of range")
-        return self._w.generate(seqs, n, float(temperature), float(top_p), k, stops, seed)
+        return self._w.generate(seqs, n, _real(temperature, "temperature"), _real(top_p, "top_p"), k, stops, seed)
 
     def save(self, path, epoch=0, index=0, rng=""):
         """Writes the training state (weights, optimizer shards, counters, the data position given) to path."""

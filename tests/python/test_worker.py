@@ -77,6 +77,31 @@ class TestConfig(unittest.TestCase):
         with self.assertRaises(TypeError):
             ringtrain.PolicyWorker(42)
 
+    def test_dict_values_from_numpy_and_bad_values_are_named(self):
+        cfg = base_config()
+        cfg["policy"]["train_micro_batch_size"] = np.int64(1)
+        cfg["policy"]["max_grad_norm"] = np.float32(0.5)
+        cfg["policy"]["optimizer"] = {"kwargs": {"betas": (np.float64(0.8), 0.9)}}
+        resolved = ringtrain.load_config(cfg)
+        self.assertIn("train_micro_batch_size: 1", resolved)
+        self.assertIn("max_grad_norm: 0.5", resolved)
+        self.assertRegex(resolved, r"betas: \[0.8, 0.9\]")
+        for value, pattern in ((object(), r"policy.max_grad_norm: expected a number, str, bool, None, list or dict, "
+                                          r"got object"),
+                               (np.zeros(2), r"policy.max_grad_norm: .*got ndarray"),
+                               ({1: 2}, r"policy.max_grad_norm: keys must be str, got int")):
+            cfg = base_config()
+            cfg["policy"]["max_grad_norm"] = value
+            with self.assertRaisesRegex(TypeError, pattern):
+                ringtrain.load_config(cfg)
+        deep = base_config()
+        node = deep["train"]
+        for _ in range(100):
+            node["x"] = {}
+            node = node["x"]
+        with self.assertRaisesRegex(ValueError, r"train\.x\.x.*nested more than 64 levels deep"):
+            ringtrain.PolicyWorker(deep)
+
     def test_hostile_timeouts_and_override_bytes_are_named(self):
         # Refused before the seconds become an int64 of milliseconds (NaN, inf and 1e300 do not fit one).
         for t in (float("nan"), float("inf"), 1e300, -1.0, 0.0, 1e-4):
@@ -520,6 +545,9 @@ class TestGenerate(unittest.TestCase):
             (lambda: w.generate([[1]], 4.0), TypeError, "max_new_tokens: expected an integer"),
             (lambda: w.generate([[1]], 4, temperature=float("nan")), ValueError, "temperature nan"),
             (lambda: w.generate([[1]], 4, temperature=-1), ValueError, "temperature -1"),
+            (lambda: w.generate([[1]], 4, temperature="0.5"), TypeError, "temperature: expected a number, got str"),
+            (lambda: w.generate([[1]], 4, top_p=None), TypeError, "top_p: expected a number, got NoneType"),
+            (lambda: w.generate([[1]], 4, top_p=True), TypeError, "top_p: expected a number, got bool"),
             (lambda: w.generate([[1]], 4, top_p=0), ValueError, "top_p 0 must be in"),
             (lambda: w.generate([[1]], 4, top_k=-2), ValueError, "top_k -2"),
             (lambda: w.generate([[1]], 4, stop_tokens=[999]), ValueError, r"stop_tokens\[0\] = 999"),
@@ -530,6 +558,10 @@ class TestGenerate(unittest.TestCase):
             with self.assertRaisesRegex(error, pattern):
                 call()
         self.assertEqual(len(w.generate([[1, 2]], 3)[0]["tokens"]), 3)  # still usable
+        # NumPy scalars are numbers: the same samples as the Python floats.
+        a = w.generate([[1, 2]], 3, temperature=np.float32(0.5), top_p=np.float64(0.9), seed=SEED)
+        b = w.generate([[1, 2]], 3, temperature=0.5, top_p=0.9, seed=SEED)
+        np.testing.assert_array_equal(a[0]["tokens"], b[0]["tokens"])
 
 
 @unittest.skipUnless(__import__("importlib").util.find_spec("torch"), "PyTorch is not installed")

@@ -309,5 +309,31 @@ TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {
   }
 }
 
+// `train` refuses a GRPO-only config (naming `ringtrain grpo`) before writing anything, and says that a grpo section
+// beside train.data is not used.
+TEST(TrainCli, AGrpoConfigIsRefusedAndAnUnusedGrpoSectionIsNamed) {
+  const Deadline test_deadline(120);
+  TempDir dir("rt_train_grpo");
+  const fs::path run = dir.path / "run";
+  const testing::CliResult r = run_cli("train --config " + std::string(RINGTRAIN_SOURCE_DIR) +
+                                       "/configs/grpo_tiny.yaml --no-progress train.metrics_dir=" +
+                                       (run / "metrics").string() + " train.checkpoint_dir=" + (run / "ckpt").string());
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("grpo.prompts is set and train.data is not"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ringtrain grpo --config"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(run)) << r.output;
+
+  const fs::path data = dir.path / "data.jsonl";
+  write_data(data, "sft", 8, 1);
+  const testing::CliResult both = run_cli(
+      train_args("sft", data, run, 1, 1,
+                 "train.steps=3 policy.scheduler.total_steps=3 grpo.prompts=builtin:reverse_digits "
+                 "grpo.num_prompts_per_step=2 grpo.num_generations_per_prompt=2"));
+  EXPECT_EQ(both.code, 0) << both.output;
+  EXPECT_NE(both.output.find("the grpo section (grpo.prompts = builtin:reverse_digits) is not used"), std::string::npos)
+      << both.output;
+  EXPECT_EQ(logged_steps(run / "metrics"), (std::vector<int64_t>{1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace ringtrain::worker

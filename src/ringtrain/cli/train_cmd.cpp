@@ -43,8 +43,16 @@ void add_train_command(CLI::App& app) {
     ro.resume = o->resume;
     ro.progress = !o->no_progress;
     ro.overwrite_metrics = o->overwrite_metrics;
+    // A config with grpo.prompts is a GRPO run; `train` trains on train.data and would leave the grpo section unused.
+    RT_CHECK(c.grpo.prompts.empty() || !c.train.data.empty(), o->config,
+             ": grpo.prompts is set and train.data is not: this config is a GRPO run, for `ringtrain grpo --config ",
+             o->config, "`");
     worker::check_fresh_run(c, ro);  // once, before GPU ranks are started
     const int world = static_cast<int>(c.parallel.world());
+    if (!c.grpo.prompts.empty() && (!c.device.is_cuda() || !inside_ranks(world)))
+      std::fprintf(stderr, "ringtrain train: note: the grpo section (grpo.prompts = %s) is not used: train runs SFT / "
+                   "PG / DPO steps over train.data = %s; `ringtrain grpo` runs the GRPO loop\n",
+                   c.grpo.prompts.c_str(), c.train.data.c_str());
     if (c.device.is_cuda()) {
       if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
         std::fprintf(stderr, "ringtrain train: device cuda cannot run here: %s\n", why.c_str());
