@@ -137,12 +137,12 @@ def _integer(value, name):
 def _real(value, name):
     """value as a float when it is a real number (int, float, NumPy or 0-d tensor scalars); a string or a bool is a
     TypeError naming it rather than converted."""
-    if isinstance(value, (bool, str, bytes)):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r:.40}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r:.40}") from None
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r:.40}")
 
 
 def _token(value, name):

@@ -49,17 +49,18 @@ void add_train_command(CLI::App& app) {
              o->config, "`");
     worker::check_fresh_run(c, ro);  // once, before GPU ranks are started
     const int world = static_cast<int>(c.parallel.world());
-    if (!c.grpo.prompts.empty() && (!c.device.is_cuda() || !inside_ranks(world)))
-      std::fprintf(stderr, "ringtrain train: note: the grpo section (grpo.prompts = %s) is not used: train runs SFT / "
-                   "PG / DPO steps over train.data = %s; `ringtrain grpo` runs the GRPO loop\n",
-                   c.grpo.prompts.c_str(), c.train.data.c_str());
     if (c.device.is_cuda()) {
       if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
         std::fprintf(stderr, "ringtrain train: device cuda cannot run here: %s\n", why.c_str());
         throw Exit{2};
       }
-      if (!inside_ranks(world)) throw Exit{relaunch_self(world)};
     }
+    const bool in_ranks = c.device.is_cuda() && inside_ranks(world);  // one of the GPU ranks, not their launcher
+    if (!c.grpo.prompts.empty() && !in_ranks)
+      std::fprintf(stderr, "ringtrain train: note: the grpo section (grpo.prompts = %s) is not used: train runs SFT / "
+                   "PG / DPO steps over train.data = %s; `ringtrain grpo` runs the GRPO loop\n",
+                   c.grpo.prompts.c_str(), c.train.data.c_str());
+    if (c.device.is_cuda() && !in_ranks) throw Exit{relaunch_self(world)};
     // Everything that needs no weights is checked before any rank starts: the config against the model, the data.
     const model::ModelConfig m = worker::resolve_model_config(c.policy);
     c.validate_against(m);
