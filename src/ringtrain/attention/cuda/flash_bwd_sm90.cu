@@ -13,10 +13,8 @@
 //    the block's readers wait for its writers): head dim 128 splits dQ's columns between the consumers; at head dim
 //    64 the consumers take turns, one query tile each, so that every dQ element is reduced once per key tile (split
 //    by keys, two reductions would add into the same block and double the atomic traffic into L2).
-// Each block is added to an fp32 accumulator in global memory in the order the registers hold it: at D = 64 by vector
-// reductions from the registers, at D = 128 by one bulk reduction (cp.reduce.async.bulk) of a 16 KB staging block,
-// filled while dK's GEMM runs;
-// flash_dq_convert_sm90_kernel reads that order back into dq. At D = 64 K and V are also register operands. The
+// Each block is added to an fp32 accumulator in global memory, straight from the registers by vector reductions, in
+// the order the registers hold it; flash_dq_convert_sm90_kernel reads that order back into dq. At D = 64 K and V are also register operands. The
 // accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
 // At D = 192 and 256 a CTA has 64 keys, which both consumers share, splitting the work by gradient: one computes P^T
 // and keeps dV, the other dP^T and dS^T and keeps dK (consume_bwd_split), each adding part of dQ from registers.
@@ -49,9 +47,11 @@ struct BwdSm90Config {
   // S^T and dP^T (those GEMMs then read only Q and dO from shared memory; their 32 registers fit beside the
   // accumulators at this head dim only), and dQ blocks added to the accumulator by vector reductions straight from
   // registers instead of through a shared staging block and a bulk reduction (fwd+bwd +8 % causal, +12 % without a
-  // mask, B = 2, H = 16, 8K; docs/PERF.md). D = 128 keeps the staging block and the bulk reduction (register
-  // reductions with the third stage their freed memory allows are slower there); above 128 the staging has no room.
-  static constexpr bool kKVInRegisters = D == 64, kDqFromRegisters = D != 128;
+  // mask, B = 2, H = 16, 8K; docs/PERF.md).
+  static constexpr bool kKVInRegisters = D == 64;
+  // At D = 128, where the consumer is at its register limit, dV's GEMM is waited for before dS^T is made, so that
+  // P^T's fragments are free for it (backward 1-3 % faster; with the dQ reductions from registers, PERF.md).
+  static constexpr bool kDvBeforeDs = D == 128;
   static_assert(!(kSplitByGradient && kKVInRegisters), "the split consumers read K and V from shared memory");
   static constexpr int kTileKV = BN * D * 2, kTileQ = BM * D * 2;
   static constexpr int kDsBytes = BN * BM * 2;  // dS^T, [BN keys][BM queries]
@@ -59,11 +59,10 @@ struct BwdSm90Config {
   // ordered by their hand-over barriers (consume_bwd_split).
   static constexpr int kDsBuffers = kSplitByGradient ? 1 : 2;
   static constexpr int kPtBytes = kSplitByGradient ? BN * BM * 4 : 0;  // P^T handed between split consumers, fp32
-  static constexpr int kDqBlock = kDqFromRegisters ? 0 : BM * 64 * 4;  // a consumer's 64 x 64 fp32 dQ staging block
   static constexpr int kStatBytes = 2 * BM * 4;  // per stage: BM LSE values, then BM Delta values
   static constexpr int kBarriers = 1 + 2 * kStages;  // K/V; full and empty per stage
   static constexpr int kSmemBytes = 1024 + 2 * kTileKV + 2 * kStages * kTileQ + kDsBuffers * kDsBytes + kPtBytes +
-                                    kConsumers * kDqBlock + kStages * kStatBytes + 8 * kBarriers;
+                                    kStages * kStatBytes + 8 * kBarriers;
   static_assert(kSmemBytes <= 227 * 1024, "the backward's tiles must fit in the SM's shared memory");
 };
 
@@ -93,17 +92,16 @@ __device__ __forceinline__ float* dq_tile(const BwdSm90Args& a, int h, int64_t t
 // Position (in floats) of dQ element (r, c) of a 64 x D tile in the accumulator's order: block c / 64 (64 x 64),
 // then warp r / 16, column group, lane, row half, pair element: the order the kernel's registers hold a block in (a
 // thread's four values of a column group side by side, one 16-byte reduction).
-__device__ __forceinline__ int dq_staged_index(int r, int c) {
+__device__ __forceinline__ int dq_acc_index(int r, int c) {
   const int cc = c % 64, lane = 4 * (r % 8) + (cc % 8) / 2;
   return (c / 64) * 64 * 64 + 4 * (((r / 16) * 8 + cc / 8) * 32 + lane) + 2 * ((r % 16) / 8) + cc % 2;
 }
 
-// Shared memory of one CTA: K, V, the Q / dO / statistics ring, dS^T, P^T (split consumers), the consumers' dQ
-// staging, barriers.
+// Shared memory of one CTA: K, V, the Q / dO / statistics ring, dS^T, P^T (split consumers), barriers.
 template <int D>
 struct BwdSmem {
   using Cfg = BwdSm90Config<D>;
-  uint32_t k, v, q0, do0, ds0, pt, dq0, stat0, bars;
+  uint32_t k, v, q0, do0, ds0, pt, stat0, bars;
   const float* stats;  // stat0 as a generic pointer, for plain loads
   __device__ explicit BwdSmem(unsigned char* base) {
     k = (smem_u32(base) + 1023) & ~1023u;
@@ -112,15 +110,13 @@ struct BwdSmem {
     do0 = q0 + Cfg::kStages * Cfg::kTileQ;
     ds0 = do0 + Cfg::kStages * Cfg::kTileQ;
     pt = ds0 + Cfg::kDsBuffers * Cfg::kDsBytes;
-    dq0 = pt + Cfg::kPtBytes;
-    stat0 = dq0 + Cfg::kConsumers * Cfg::kDqBlock;
+    stat0 = pt + Cfg::kPtBytes;
     bars = stat0 + Cfg::kStages * Cfg::kStatBytes;
     stats = reinterpret_cast<const float*>(base + (stat0 - smem_u32(base)));
   }
   __device__ uint32_t q(int stage) const { return q0 + stage * Cfg::kTileQ; }
   __device__ uint32_t dout(int stage) const { return do0 + stage * Cfg::kTileQ; }
   __device__ uint32_t ds(int step) const { return ds0 + (step % Cfg::kDsBuffers) * Cfg::kDsBytes; }
-  __device__ uint32_t dq(int consumer) const { return dq0 + consumer * Cfg::kDqBlock; }
   __device__ uint32_t stat(int stage) const { return stat0 + stage * Cfg::kStatBytes; }
   __device__ uint32_t full_kv() const { return bars; }
   __device__ uint32_t full(int stage) const { return bars + 8 * (1 + stage); }
@@ -255,7 +251,7 @@ __device__ __forceinline__ void store_ds_t(uint32_t sDS, const uint32_t (&dst)[B
 }
 
 // A 64 x N block of dQ (an m64nN accumulator) added to the accumulator's 64-column blocks from `acc` on, in
-// register order (dq_staged_index), by one 16-byte reduction per column group (consecutive lanes, consecutive 16
+// register order (dq_acc_index), by one 16-byte reduction per column group (consecutive lanes, consecutive 16
 // bytes: 512 contiguous bytes per warp instruction).
 template <int N>
 __device__ __forceinline__ void reduce_dq(float* acc, const float (&dq)[N / 2], int warp, int lane) {
@@ -299,7 +295,6 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  const uint32_t s_dq = sm.dq(wgi);
 
   // This consumer's K and V rows as register-A fragments (read once; unused unless kKVInRegisters).
   uint32_t kf[Cfg::kKVInRegisters ? D / 16 : 1][4], vf[Cfg::kKVInRegisters ? D / 16 : 1][4];
@@ -356,7 +351,13 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
 #pragma unroll
     for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dv, pt[k], wg::desc_mn(sDO, BM, k, 0), 1);
     wg::commit();
-    wg::wait<1>();
+    if constexpr (Cfg::kDvBeforeDs) {
+      wg::wait<0>();
+      wg::keep(dv);
+      wg::keep(pt);
+    } else {
+      wg::wait<1>();
+    }
     wg::keep(dp);
 
     // dS^T = P^T (dP^T - Delta) * scale, as register operands and, for dQ, into shared memory.
@@ -392,25 +393,18 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     };
     const int64_t tile = tile_base + m0 / BM;
 
-    if constexpr (!Cfg::kDqFromRegisters) {
-      // D = 128: every consumer adds its 64 columns of dQ each step, through its staging block and one bulk
-      // reduction. dQ's GEMM goes first so that staging it overlaps dK's GEMM (fwd+bwd 0.5-1.0 % faster; PERF.md).
+    if constexpr (D == 128) {
+      // Every consumer adds its 64 columns of dQ each step. dQ's GEMM goes first, so that its reductions overlap
+      // dK's GEMM.
       wg::fence_async_smem();
-      if (ctid % 128 == 0) wg::bulk_wait_read();  // the staging block's previous reduction has read it
       wg::named_sync(3, Cfg::kConsumers * 128);
       issue_dq(wgi * 64);
       issue_dk();
       wg::wait<1>();
       wg::keep(dq);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(s_dq + ((warp * 8 + j) * 32 + lane) * 16),
-                     "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3]));
+      reduce_dq<64>(dq_tile<D>(a, h, tile, wgi * 64), dq, warp, lane);
       wg::wait<0>();
       release_stage();
-      wg::fence_async_smem();
-      wg::named_sync(1 + wgi, 128);
-      if (ctid % 128 == 0) wg::bulk_reduce_add_f32(dq_tile<D>(a, h, tile, wgi * 64), s_dq, Cfg::kDqBlock);
     } else {
       // D = 64: consumer (step mod 2) adds the step's dQ block, from registers. The other only arrives at the dS^T
       // barrier, which alternates with the step so that its next arrival cannot complete this step's barrier before
@@ -433,7 +427,6 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
       reduce_dq<64>(dq_tile<D>(a, h, tile, 0), dq, warp, lane);
     }
   }
-  if (!Cfg::kDqFromRegisters && ctid % 128 == 0) wg::bulk_wait();
   store_key_grad<T, D>(c.dk, dk, w, key0, t, c.accumulate);
   store_key_grad<T, D>(c.dv, dv, w, key0, t, c.accumulate);
 }
@@ -596,7 +589,7 @@ __global__ void flash_dq_convert_sm90_kernel(BwdSm90Args a) {
   for (int pair = threadIdx.x; pair < 64 * D / 2; pair += blockDim.x) {
     const int r = pair / (D / 2), col = pair % (D / 2) * 2;
     if (m0 + r >= seq.sq) break;
-    const float2 v = *reinterpret_cast<const float2*>(src + dq_staged_index(r, col));
+    const float2 v = *reinterpret_cast<const float2*>(src + dq_acc_index(r, col));
     store_pair<T>(c.dq.ptr, c.dq.elem, row_off(c.dq, b, seq.q_row0 + m0 + r, h) + col, v.x, v.y, c.accumulate);
   }
 }

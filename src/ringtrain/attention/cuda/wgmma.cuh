@@ -110,16 +110,6 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// global[0, bytes) += shared[0, bytes) as fp32, element-wise atomic, by the bulk-copy engine (one thread issues).
-__device__ __forceinline__ void bulk_reduce_add_f32(float* global, uint32_t shared, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-               ::"l"(global), "r"(shared), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// The issuing thread's bulk copies have finished reading shared memory.
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
 // An m64nN accumulator as the N / 16 register-A fragments (16-bit) of a GEMM whose k runs over those N columns.
 template <typename T, int N>
 __device__ __forceinline__ void acc_to_a(const float (&c)[N / 2], uint32_t (&a)[N / 16][4]) {
