@@ -14,8 +14,8 @@
 //    64 the consumers take turns, one query tile each, so that every dQ element is reduced once per key tile (split
 //    by keys, two reductions would add into the same block and double the atomic traffic into L2).
 // Each block is added to an fp32 accumulator in global memory, straight from the registers by vector reductions, in
-// the order the registers hold it; flash_dq_convert_sm90_kernel reads that order back into dq. At D = 64 K and V are also register operands. The
-// accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
+// the order the registers hold it; flash_dq_convert_sm90_kernel reads that order back into dq. At D = 64 K and V are
+// also register operands. The accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
 // At D = 192 and 256 a CTA has 64 keys, which both consumers share, splitting the work by gradient: one computes P^T
 // and keeps dV, the other dP^T and dS^T and keeps dK (consume_bwd_split), each adding part of dQ from registers.
 #include <cuda.h>
