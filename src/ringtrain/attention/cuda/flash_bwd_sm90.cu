@@ -20,6 +20,8 @@
 // and keeps dV, the other dP^T and dS^T and keeps dK (consume_bwd_split), each adding part of dQ from registers.
 #include <cuda.h>
 
+#include <type_traits>
+
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cuda/flash_sm90.h"
 #include "ringtrain/attention/cuda/flash_sm90_schedule.cuh"
@@ -52,6 +54,10 @@ struct BwdSm90Config {
   // At D = 128, where the consumer is at its register limit, dV's GEMM is waited for before dS^T is made, so that
   // P^T's fragments are free for it (backward 1-3 % faster; with the dQ reductions from registers, PERF.md).
   static constexpr bool kDvBeforeDs = D == 128;
+  // At D = 64 one consumer per step, in turn, computes the whole 64 x D block of dQ (a wider GEMM that reads K once
+  // instead of twice, and half the blocks reduced); at D = 128 each computes and adds its 64 columns every step (one
+  // consumer holding 64 more accumulators spills there and is 1-3 % slower, PERF.md).
+  static constexpr bool kDqByOneConsumer = D == 64;
   static_assert(!(kSplitByGradient && kKVInRegisters), "the split consumers read K and V from shared memory");
   static constexpr int kTileKV = BN * D * 2, kTileQ = BM * D * 2;
   static constexpr int kDsBytes = BN * BM * 2;  // dS^T, [BN keys][BM queries]
@@ -382,23 +388,24 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
       for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dk, dst[k], wg::desc_mn(sQ, BM, k, 0), 1);
       wg::commit();
     };
-    // This consumer's dQ block (64 columns from col0) = dS K, once dS^T is complete, every key's.
-    float dq[32];
-    auto issue_dq = [&](int col0) {
+    // A block of dQ (the accumulator's columns from col0 on) = dS K, once dS^T is complete, every key's.
+    auto issue_dq = [&](auto& acc, int col0) {
+      constexpr int N = 2 * std::extent_v<std::remove_reference_t<decltype(acc)>>;
       wg::fence();
 #pragma unroll
       for (int k = 0; k < BN / 16; ++k)
-        wg::Mma<T, 64>::template ss<1, 1>(dq, wg::desc_mn(sDS, BN, k, 0), wg::desc_mn(sm.k, BN, k, col0 / 64), k > 0);
+        wg::Mma<T, N>::template ss<1, 1>(acc, wg::desc_mn(sDS, BN, k, 0), wg::desc_mn(sm.k, BN, k, col0 / 64), k > 0);
       wg::commit();
     };
     const int64_t tile = tile_base + m0 / BM;
 
-    if constexpr (D == 128) {
+    if constexpr (!Cfg::kDqByOneConsumer) {
       // Every consumer adds its 64 columns of dQ each step. dQ's GEMM goes first, so that its reductions overlap
       // dK's GEMM.
+      float dq[32];
       wg::fence_async_smem();
       wg::named_sync(3, Cfg::kConsumers * 128);
-      issue_dq(wgi * 64);
+      issue_dq(dq, wgi * 64);
       issue_dk();
       wg::wait<1>();
       wg::keep(dq);
@@ -406,7 +413,7 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
       wg::wait<0>();
       release_stage();
     } else {
-      // D = 64: consumer (step mod 2) adds the step's dQ block, from registers. The other only arrives at the dS^T
+      // Consumer (step mod 2) adds the step's whole dQ block, from registers. The other only arrives at the dS^T
       // barrier, which alternates with the step so that its next arrival cannot complete this step's barrier before
       // the other consumer's wait.
       issue_dk();
@@ -420,11 +427,12 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
         release_stage();
         continue;
       }
-      issue_dq(0);
+      float dq[D / 2];
+      issue_dq(dq, 0);
       wg::wait<0>();
       wg::keep(dq);
       release_stage();
-      reduce_dq<64>(dq_tile<D>(a, h, tile, 0), dq, warp, lane);
+      reduce_dq<D>(dq_tile<D>(a, h, tile, 0), dq, warp, lane);
     }
   }
   store_key_grad<T, D>(c.dk, dk, w, key0, t, c.accumulate);
