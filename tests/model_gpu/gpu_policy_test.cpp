@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model_test_util.h"
@@ -348,6 +349,68 @@ TEST(GpuPolicyFused, ScoreAndBackwardEqualsScoreThenBackward) {
       worst = std::max(worst, err);
     }
     std::printf("[fused vs two calls] packed %d: worst relative gradient difference %.3g\n", int(packed), worst);
+  }
+}
+
+// sum_grad_squares_in_next_backward: after two microbatches (the request made before the second's forward, the second's
+// backward the fused one), the device sum equals the fp64 host sum of squares of grads_by_layout(), i.e. every tensor's
+// gradient once (tied and untied LM heads, with and without biases in the summed vectors). Both are fp64 sums of the
+// same ~10^6 fp32 squares (exact in fp64), the host's compensated (error ~1e-16 of the sum), the device's by threads
+// and trees with at most ~64 roundings along any path (~1e-14): relative difference ≤ 1e-12, while the smallest range
+// the device sums, the norm weights and biases, holds more than 1e-10 of the sum (checked, so that its omission would
+// fail). A request is used by one backward only, and zero_grads() withdraws it: the NaN-poisoned result is then left as
+// it was.
+TEST(GpuPolicyBuffers, GradSquaresBesideTheLastBackwardEqualTheHostSum) {
+  RT_REQUIRE_GPU();
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::normal_distribution<double> nd;
+  for (auto [arch, tied] : {std::pair{Arch::Llama, true}, std::pair{Arch::Qwen2, false}}) {
+    const ModelConfig c = gpu_config(arch, tied);
+    const auto policy = model::make_policy(c, gpu_params(c, rng), gpu_options());
+    const std::string what = std::string(arch == Arch::Llama ? "llama" : "qwen2") + (tied ? " tied" : " untied");
+    const Tensor result = Tensor::empty({1}, DType::F64, Device::cuda(0));
+    const auto poison = [&] { fill(result.view(), std::nan("")); };
+    const auto sum_on_device = [&] { return download_f64(result.view())[0]; };
+    const TokenBatch first = packed_mixed_lengths(c, rng), second{{testing::random_ids(37, c.vocab, rng)}};
+    const auto backward_of = [&](const TokenBatch& b) {
+      const model::TokenScores sc = policy->score(b, true);
+      std::vector<std::vector<float>> d(sc.logprobs.size());
+      for (size_t i = 0; i < d.size(); ++i) {
+        d[i].assign(sc.logprobs[i].size(), 0.f);
+        for (size_t p = 1; p < d[i].size(); ++p) d[i][p] = static_cast<float>(nd(rng));
+      }
+      policy->backward(d);
+    };
+
+    policy->zero_grads();
+    backward_of(first);
+    poison();
+    ASSERT_TRUE(policy->sum_grad_squares_in_next_backward(result.ptr<double>())) << what;
+    policy->score_and_backward(second, [&](int64_t, int64_t, float lp) { return std::exp(lp / 4) - 0.5; }, false);
+    const double got = sum_on_device();
+    const std::vector<float> grads = policy->grads_by_layout();
+    double want = 0, carry = 0, vectors = 0;  // Neumaier's compensated sum: exact squares, error ~1e-16 of the sum
+    for (float g : grads) {
+      const double x = double(g) * g, t = want + x;
+      carry += want >= x ? (want - t) + x : (x - t) + want;
+      want = t;
+    }
+    want += carry;
+    for (const model::ParamSpec& spec : policy->layout().specs())
+      if (spec.name.ends_with("norm.weight") || spec.name.ends_with(".bias"))
+        for (int64_t i = spec.offset; i < spec.offset + spec.numel; ++i) vectors += double(grads[i]) * grads[i];
+    ASSERT_GT(vectors, 1e-10 * want) << what;
+    EXPECT_LE(std::abs(got - want), 1e-12 * want) << what << ": device " << got << ", host " << want;  // NaN fails
+    std::printf("[grad squares beside the backward] %s: %.17g, host %.17g (norm weights and biases %.3g of it)\n",
+                what.c_str(), got, want, vectors / want);
+
+    poison();
+    backward_of(first);  // the request was used
+    EXPECT_TRUE(std::isnan(sum_on_device())) << what << ": a second backward wrote the result";
+    ASSERT_TRUE(policy->sum_grad_squares_in_next_backward(result.ptr<double>())) << what;
+    policy->zero_grads();
+    backward_of(first);
+    EXPECT_TRUE(std::isnan(sum_on_device())) << what << ": zero_grads() did not withdraw the request";
   }
 }
 

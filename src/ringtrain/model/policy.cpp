@@ -122,6 +122,8 @@ int64_t TokenBatch::tokens() const {
 
 std::unique_ptr<DeviceSampler> Policy::make_device_sampler(const SamplerOptions&) { return nullptr; }
 
+bool Policy::sum_grad_squares_in_next_backward(double*) { return false; }
+
 std::vector<float> Policy::param(const std::string& name) const { return slice(params(), spec_named(*this, name)); }
 std::vector<float> Policy::grad(const std::string& name) const {
   return slice(grads_by_layout(), spec_named(*this, name));

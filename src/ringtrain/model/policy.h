@@ -138,6 +138,12 @@ class Policy {
   // Makes every gradient zero before the first backward of a step (on a GPU without a pass over them: grads() then
   // clears what no backward has written since).
   virtual void zero_grads() = 0;
+  // Asks the next backward (backward(), score_and_backward() or DeviceRowsTraining's) to also leave Σ g² over
+  // grads(), as that backward leaves them, in *device_result (one fp64 in device() memory), computed beside the
+  // backward where the policy can overlap the two: for a step's last backward when no reduction of the gradients
+  // follows. False where the policy has no such overlap (the CPU policies): the caller sums grads() itself.
+  // zero_grads() withdraws the request.
+  virtual bool sum_grad_squares_in_next_backward(double* device_result);
 
   // Host values in layout() order (fp32; fp64 for an F64 policy is rounded), and the way back in.
   virtual std::vector<float> params() const = 0;

@@ -363,6 +363,7 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   // 3. Microbatches: score, loss, backward. No collective spans dp ranks here, so a rank with fewer microbatches
   // needs no empty ones; a rank with none still evaluates the loss on nothing to learn the metrics' names.
   policy_->zero_grads();
+  norm_beside_backward_ = false;
   const bool entropy = cfg_.loss.kind == LossKind::ClippedPG;
   std::vector<MetricSum> metric_sums;
   double loss_sum = 0;
@@ -379,6 +380,7 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   };
   std::vector<double> grad;
   for (const Micro& m : micros) {
+    if (&m == &micros.back()) ask_norm_beside_last_backward();
     // A token-local loss's gradient is applied inside the forward; the loss below then gives the same gradient
     // again (unused) with the value and the metrics.
     const std::optional<TokenLocalGradient> local_grad = token_local_gradient(cfg_.loss, m, global);
@@ -423,6 +425,11 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   return out;
 }
 
+void Trainer::ask_norm_beside_last_backward() {
+  norm_beside_backward_ =
+      mesh_->world().size() == 1 && policy_->sum_grad_squares_in_next_backward(norm_result_.ptr<double>());
+}
+
 void Trainer::apply_gradients(StepResult& out, const PhaseHook& on_phase_end) {
   const auto mark = [&](Phase p) {
     if (on_phase_end) on_phase_end(p);
@@ -443,7 +450,9 @@ void Trainer::apply_gradients(StepResult& out, const PhaseHook& on_phase_end) {
   const int64_t n = shard_.end - shard_.begin;
   const TensorView g_shard = g.slice(0, shard_.begin, n);
   const DeviceOptimizerKernels* kernels = g.device.is_cpu() ? nullptr : device_optimizer_kernels();
-  if (kernels) {
+  if (norm_beside_backward_) {
+    norm_beside_backward_ = false;
+  } else if (kernels) {
     kernels->sum_of_squares(g_shard.ptr<float>(), n, norm_result_.ptr<double>(), nullptr);
   } else {
     const double sq = g.dtype == DType::F64

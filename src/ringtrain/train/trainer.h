@@ -127,6 +127,9 @@ class Trainer {
   // Steps 4-7 of a step whose gradients are in the policy's buffer.
   void apply_gradients(StepResult& out, const PhaseHook& on_phase_end);
   void all_gather_weights();
+  // Before a step's last backward: where no reduction of the gradients follows (a world of one rank) and the policy
+  // can, the norm's sum of squares is computed beside that backward into norm_result_ instead of in a pass after it.
+  void ask_norm_beside_last_backward();
 
   TrainerConfig cfg_;
   model::Policy* policy_;
@@ -135,6 +138,7 @@ class Trainer {
   ShardState shard_;
   int64_t steps_ = 0, completed_ = 0;
   Tensor norm_result_;  // one fp64 value on the device for the kernels' sum of squares
+  bool norm_beside_backward_ = false;  // norm_result_ is being filled by the step's last backward
 };
 
 }  // namespace ringtrain::train

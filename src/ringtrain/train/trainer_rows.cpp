@@ -213,8 +213,10 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
   const auto width = static_cast<int64_t>(1 + names.size());
   const Tensor sums = Tensor::zeros({std::max<int64_t>(micro_count, 1), width}, DType::F64, dev);
   policy_->zero_grads();
+  norm_beside_backward_ = false;
   for (size_t k = 0; k < micros.size(); ++k) {
     RowsMicro& m = micros[k];
+    if (k + 1 == micros.size()) ask_norm_beside_last_backward();
     double* micro_sums = sums.ptr<double>() + static_cast<int64_t>(k) * width;
     m.logprobs = Tensor::empty({m.batch * m.seq}, DType::F32, dev);
     if (entropy) m.entropy = Tensor::empty({m.batch * m.seq}, DType::F32, dev);

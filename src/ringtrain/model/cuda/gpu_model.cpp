@@ -1,7 +1,11 @@
 #include "ringtrain/model/cuda/gpu_model.h"
 
+#include <algorithm>
+#include <memory>
+
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/cuda/check.h"
+#include "ringtrain/core/cuda/reduce.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/layers.h"
 
@@ -103,6 +107,66 @@ GpuModel::GpuModel(ModelConfig config, ModelOptions options, int device)
                                   {static_cast<int64_t>(inv_freq.size())}));
 }
 
+// The gradients' sum of squares of one backward, range by range into slots summed at the end. The ranges a layer's
+// backward finishes are summed on `stream` (non-blocking, so that it runs beside the legacy default stream) with few
+// blocks, to leave the multiprocessors to the backward; the rest on the model's stream after the last layer.
+class GpuModel::SideSquares {
+ public:
+  static constexpr int kBesideBlocks = 128;
+
+  SideSquares() {
+    RT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "the gradient norm's stream");
+    RT_CUDA_CHECK(cudaEventCreateWithFlags(&written_, cudaEventDisableTiming), "the gradient norm's events");
+    RT_CUDA_CHECK(cudaEventCreateWithFlags(&summed_, cudaEventDisableTiming), "the gradient norm's events");
+  }
+  ~SideSquares() {
+    cudaEventDestroy(summed_);
+    cudaEventDestroy(written_);
+    cudaStreamDestroy(stream_);
+  }
+  SideSquares(const SideSquares&) = delete;
+  SideSquares& operator=(const SideSquares&) = delete;
+
+  void begin(int64_t max_ranges, Device device) {
+    RT_CHECK(max_ranges <= cuda_ops::kMaxSumBlocks, "gpu model: ", max_ranges,
+             " gradient ranges to sum beside the backward exceed ", cuda_ops::kMaxSumBlocks);
+    if (slots_.numel() < max_ranges) {
+      slots_ = Tensor::empty({max_ranges}, DType::F64, device);
+      partial_ = Tensor::empty({max_ranges * cuda_ops::kMaxSumBlocks}, DType::F64, device);
+    }
+    used_ = 0;
+  }
+  // Everything enqueued on `main` so far is ordered before the ranges added beside it from now on.
+  void wait_for(cudaStream_t main) {
+    RT_CUDA_CHECK(cudaEventRecord(written_, main), "the gradient norm's events");
+    RT_CUDA_CHECK(cudaStreamWaitEvent(stream_, written_, 0), "the gradient norm's events");
+  }
+  void add_beside(const float* x, int64_t n) { add(x, n, stream_, kBesideBlocks); }
+  void add(const float* x, int64_t n, cudaStream_t st, int blocks) {
+    RT_CHECK(used_ < slots_.numel(), "gpu model: more gradient ranges than planned");
+    cuda_ops::sum_of_squares(x, n, std::min(blocks, cuda_ops::sum_blocks_for(n)),
+                             partial_.ptr<double>() + used_ * cuda_ops::kMaxSumBlocks, slots_.ptr<double>() + used_,
+                             st);
+    ++used_;
+  }
+  // The slots' sum into *result on `main`, after the ranges summed beside it.
+  void finish(cudaStream_t main, double* result) {
+    RT_CUDA_CHECK(cudaEventRecord(summed_, stream_), "the gradient norm's events");
+    RT_CUDA_CHECK(cudaStreamWaitEvent(main, summed_, 0), "the gradient norm's events");
+    cuda_ops::sum(slots_.ptr<double>(), static_cast<int>(used_), result, main);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t written_ = nullptr, summed_ = nullptr;
+  Tensor slots_, partial_;
+  int64_t used_ = 0;
+};
+
+GpuModel::GpuModel(GpuModel&&) noexcept = default;
+GpuModel& GpuModel::operator=(GpuModel&&) noexcept = default;
+GpuModel::~GpuModel() = default;
+
 GpuModel::GpuModel(ModelConfig config, const std::vector<float>& params, ModelOptions options, int device)
     : GpuModel(std::move(config), std::move(options), device) {
   set_params(params);
@@ -156,6 +220,18 @@ GradSlot GpuModel::lm_head_grad() {
 void GpuModel::zero_grads() {
   if (!grads_.defined()) grads_ = Tensor::empty({dev_.total()}, DType::F32, device_);
   lm_head_fresh_ = body_fresh_ = true;
+  squares_result_ = nullptr;
+}
+
+void GpuModel::sum_grad_squares_in_next_backward(double* device_result) {
+  RT_CHECK(device_result != nullptr, "gpu model: no device address for the gradients' sum of squares");
+  squares_result_ = device_result;
+}
+
+GpuModel::SideSquares* GpuModel::begin_side_squares() {
+  if (!side_squares_) side_squares_ = std::make_unique<SideSquares>();
+  side_squares_->begin(4 * config_.layers + 3, device_);  // per layer qkv, o, gate/up, down; embedding, head, vectors
+  return side_squares_.get();
 }
 
 bool GpuModel::grad_fresh(int64_t device_offset) const {
@@ -352,6 +428,11 @@ void GpuModel::backward(const bf16* d_hidden, SequenceAttention& attention) {
   const bf16* W = weights_.ptr<bf16>();
   float* G = grads_.ptr<float>();
   attention::BackendScope scope("model", options_.allowed_backends());
+  SideSquares* squares = squares_result_ ? begin_side_squares() : nullptr;
+  const int64_t V = config_.vocab, qkvd = (config_.heads + 2 * config_.kv_heads) * config_.head_dim;
+  const int64_t qd = config_.heads * config_.head_dim, F = config_.ffn;
+  // An untied LM head that no LM-head backward wrote since zero_grads() holds zeros by definition: nothing to add.
+  const bool untied_head = dev_.lm_head != dev_.embed && !lm_head_fresh_;
   rmsnorm_backward(stream(), dx_.ptr<bf16>(), /*accumulate=*/false, G + dev_.final_norm, d_hidden,
                    final_in_.ptr<bf16>(), W + dev_.final_norm, final_rstd_.ptr<float>(), N, H);
   const size_t L = static_cast<size_t>(config_.layers);
@@ -364,9 +445,24 @@ void GpuModel::backward(const bf16* d_hidden, SequenceAttention& attention) {
       layer_forward(l, scratch_, x_in, x_out, attention);
     }
     layer_backward(l, checkpointed(l) ? scratch_ : saved_[l], x_in, attention);
+    if (squares) {  // the layer's matrices are final
+      const GpuLayerOffsets& w = dev_.layers[l];
+      squares->wait_for(stream());
+      if (l + 1 == L && untied_head) squares->add_beside(G + dev_.lm_head, V * H);
+      squares->add_beside(G + w.qkv, qkvd * H);
+      squares->add_beside(G + w.o_w, H * qd);
+      squares->add_beside(G + w.gate_up, 2 * F * H);
+      squares->add_beside(G + w.down, H * F);
+    }
   }
   embedding_backward(stream(), G + dev_.embed, tokens_.ptr<int32_t>(), dx_.ptr<bf16>(), N, H);
   body_fresh_ = false;
+  if (squares) {
+    squares->add(G + dev_.embed, V * H, stream(), cuda_ops::kMaxSumBlocks);
+    squares->add(G + dev_.summed_begin(), dev_.total() - dev_.summed_begin(), stream(), cuda_ops::kMaxSumBlocks);
+    squares->finish(stream(), squares_result_);
+    squares_result_ = nullptr;
+  }
 }
 
 void GpuModel::layer_backward(size_t layer, const GpuLayerActs& a, const bf16* x_in, SequenceAttention& attention) {

@@ -82,6 +82,9 @@ class GpuModel {
   // biases), from `seed` with fill_normal_hashed: for benchmarks, where a host copy of 1B values is waste.
   static GpuModel random(ModelConfig config, uint64_t seed, ModelOptions options = {}, int device = 0);
   static GpuModel load(const std::filesystem::path& dir, ModelOptions options = {}, int device = 0);
+  GpuModel(GpuModel&&) noexcept;
+  GpuModel& operator=(GpuModel&&) noexcept;
+  ~GpuModel();
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -124,6 +127,12 @@ class GpuModel {
                                 SequenceAttention& attention, bool for_backward = false);
   // d_hidden: device bf16 [batch * seqlen, hidden], d(loss)/d(forward's result). Adds every weight gradient.
   void backward(const bf16* d_hidden, SequenceAttention& attention);
+  // Has the next backward() also leave Σ g² over every gradient (the gaps between them excluded), as that backward
+  // leaves them, in *device_result, one fp64 on device(), ready for work enqueued on stream() after the backward.
+  // Each layer's matrices are summed on a second stream as soon as the layer's backward has written them, beside the
+  // layers below; the embedding, the summed vectors and an untied LM head after the last layer. The order of the
+  // additions is fixed by the model's shape (bitwise reproducible). zero_grads() withdraws the request.
+  void sum_grad_squares_in_next_backward(double* device_result);
   // The last forward's final-normed hidden states [tokens(), hidden] on the device.
   const bf16* hidden() const { return hidden_.ptr<bf16>(); }
   int64_t tokens() const { return batch_ * seqlen_; }
@@ -140,6 +149,8 @@ class GpuModel {
   void release_buffers();
   bool grad_fresh(int64_t device_offset) const;
   void clear_summed_grads();
+  class SideSquares;  // gpu_model.cpp
+  SideSquares* begin_side_squares();
 
   ModelConfig config_;
   ParamLayout layout_;
@@ -150,6 +161,9 @@ class GpuModel {
   Tensor weights_, grads_, inv_freq_;  // bf16, fp32, fp32 [head_dim / 2]
   // Gradients marked zero by zero_grads() and not written since: the LM head's slice, and all the others.
   bool lm_head_fresh_ = false, body_fresh_ = false;
+  // Where the next backward leaves the gradients' sum of squares (null: not asked), and what computes it there.
+  double* squares_result_ = nullptr;
+  std::unique_ptr<SideSquares> side_squares_;
 
   // The shape the buffers below were allocated for, and what the last forward kept.
   int64_t batch_ = 0, seqlen_ = 0;

@@ -154,6 +154,10 @@ class GpuPolicy final : public Policy, public DeviceRowsTraining {
   TensorView grads() override { return model_.grad_buffer(); }
   const std::vector<int64_t>& flat_offsets() const override { return offsets_; }
   void zero_grads() override { model_.zero_grads(); }
+  bool sum_grad_squares_in_next_backward(double* device_result) override {
+    model_.sum_grad_squares_in_next_backward(device_result);
+    return true;
+  }
 
   std::vector<float> params() const override { return model_.params(); }
   void set_params(const std::vector<float>& values) override { model_.set_params(values); }

@@ -1,4 +1,4 @@
-// Device AdamW and the gradient norm's sum of squares (train/device_optimizer.h).
+// Device AdamW and the gradient norm's sum of squares (train/device_optimizer.h; the sum is core/cuda/reduce.h's).
 //
 // Both are memory-bound. Bytes per parameter of one update: master fp32 read + write (8), exp_avg read + write (8),
 // exp_avg_sq read + write (8), fp32 gradient read (4), bf16 compute weight write (2) = 30 B; at 1.24B parameters
@@ -12,13 +12,13 @@
 #include <algorithm>
 
 #include "ringtrain/core/cuda/check.h"
+#include "ringtrain/core/cuda/reduce.h"
 #include "ringtrain/train/cuda/adamw.h"
 
 namespace ringtrain::train::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxSumBlocks = 1024;     // stage 2 reduces the partial sums in one block of this many threads
 constexpr int64_t kMaxUpdateBlocks = 8192;
 
 template <bool kAligned>
@@ -36,43 +36,6 @@ __device__ inline void store4(float* p, int64_t group, float4 v) {
     float* q = p + 4 * group;
     q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
   }
-}
-
-// Stage 1: each block's Σ x² in fp64. Thread i of the grid adds the groups i, i + stride, ... in order, thread i < n % 4
-// also the i-th element of the tail, then a fixed shared-memory tree adds the block's threads.
-template <bool kAligned>
-__global__ void sum_of_squares_partial(const float* x, int64_t n, double* partial) {
-  __shared__ double sums[kThreads];
-  const int64_t groups = n / 4, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  double acc = 0;
-  for (int64_t g = tid; g < groups; g += stride) {
-    const float4 v = load4<kAligned>(x, g);
-    acc += static_cast<double>(v.x) * v.x;
-    acc += static_cast<double>(v.y) * v.y;
-    acc += static_cast<double>(v.z) * v.z;
-    acc += static_cast<double>(v.w) * v.w;
-  }
-  if (tid < n - 4 * groups) acc += static_cast<double>(x[4 * groups + tid]) * x[4 * groups + tid];
-  sums[threadIdx.x] = acc;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
-}
-
-// Stage 2: one block adds the partial sums in a fixed tree.
-__global__ void sum_of_squares_final(const double* partial, int blocks, double* result) {
-  __shared__ double sums[kMaxSumBlocks];
-  sums[threadIdx.x] = threadIdx.x < blocks ? partial[threadIdx.x] : 0.0;
-  __syncthreads();
-  for (int half = kMaxSumBlocks / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *result = sums[0];
 }
 
 using Scalars = AdamWScalars<float>;
@@ -132,16 +95,11 @@ class CudaOptimizerKernels final : public DeviceOptimizerKernels {
   void sum_of_squares(const float* x, int64_t n, double* device_result, void* stream) const override {
     RT_CHECK(n >= 0 && (n == 0 || x) && device_result, "train sum_of_squares: bad arguments (n = ", n, ")");
     const auto st = static_cast<cudaStream_t>(stream);
-    const int blocks = static_cast<int>(blocks_for(n, kMaxSumBlocks));
+    const int blocks = cuda_ops::sum_blocks_for(n);
     double* partial = nullptr;
     RT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), blocks * sizeof(double), st),
                   "train sum_of_squares: partial sums");
-    if (aligned(x, 16))
-      sum_of_squares_partial<true><<<blocks, kThreads, 0, st>>>(x, n, partial);
-    else
-      sum_of_squares_partial<false><<<blocks, kThreads, 0, st>>>(x, n, partial);
-    sum_of_squares_final<<<1, kMaxSumBlocks, 0, st>>>(partial, blocks, device_result);
-    RT_CUDA_CHECK_LAUNCH("train sum_of_squares (n = ", n, ")");
+    cuda_ops::sum_of_squares(x, n, blocks, partial, device_result, stream);
     RT_CUDA_CHECK(cudaFreeAsync(partial, st), "train sum_of_squares: partial sums");
   }
 
