@@ -129,9 +129,10 @@ class GpuModel {
   void backward(const bf16* d_hidden, SequenceAttention& attention);
   // Has the next backward() also leave Σ g² over every gradient (the gaps between them excluded), as that backward
   // leaves them, in *device_result, one fp64 on device(), ready for work enqueued on stream() after the backward.
-  // Each layer's matrices are summed on a second stream as soon as the layer's backward has written them, beside the
-  // layers below; the embedding, the summed vectors and an untied LM head after the last layer. The order of the
-  // additions is fixed by the model's shape (bitwise reproducible). zero_grads() withdraws the request.
+  // Each layer's matrices (and an untied LM head, with the top layer's) are summed on a second stream as soon as the
+  // layer's backward has written them, beside the layers below; the embedding and the summed vectors after the last
+  // layer. The order of the additions is fixed by the model's shape (bitwise reproducible). zero_grads() withdraws
+  // the request.
   void sum_grad_squares_in_next_backward(double* device_result);
   // The last forward's final-normed hidden states [tokens(), hidden] on the device.
   const bf16* hidden() const { return hidden_.ptr<bf16>(); }
