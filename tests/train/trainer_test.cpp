@@ -4,7 +4,9 @@
 // - dp × cp ∈ {1×2, 2×1, 2×2, 1×4} against 1 × 1 on the same global batch (loss, gradient norm, metrics,
 //   updated weights), for NLL, the clipped PG with KL and importance weights, and DPO, in fp64 and fp32;
 // - a NaN injected into one rank's gradient skips the step on every rank, leaving weights, master weights and
-//   moments bitwise unchanged.
+//   moments bitwise unchanged;
+// - with one rank the gradient norm's sum of squares is taken from a policy that computes it beside the step's last
+//   backward, and with more ranks never asked for.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +14,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "ringtrain/attention/cpu/cpu_backends.h"
 #include "ringtrain/comm/in_process.h"
@@ -189,6 +193,94 @@ TEST(TrainerSkip, NanOnOneRankSkipsTheStepEverywhere) {
 
 namespace ringtrain::train {
 namespace {
+
+// A CPU policy that offers the gradients' sum of squares beside its backward (as the GPU policy does): the backward
+// after a request writes 4 x the true sum there, so a trainer that took it reports twice the norm. It counts the
+// requests and the backwards of each step (zero_grads() starts a step).
+class SquaresOfferingPolicy final : public model::Policy {
+ public:
+  explicit SquaresOfferingPolicy(model::Policy& inner) : inner_(inner) {}
+  int asks = 0, backwards = 0, answered_at = -1;
+
+  bool sum_grad_squares_in_next_backward(double* device_result) override {
+    ++asks;
+    pending_ = device_result;
+    return true;
+  }
+  void backward(const std::vector<std::vector<float>>& d) override {
+    inner_.backward(d);
+    ++backwards;
+    if (!pending_) return;
+    const TensorView g = inner_.grads();
+    double sum = 0;
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const double x = g.dtype == DType::F64 ? g.ptr<double>()[i] : g.ptr<float>()[i];
+      sum += x * x;
+    }
+    *pending_ = 4 * sum;
+    pending_ = nullptr;
+    answered_at = backwards;
+  }
+  void zero_grads() override {
+    inner_.zero_grads();
+    pending_ = nullptr;
+    asks = backwards = 0, answered_at = -1;
+  }
+  const model::ModelConfig& config() const override { return inner_.config(); }
+  const model::ParamLayout& layout() const override { return inner_.layout(); }
+  Device device() const override { return inner_.device(); }
+  DType dtype() const override { return inner_.dtype(); }
+  model::TokenScores score(const model::TokenBatch& b, bool for_backward, bool with_entropy) override {
+    return inner_.score(b, for_backward, with_entropy);
+  }
+  TensorView weights() override { return inner_.weights(); }
+  TensorView grads() override { return inner_.grads(); }
+  const std::vector<int64_t>& flat_offsets() const override { return inner_.flat_offsets(); }
+  std::vector<float> params() const override { return inner_.params(); }
+  void set_params(const std::vector<float>& v) override { inner_.set_params(v); }
+  std::vector<float> grads_by_layout() const override { return inner_.grads_by_layout(); }
+
+ private:
+  model::Policy& inner_;
+  double* pending_ = nullptr;
+};
+
+// With one rank the trainer asks such a policy once per step, just before the step's last backward, and reports the
+// norm of the sum it gets (twice a plain policy's norm on the same batch, to fp64 rounding); with dp = 2, where the
+// gradients are reduced after the backward, it never asks and sums them itself.
+TEST(TrainerNorm, OneRankTakesTheSumFromTheLastBackwardAndMoreRanksNeverAsk) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  for (int dp : {1, 2}) {
+    std::vector<StepResult> offered(2), plain(2);
+    std::vector<int> asks(2), backwards(2), answered_at(2);
+    comm::run_ranks(dp, std::chrono::seconds(60), [&](comm::Communicator& world) {
+      const Mesh mesh(world, {dp, 1});
+      const auto options = testing::train_policy_options(DType::F64, &mesh.cp_group());
+      const auto inner = model::make_policy(s.config, s.params, options);
+      const auto reference = model::make_policy(s.config, s.params, options);
+      SquaresOfferingPolicy policy(*inner);
+      Trainer with_offer(s.cfg, policy, mesh), without(s.cfg, *reference, mesh);
+      const int r = world.rank();
+      offered[r] = with_offer.step(s.batch);
+      plain[r] = without.step(s.batch);
+      asks[r] = policy.asks, backwards[r] = policy.backwards, answered_at[r] = policy.answered_at;
+    });
+    for (int r = 0; r < dp; ++r) {
+      const std::string what = "dp " + std::to_string(dp) + " rank " + std::to_string(r);
+      ASSERT_GT(plain[r].grad_norm, 0) << what;
+      ASSERT_GE(backwards[r], 2) << what << ": the batch must take several microbatches";
+      if (dp == 1) {
+        EXPECT_EQ(asks[r], 1) << what;
+        EXPECT_EQ(answered_at[r], backwards[r]) << what << ": answered by another backward than the last";
+        EXPECT_NEAR(offered[r].grad_norm, 2 * plain[r].grad_norm, 1e-12 * plain[r].grad_norm) << what;
+      } else {
+        EXPECT_EQ(asks[r], 0) << what;
+        EXPECT_NEAR(offered[r].grad_norm, plain[r].grad_norm, 1e-12 * plain[r].grad_norm) << what;
+      }
+    }
+  }
+}
 
 // Device rows are for a GPU policy: a CPU policy's batch is host memory already (step(TrainBatch)).
 TEST(TrainerRows, NeedAGpuPolicy) {
