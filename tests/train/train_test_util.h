@@ -111,11 +111,10 @@ inline std::vector<double> layout_weights(model::Policy& p) {
   return out;
 }
 
-// Forwards everything to a policy, and runs after_backward (when set) after each backward.
-class InjectingPolicy final : public model::Policy {
+// Forwards everything to a policy; tests override what they change.
+class ForwardingPolicy : public model::Policy {
  public:
-  explicit InjectingPolicy(model::Policy& inner) : inner_(inner) {}
-  std::function<void()> after_backward;
+  explicit ForwardingPolicy(model::Policy& inner) : inner_(inner) {}
 
   const model::ModelConfig& config() const override { return inner_.config(); }
   const model::ParamLayout& layout() const override { return inner_.layout(); }
@@ -124,10 +123,7 @@ class InjectingPolicy final : public model::Policy {
   model::TokenScores score(const model::TokenBatch& b, bool for_backward, bool with_entropy) override {
     return inner_.score(b, for_backward, with_entropy);
   }
-  void backward(const std::vector<std::vector<float>>& d) override {
-    inner_.backward(d);
-    if (after_backward) after_backward();
-  }
+  void backward(const std::vector<std::vector<float>>& d) override { inner_.backward(d); }
   TensorView weights() override { return inner_.weights(); }
   TensorView grads() override { return inner_.grads(); }
   const std::vector<int64_t>& flat_offsets() const override { return inner_.flat_offsets(); }
@@ -136,8 +132,20 @@ class InjectingPolicy final : public model::Policy {
   void set_params(const std::vector<float>& v) override { inner_.set_params(v); }
   std::vector<float> grads_by_layout() const override { return inner_.grads_by_layout(); }
 
- private:
+ protected:
   model::Policy& inner_;
+};
+
+// Runs after_backward (when set) after each backward.
+class InjectingPolicy final : public ForwardingPolicy {
+ public:
+  using ForwardingPolicy::ForwardingPolicy;
+  std::function<void()> after_backward;
+
+  void backward(const std::vector<std::vector<float>>& d) override {
+    inner_.backward(d);
+    if (after_backward) after_backward();
+  }
 };
 
 // A CPU policy whose flat buffers are laid out otherwise: tensors in reverse order, each after a gap of 3 NaN

@@ -197,9 +197,9 @@ namespace {
 // A CPU policy that offers the gradients' sum of squares beside its backward (as the GPU policy does): the backward
 // after a request writes 4 x the true sum there, so a trainer that took it reports twice the norm. It counts the
 // requests and the backwards of each step (zero_grads() starts a step).
-class SquaresOfferingPolicy final : public model::Policy {
+class SquaresOfferingPolicy final : public testing::ForwardingPolicy {
  public:
-  explicit SquaresOfferingPolicy(model::Policy& inner) : inner_(inner) {}
+  using ForwardingPolicy::ForwardingPolicy;
   int asks = 0, backwards = 0, answered_at = -1;
 
   bool sum_grad_squares_in_next_backward(double* device_result) override {
@@ -226,22 +226,8 @@ class SquaresOfferingPolicy final : public model::Policy {
     pending_ = nullptr;
     asks = backwards = 0, answered_at = -1;
   }
-  const model::ModelConfig& config() const override { return inner_.config(); }
-  const model::ParamLayout& layout() const override { return inner_.layout(); }
-  Device device() const override { return inner_.device(); }
-  DType dtype() const override { return inner_.dtype(); }
-  model::TokenScores score(const model::TokenBatch& b, bool for_backward, bool with_entropy) override {
-    return inner_.score(b, for_backward, with_entropy);
-  }
-  TensorView weights() override { return inner_.weights(); }
-  TensorView grads() override { return inner_.grads(); }
-  const std::vector<int64_t>& flat_offsets() const override { return inner_.flat_offsets(); }
-  std::vector<float> params() const override { return inner_.params(); }
-  void set_params(const std::vector<float>& v) override { inner_.set_params(v); }
-  std::vector<float> grads_by_layout() const override { return inner_.grads_by_layout(); }
 
  private:
-  model::Policy& inner_;
   double* pending_ = nullptr;
 };
 
