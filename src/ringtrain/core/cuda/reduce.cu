@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// A block's kThreads values (one per thread, in `sums`) into sums[0], by a fixed tree.
+// The block's kCount values (one per thread, in `sums`) into sums[0], by a fixed tree.
 template <int kCount>
 __device__ inline void block_tree_sum(double* sums) {
   __syncthreads();

@@ -1,6 +1,5 @@
 #include "ringtrain/model/cuda/gpu_model.h"
 
-#include <algorithm>
 #include <memory>
 
 #include "ringtrain/attention/selection.h"
@@ -144,7 +143,7 @@ class GpuModel::SideSquares {
   void add_beside(const float* x, int64_t n) { add(x, n, stream_, kBesideBlocks); }
   void add(const float* x, int64_t n, cudaStream_t st, int blocks) {
     RT_CHECK(used_ < slots_.numel(), "gpu model: more gradient ranges than planned");
-    cuda_ops::sum_of_squares(x, n, std::min(blocks, cuda_ops::sum_blocks_for(n)),
+    cuda_ops::sum_of_squares(x, n, cuda_ops::sum_blocks_for(n, blocks),
                              partial_.ptr<double>() + used_ * cuda_ops::kMaxSumBlocks, slots_.ptr<double>() + used_,
                              st);
     ++used_;
