@@ -323,5 +323,33 @@ TEST(WorkerConfig, HostileFilesAreErrorsNotCrashes) {
   EXPECT_NE(error_of(dir / "huge.yaml").find("too large for a config"), std::string::npos);
 }
 
+// yaml-cpp reads a quote left open as a value running to the end of the file, and the keys after it would keep their
+// defaults unseen: such a value is an error at its line and column; closed quotes of both kinds, with their escapes,
+// are not.
+TEST(WorkerConfig, AQuoteLeftOpenIsAnErrorAtItsLine) {
+  const std::string open_quote = kMinimal + "  metrics_dir: \"runs/a\n  steps: 2\n  checkpoint_every: 1\n";
+  const std::string e = parse_error(open_quote);
+  EXPECT_NE(e.find("cfg.yaml:7:16: the value \"runs/a"), std::string::npos) << e;
+  EXPECT_NE(e.find("not closed on its line"), std::string::npos) << e;
+  const std::string single = parse_error(kMinimal + "  metrics_dir: 'it''s\n  steps: 2\n");
+  EXPECT_NE(single.find("cfg.yaml:7:16"), std::string::npos) << single;
+  const std::string listed = parse_error(
+      "policy:\n  model_name: builtin:tiny\n  optimizer:\n    kwargs:\n      betas:\n        - 0.9\n        - \"0.99\n"
+      "train:\n  data: x.jsonl\n");
+  EXPECT_NE(listed.find("cfg.yaml:7:11: the value \"0.99"), std::string::npos) << listed;
+  // yaml-cpp itself refuses an open quote at the very end of the text ("illegal EOF"), not before a line break.
+  const std::string overridden = parse_error(kMinimal, {"train.metrics_dir=\"runs/a\n"});
+  EXPECT_NE(overridden.find("override 'train.metrics_dir=\"runs/a\\x0a': the value \"runs/a"), std::string::npos)
+      << overridden;
+  EXPECT_NE(overridden.find("is not closed on its line"), std::string::npos) << overridden;
+
+  const Config c = parse_config(kMinimal + "  metrics_dir: 'it''s'\n  checkpoint_dir: \"a\\\"b # c\"\n  steps: 3\n",
+                                "cfg.yaml", {"train.seed=\"7\""});
+  EXPECT_EQ(c.train.metrics_dir, "it's");
+  EXPECT_EQ(c.train.checkpoint_dir, "a\"b # c");
+  EXPECT_EQ(c.train.steps, 3);
+  EXPECT_EQ(c.train.seed, 7u);
+}
+
 }  // namespace
 }  // namespace ringtrain::worker

@@ -10,6 +10,8 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -523,6 +525,48 @@ void apply_map(Config& c, const YAML::Node& map, const std::string& prefix, cons
   }
 }
 
+// yaml-cpp takes a quote left open as a value that runs on to the end of the text, folding every line after it into
+// that value (the keys there then silently keep their defaults). So each quoted value must close on the line it opens
+// on. Anchored nodes are walked once, however often aliases repeat them.
+void check_quotes_closed(const YAML::Node& root, const std::string& text, const Origin& origin) {
+  std::set<std::pair<int, int>> walked;  // (position, kind) of the mappings and lists already walked
+  std::vector<YAML::Node> todo{root};
+  while (!todo.empty()) {
+    const YAML::Node n = todo.back();
+    todo.pop_back();
+    const YAML::Mark m = n.Mark();
+    if (n.IsMap() || n.IsSequence()) {
+      if (!m.is_null() && !walked.emplace(m.pos, static_cast<int>(n.Type())).second) continue;
+      if (n.IsMap()) {
+        for (auto it = n.begin(); it != n.end(); ++it) {
+          todo.push_back(it->first);
+          todo.push_back(it->second);
+        }
+      } else {
+        for (const YAML::Node& item : n) todo.push_back(item);
+      }
+      continue;
+    }
+    if (!n.IsScalar() || n.Tag() != "!" || m.is_null() || m.pos < 0 || static_cast<size_t>(m.pos) >= text.size())
+      continue;
+    const char quote = text[static_cast<size_t>(m.pos)];
+    if (quote != '"' && quote != '\'') continue;  // a block value (| or >)
+    size_t i = static_cast<size_t>(m.pos) + 1;
+    for (; i < text.size() && text[i] != '\n'; ++i) {
+      if (quote == '"' && text[i] == '\\') {
+        ++i;  // an escape: `\"` is no end, and `\` at the line's end continues the value on the next line
+      } else if (text[i] == quote) {
+        if (quote == '\'' && i + 1 < text.size() && text[i + 1] == '\'') ++i;  // '' inside '...' is one quote
+        else break;
+      }
+    }
+    RT_CHECK(i < text.size() && text[i] == quote, origin.at(n), origin.from_file ? cat(":", m.column + 1) : "",
+             ": the value ", quote,
+             excerpt(n.Scalar()), " is not closed on its line (YAML would take every line after it into the value): "
+             "close the quote");
+  }
+}
+
 // Returns the setting it assigned (two overrides naming one setting by its two keys are an error).
 std::string apply_override(Config& c, const std::string& text) {
   const std::string where = cat("override '", excerpt(text), "'");
@@ -537,11 +581,13 @@ std::string apply_override(Config& c, const std::string& text) {
     unknown_key(where, key);
   }
   YAML::Node value;
+  const std::string value_text = text.substr(eq + 1);
   try {
-    value = YAML::Load(text.substr(eq + 1));
+    value = YAML::Load(value_text);
   } catch (const YAML::Exception& e) {
     throw Error(cat(where, ": the value is not YAML: ", e.msg));
   }
+  check_quotes_closed(value, value_text, Origin{where, false});
   f->set(c, value, where);
   return f->storage;
 }
@@ -558,6 +604,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
   } catch (const YAML::Exception& e) {
     throw Error(cat(source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML error: ", e.msg));
   }
+  check_quotes_closed(root, yaml_text, Origin{source, true});
   RT_CHECK(!root.IsNull(), source, ": empty config (expected a mapping of sections: policy, loss_fn, train, ...)");
   RT_CHECK(root.IsMap(), source, ": expected a mapping of sections (policy, loss_fn, train, ...), got a ",
            node_kind(root));
