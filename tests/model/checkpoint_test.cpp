@@ -399,6 +399,38 @@ TEST_F(Checkpoint, SaveRefusesOrReplacesAnExistingCheckpointWithoutStaleShards) 
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
+// Replacing a checkpoint checks every file it would replace or remove before it touches the first: a config.json that
+// is a symlink, or a stale shard that is a folder, leaves the old checkpoint whole (weights, config and index).
+TEST_F(Checkpoint, ReplacingChecksEveryFileBeforeTouchingAny) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = testing::tiny_config(model::Arch::Llama);
+  const std::vector<float> p = testing::tiny_params(c, rng), p2 = testing::tiny_params(c, rng);
+  const auto ck = dir_ / "ck";
+  model::save_checkpoint(ck, c, p, model::ExistingCheckpoint::Refuse);
+  std::filesystem::create_directories(dir_ / "store");
+  std::filesystem::rename(ck / "config.json", dir_ / "store" / "config.json");
+  std::filesystem::create_symlink("../store/config.json", ck / "config.json");
+  expect_error([&] { model::save_checkpoint(ck, c, p2, model::ExistingCheckpoint::Replace); },
+               {(ck / "config.json").string(), "symbolic link"});
+  EXPECT_TRUE(std::filesystem::is_symlink(ck / "config.json"));
+  EXPECT_EQ(model::load_checkpoint_params(ck, c), p);
+
+  // A stale index whose shard is a folder: refused before the index or the weights go.
+  std::filesystem::remove(ck / "config.json");
+  std::filesystem::rename(dir_ / "store" / "config.json", ck / "config.json");
+  json index;
+  index["weight_map"]["model.embed_tokens.weight"] = "model-00001-of-00002.safetensors";
+  model::write_file_atomic(ck / "model.safetensors.index.json", index.dump());
+  std::filesystem::create_directories(ck / "model-00001-of-00002.safetensors");
+  expect_error([&] { model::save_checkpoint(ck, c, p2, model::ExistingCheckpoint::Replace); },
+               {"model-00001-of-00002.safetensors", "a directory"});
+  EXPECT_EQ(model::read_file(ck / "model.safetensors.index.json"), index.dump());
+  std::filesystem::remove(ck / "model.safetensors.index.json");
+  EXPECT_EQ(model::load_checkpoint_params(ck, c), p);
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
 TEST_F(Checkpoint, WritesRefuseWhatIsNotARegularFileAndReadsNameDirectories) {
   const auto target = dir_ / "target.txt";
   model::write_file_atomic(target, "keep");

@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <new>
 #include <random>
 #include <set>
+#include <vector>
 
 #include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
@@ -163,24 +165,51 @@ void remove_or_throw(const std::filesystem::path& path) {
 }
 
 // Moves the files of the finished checkpoint in `staged` over those of `dir`: the stale index first (it would win
-// over the new model.safetensors), then each file by rename, then the shards the index named.
+// over the new model.safetensors), then each file by rename, then the shards the index named. Every file it replaces
+// or removes is checked before the first is touched, and the old ones are kept as links in `staged` until the new
+// ones are in, so that a failing move puts them back: the folder holds the old checkpoint or the new one, never a mix.
 void replace_checkpoint_files(const std::filesystem::path& staged, const std::filesystem::path& dir) {
   const std::filesystem::path index = dir / kIndexName;
+  const char* const kMoved[] = {"model.safetensors", "config.json"};
+  check_replaceable(index);
+  for (const char* name : kMoved) check_replaceable(dir / name);
+  const bool has_index = std::filesystem::exists(std::filesystem::symlink_status(index));
   std::set<std::string> stale_shards;
-  if (std::filesystem::exists(std::filesystem::symlink_status(index))) {
-    check_replaceable(index);
-    stale_shards = indexed_shards(index);
-    remove_or_throw(index);
-  }
-  for (const char* name : {"model.safetensors", "config.json"}) {
-    check_replaceable(dir / name);
-    rename_or_throw(staged / name, dir / name);
-  }
-  for (const std::string& shard : stale_shards)
-    if (shard != "model.safetensors") {
-      check_replaceable(dir / shard);
-      remove_or_throw(dir / shard);
+  if (has_index) stale_shards = indexed_shards(index);
+  stale_shards.erase("model.safetensors");
+  for (const std::string& shard : stale_shards) check_replaceable(dir / shard);
+
+  const auto kept = [&](const std::string& name) { return staged / cat("previous.", name); };
+  std::vector<std::string> previous;  // the files of `dir` kept in `staged`
+  for (const char* name : {kIndexName, "model.safetensors", "config.json"})
+    if (std::filesystem::exists(std::filesystem::symlink_status(dir / name))) {
+      if (::link((dir / name).c_str(), kept(name).c_str()) != 0)
+        throw_sys_error("nothing was changed: cannot keep a hard link (to put it back on a failure) to",
+                        (dir / name).string());
+      previous.push_back(name);
     }
+  std::vector<std::string> changed;  // the names of `dir` already removed or replaced
+  try {
+    if (has_index) {
+      remove_or_throw(index);
+      changed.push_back(kIndexName);
+    }
+    for (const char* name : kMoved) {
+      rename_or_throw(staged / name, dir / name);
+      changed.push_back(name);
+    }
+  } catch (const Error& e) {
+    std::string restore;
+    for (const std::string& name : changed) {
+      const bool had = std::find(previous.begin(), previous.end(), name) != previous.end();
+      const int rc = had ? ::rename(kept(name).c_str(), (dir / name).c_str()) : ::unlink((dir / name).c_str());
+      if (rc != 0) restore += cat("; ", sys_message("could not put back", (dir / name).string(), errno));
+    }
+    throw Error(cat(e.what(), changed.empty()   ? std::string("; nothing was changed")
+                              : restore.empty() ? std::string("; the previous files were put back")
+                                                : restore));
+  }
+  for (const std::string& shard : stale_shards) remove_or_throw(dir / shard);
   sync_path(dir);
 }
 
