@@ -42,7 +42,7 @@ TEST(WorkerData, ReadsRowsWithDefaultsAndPerSampleAdvantages) {
   const Dataset d = parse_jsonl(
       "{\"input_ids\": [1, 2, 3], \"advantages\": -0.5, \"token_mask\": [0, true, 1], \"prev_logprobs\": [0, -1.5, "
       "-2]}\n"
-      "{\"input_ids\": [99], \"advantages\": [2.25], \"sample_mask\": 0, \"prev_logprobs\": [0]}\r\n",
+      "{\"input_ids\": [99], \"advantages\": [2.25], \"sample_mask\": 0, \"prev_logprobs\": [0], \"token_mask\": [1]}\r\n",
       "d.jsonl", spec(LossType::ClippedPg));
   ASSERT_EQ(d.samples.size(), 2u);
   EXPECT_FALSE(d.pairs);
@@ -59,6 +59,9 @@ TEST(WorkerData, ReadsRowsWithDefaultsAndPerSampleAdvantages) {
   EXPECT_EQ(b.token_mask, (std::vector<float>{1}));
   EXPECT_EQ(b.advantages, (std::vector<float>{2.25f}));
   EXPECT_EQ(b.sample_mask, 0.0f);
+  // Rows without a token_mask (all of them) have ones.
+  const Dataset plain = parse_jsonl("{\"input_ids\": [4, 5]}\n", "d.jsonl", spec(LossType::Nll));
+  EXPECT_EQ(plain.samples[0].token_mask, (std::vector<float>{1, 1}));
 }
 
 TEST(WorkerData, DpoPairsBecomeChosenThenRejected) {
@@ -80,6 +83,11 @@ TEST(WorkerData, DpoPairsBecomeChosenThenRejected) {
       std::string::npos);
   EXPECT_NE(error_of("{\"input_ids\": [1]}\n", spec(LossType::Dpo)).find("unknown field 'input_ids'"),
             std::string::npos);
+  const std::string unmasked = error_of(
+      "{\"chosen_input_ids\": [1], \"rejected_input_ids\": [2], \"rejected_token_mask\": [1]}\n"
+      "{\"chosen_input_ids\": [1], \"rejected_input_ids\": [2]}\n",
+      spec(LossType::Dpo));
+  EXPECT_NE(unmasked.find("d.jsonl:2: rejected_token_mask missing"), std::string::npos) << unmasked;
 }
 
 TEST(WorkerData, BadRowsNameFileLineAndField) {
@@ -112,6 +120,10 @@ TEST(WorkerData, BadRowsNameFileLineAndField) {
       {ok + "{\"token_mask\": [1]}\n", "d.jsonl:2: missing input_ids"},
       {ok + "{\"input_ids\": [1, 2], \"input_ids\": [3, 4]}\n", "d.jsonl:2: key 'input_ids' given twice"},
       {"{\"input_ids\": [1, 2], \"prev_logprobs\": [0, -1]}\n" + ok, "d.jsonl:2: prev_logprobs missing"},
+      // A left-out token_mask would default to ones: it too is given in every row or in none.
+      {"{\"input_ids\": [1, 2], \"token_mask\": [0, 1]}\n" + ok,
+       "d.jsonl:2: token_mask missing (d.jsonl:1 has it; every row must agree)"},
+      {ok + "{\"input_ids\": [1, 2], \"token_mask\": [0, 1]}\n", "d.jsonl:2: token_mask present (d.jsonl:1 does not"},
       {"", "d.jsonl: no samples"},
   };
   for (const Case& c : cases) {

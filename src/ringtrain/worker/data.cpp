@@ -158,6 +158,21 @@ void check_consistent(const Dataset& d, const Sample& s, const std::string& wher
   }
 }
 
+// The token masks, which default to ones when left out, must be given in every row or in none: a row without the
+// token_mask the others have would otherwise put its prompt into the loss unseen. (sample_mask, one flag a row, may be
+// given where it is 0 only.)
+void check_masks_given_alike(const json& row, const std::vector<std::string>& masks, std::vector<bool>& first_row,
+                             const std::string& where, const std::string& first) {
+  const bool is_first = first_row.empty();
+  for (size_t i = 0; i < masks.size(); ++i) {
+    const bool has = row.contains(masks[i]);
+    if (is_first) first_row.push_back(has);
+    else
+      RT_CHECK(has == first_row[i], where, ": ", masks[i], has ? " present" : " missing", " (", first,
+               has ? " does not" : " has it", "; every row must agree)");
+  }
+}
+
 }  // namespace
 
 DataSpec data_spec(const Config& c, const model::ModelConfig& m) {
@@ -181,6 +196,9 @@ Dataset parse_jsonl(std::string_view text, const std::string& source, const Data
   Dataset d;
   d.pairs = spec.loss == LossType::Dpo;
   const std::string first = cat(source, ":1");
+  const std::vector<std::string> masks =
+      d.pairs ? std::vector<std::string>{"chosen_token_mask", "rejected_token_mask"} : std::vector<std::string>{"token_mask"};
+  std::vector<bool> first_row_masks;
   int64_t lineno = 0;
   for (size_t pos = 0; pos < text.size();) {
     size_t end = text.find('\n', pos);
@@ -200,11 +218,13 @@ Dataset parse_jsonl(std::string_view text, const std::string& source, const Data
         check_consistent(d, s, cat(where, ": ", side), first);
         d.samples.push_back(std::move(s));
       }
+      check_masks_given_alike(row, masks, first_row_masks, where, first);
     } else {
       check_keys(row, kSampleKeys, where);
       Sample s = read_sample(r);
       check_requirements(s, spec, where);
       check_consistent(d, s, where, first);
+      check_masks_given_alike(row, masks, first_row_masks, where, first);
       d.samples.push_back(std::move(s));
     }
   }
