@@ -3,6 +3,8 @@
 // errors. Every error must name the file and what is wrong.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -445,6 +447,55 @@ TEST_F(Checkpoint, WritesRefuseWhatIsNotARegularFileAndReadsNameDirectories) {
   expect_error([&] { model::read_file(dir_); }, {dir_.string(), "is a directory"});
   expect_error([&] { model::write_file_atomic(dir_ / "no" / "such" / "f", "x"); },
                {"cannot create", "No such file or directory"});
+}
+
+// A run's folder lock: refused while another open description holds the flock (as another process would), naming
+// the key, the folder and the holder's pid; taken once that is gone, with this pid; nested in one process; never
+// through a symlink or onto a folder.
+TEST_F(Checkpoint, FolderLockRefusesASecondHolderAndNests) {
+  const auto run = dir_ / "run";
+  const auto lock_file = run / ".ringtrain.lock";
+  std::filesystem::create_directories(run);
+  const auto other_holder = [&] {
+    const int fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    EXPECT_GE(fd, 0);
+    return fd;
+  };
+  const auto can_take = [&] {
+    const int fd = other_holder();
+    const bool took = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    ::close(fd);
+    return took;
+  };
+  const int other = other_holder();
+  ASSERT_EQ(::flock(other, LOCK_EX | LOCK_NB), 0);
+  ASSERT_EQ(::pwrite(other, "4242\n", 5, 0), 5);
+  expect_error([&] { model::FolderLock lock(run, "train.metrics_dir"); },
+               {"train.metrics_dir = " + run.string(), "another run is writing there (process 4242)"});
+  ::close(other);
+  {
+    model::FolderLock lock(run, "train.metrics_dir");
+    EXPECT_EQ(model::read_file(lock_file), cat(::getpid(), "\n"));
+    EXPECT_FALSE(can_take());
+    {
+      model::FolderLock nested(run, "train.checkpoint_dir");
+      EXPECT_FALSE(can_take());
+    }
+    EXPECT_FALSE(can_take());  // still held by the outer lock
+  }
+  EXPECT_TRUE(can_take());
+  model::FolderLock made(dir_ / "new" / "folder", "train.checkpoint_dir");  // made with its folder
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir_ / "new" / "folder" / ".ringtrain.lock"));
+
+  std::filesystem::create_directories(dir_ / "linked");
+  std::filesystem::create_symlink(lock_file, dir_ / "linked" / ".ringtrain.lock");
+  expect_error([&] { model::FolderLock lock(dir_ / "linked", "train.metrics_dir"); },
+               {"cannot open the run lock", "linked"});
+  std::filesystem::create_directories(dir_ / "odd" / ".ringtrain.lock");
+  expect_error([&] { model::FolderLock lock(dir_ / "odd", "train.metrics_dir"); }, {"train.metrics_dir", "odd"});
+  model::write_file_atomic(dir_ / "plain", "x");
+  expect_error([&] { model::FolderLock lock(dir_ / "plain", "train.checkpoint_dir"); },
+               {"train.checkpoint_dir = ", "not a directory"});
 }
 
 TEST(ModelConfigLimitsHostile, SizesAreBoundedAndFloatsFinite) {

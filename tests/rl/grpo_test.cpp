@@ -203,6 +203,14 @@ TEST(GrpoLoop, ResumedRunRepeatsTheUninterruptedSteps) {
   // Without --resume an existing checkpoint is not overwritten.
   EXPECT_NE(error_of([&] { run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml")); }).find("--resume"),
             std::string::npos);
+  // Another seed would draw other samples from step 3 on: resuming with it is refused, naming both orders.
+  const std::string reseeded = error_of([&] {
+    run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml", {"train.seed=6"}), true);
+  });
+  EXPECT_NE(reseeded.find("its rollout order is 'grpo seed 5, prompts builtin:reverse_digits, 2 prompts x 4 samples "
+                          "per step', this run's 'grpo seed 6"),
+            std::string::npos)
+      << reseeded;
   // Resuming where there is no checkpoint yet starts the run: the same steps as a plain start.
   const auto started = run_small(worker::parse_config(small_config(fresh_dir("none"), 1, 1), "c.yaml"), true);
   ASSERT_EQ(started.size(), 1u);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -193,6 +194,51 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   const model::ModelConfig m = model::load_config(hf);
   EXPECT_EQ(model::load_checkpoint_params(hf, m),
             model::load_checkpoint_params(dir.path / "full" / "ckpt" / "step_8", m));
+}
+
+// Two runs on one run's folders: the second is refused while the first lives, naming the first's process; the lock
+// goes with that process however it ends (SIGKILL here), and the next run takes it. That run's train.steps beyond the
+// data's one epoch is cut, and its summary says so.
+TEST(TrainCli, ASecondRunOnTheFoldersIsRefusedWhileTheFirstLives) {
+  const Deadline test_deadline(120);
+  TempDir dir("rt_train_lock");
+  const fs::path data = dir.path / "data.jsonl";
+  write_data(data, "sft", 16, testing::fresh_seed());
+  const std::string forever = " train.steps=1000000 policy.scheduler.kind=constant train.epochs=1000000";
+  const pid_t first = spawn_cli(train_args("sft", data, dir.path, 1, 1, forever));
+  ASSERT_GT(first, 0);
+  const std::string owner = std::to_string(first) + "\n";
+  const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto locked_by_first = [&] {
+    for (const char* folder : {"ckpt", "metrics"}) {
+      std::ifstream in(dir.path / folder / ".ringtrain.lock");
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (text != owner) return false;
+    }
+    return true;
+  };
+  while (!locked_by_first() && std::chrono::steady_clock::now() < wait_until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const bool locked = locked_by_first();
+  const testing::CliResult second =
+      run_cli(train_args("sft", data, dir.path, 1, 1, "train.steps=2 policy.scheduler.kind=constant") + " --resume");
+  ::kill(first, SIGKILL);
+  int status = 0;
+  ::waitpid(first, &status, 0);
+  ASSERT_TRUE(locked) << "the first run did not take its folders' locks";
+  EXPECT_NE(second.code, 0);
+  EXPECT_NE(second.output.find("train.checkpoint_dir = " + (dir.path / "ckpt").string() +
+                               ": another run is writing there (process " + std::to_string(first) + ")"),
+            std::string::npos)
+      << second.output;
+
+  const testing::CliResult next = run_cli(train_args("sft", data, dir.path, 1, 1, "") +
+                                          " --resume train.steps=100 policy.scheduler.kind=constant train.epochs=1");
+  ASSERT_EQ(next.code, 0) << next.output;
+  EXPECT_NE(next.output.find("4 of 4 steps done (4 in this run); train.epochs = 1 (4 steps over this data) ended the "
+                             "run before train.steps = 100"),
+            std::string::npos)
+      << next.output;
 }
 
 std::vector<std::vector<double>> read_logprobs(const fs::path& file) {

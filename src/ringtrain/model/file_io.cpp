@@ -1,12 +1,16 @@
 #include "ringtrain/model/file_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <new>
+#include <utility>
 
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/sys_error.h"
@@ -146,6 +150,79 @@ void write_file_atomic(const std::filesystem::path& path, const std::function<vo
     ::unlink(tmp.c_str());
     throw Error(sys_message(cat("cannot rename ", tmp, " to"), target, err));
   }
+}
+
+namespace {
+
+// The folder locks this process holds: (device, inode) of the lock file -> its descriptor and how often it is held
+// (flock would refuse a second descriptor of the same process).
+struct HeldLocks {
+  std::mutex mutex;
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<int, int>> held;
+};
+HeldLocks& held_locks() {
+  static HeldLocks locks;
+  return locks;
+}
+
+}  // namespace
+
+FolderLock::FolderLock(const std::filesystem::path& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  RT_CHECK(std::filesystem::is_directory(dir), what, " = ", dir.string(), ": not a directory",
+           ec ? cat(" (", ec.message(), ")") : std::string());
+  const std::filesystem::path file = dir / ".ringtrain.lock";
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd < 0) throw_sys_error(cat(what, ": cannot open the run lock"), file.string());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(sys_message(cat(what, ": cannot inspect the run lock"), file.string(), err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(cat(what, ": the run lock ", file.string(), " is ", file_kind(st.st_mode), ", not a regular file"));
+  }
+  device_ = static_cast<uint64_t>(st.st_dev);
+  inode_ = static_cast<uint64_t>(st.st_ino);
+  HeldLocks& locks = held_locks();
+  const std::lock_guard<std::mutex> guard(locks.mutex);
+  if (auto it = locks.held.find({device_, inode_}); it != locks.held.end()) {
+    ::close(fd);
+    ++it->second.second;
+    return;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char owner[32] = {};
+    const ssize_t n = ::pread(fd, owner, sizeof owner - 1, 0);
+    ::close(fd);
+    std::string pid = n > 0 ? std::string(owner, static_cast<size_t>(n)) : std::string();
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == '\r')) pid.pop_back();
+    if (err == EWOULDBLOCK)
+      throw Error(cat(what, " = ", dir.string(), ": another run is writing there",
+                      pid.empty() ? std::string() : cat(" (process ", printable(pid, false), ")"),
+                      "; wait for it to end, or choose another folder"));
+    throw Error(sys_message(cat(what, ": cannot lock"), file.string(), err));
+  }
+  const std::string pid = cat(::getpid(), "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(sys_message(cat(what, ": cannot write the run lock"), file.string(), err));
+  }
+  locks.held.emplace(std::make_pair(device_, inode_), std::make_pair(fd, 1));
+}
+
+FolderLock::~FolderLock() {
+  HeldLocks& locks = held_locks();
+  const std::lock_guard<std::mutex> guard(locks.mutex);
+  auto it = locks.held.find({device_, inode_});
+  if (it == locks.held.end() || --it->second.second > 0) return;
+  ::close(it->second.first);  // drops the lock
+  locks.held.erase(it);
 }
 
 }  // namespace ringtrain::model

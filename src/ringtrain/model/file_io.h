@@ -44,4 +44,19 @@ void check_replaceable(const std::filesystem::path& path);
 // fsync of a file or folder (after a rename, the folder's entry); errors name the path.
 void sync_path(const std::filesystem::path& path);
 
+// An exclusive lock on a folder that a run writes (checkpoints, metrics): flock on `dir`/.ringtrain.lock, made with the
+// folder if need be and holding the owner's pid, so that a second run on the folder is refused (naming `what`, the
+// folder and that pid) instead of interleaving its files with the first's. The system drops the lock when the process
+// ends, however it ends, so nothing stale is left. Locks of one process on one folder nest.
+class FolderLock {
+ public:
+  FolderLock(const std::filesystem::path& dir, const std::string& what);
+  ~FolderLock();
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  uint64_t device_ = 0, inode_ = 0;
+};
+
 }  // namespace ringtrain::model

@@ -199,6 +199,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     checked_prompt(tok, prompts.example(static_cast<uint64_t>(i)), g.max_new_tokens,
                    cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
   if (!root.empty()) worker::prepare_checkpoint_dir(root);
+  const bool lead = world.rank() == 0;
+  const auto locks = lead ? worker::lock_run_folders(config) : decltype(worker::lock_run_folders(config)){};
   // The checkpoint to continue from: the newest step_N (as `ringtrain train` writes them); none starts afresh.
   const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
   RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "
@@ -206,7 +208,6 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   // An earlier run's metrics: refused by the lead rank's MetricsWriter (fresh), opened before any weight is loaded
   // when there is no checkpoint (a fresh run with one was refused above). Not checked on the other ranks: the lead
   // may already have made its files when they would look.
-  const bool lead = world.rank() == 0;
   std::unique_ptr<worker::MetricsWriter> metrics;
   // Resuming from GRPO step N keeps the warm-up's records and GRPO's first N (warm-up + 1 ... warm-up + N); without
   // a checkpoint the run starts again from its first step (the warm-up's).
@@ -233,9 +234,18 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
 
   const auto t_start = Clock::now();
   worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights);
+  // What fixes the rollouts of step s (prompts and sampling seeds): recorded in each checkpoint, so that a resumed run
+  // continues the same sequence or is refused.
+  const std::string rollout_order = cat("grpo seed ", config.train.seed, ", prompts ", g.prompts, ", ",
+                                        g.num_prompts_per_step, " prompts x ", g.num_generations_per_prompt,
+                                        " samples per step");
   int64_t start = 0;
   if (from) {
-    start = policy_worker.load(*from).index;
+    const train::TrainingProgress position = policy_worker.load(*from);
+    RT_CHECK(position.rng == rollout_order, from->string(), ": its rollout order is '", position.rng,
+             "', this run's '", rollout_order, "': a GRPO run resumes only with the train.seed, grpo.prompts, "
+             "grpo.num_prompts_per_step and grpo.num_generations_per_prompt it started with");
+    start = position.index;
     RT_CHECK(start == policy_worker.trainer().steps_taken() && start <= config.train.steps, from->string(),
              ": resumes at GRPO step ", start, " after ", policy_worker.trainer().steps_taken(),
              " trainer steps; train.steps = ", config.train.steps);
@@ -346,6 +356,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
       train::TrainingProgress position;
       position.index = step + 1;
+      position.rng = rollout_order;
       policy_worker.save(root / cat("step_", step + 1), position);
     }
     summary.steps.push_back(log);

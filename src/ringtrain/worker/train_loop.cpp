@@ -78,6 +78,15 @@ void prepare_checkpoint_dir(const fs::path& dir) {
            std::strerror(errno));
 }
 
+std::vector<std::unique_ptr<model::FolderLock>> lock_run_folders(const Config& c) {
+  std::vector<std::unique_ptr<model::FolderLock>> locks;
+  if (!c.train.checkpoint_dir.empty())
+    locks.push_back(std::make_unique<model::FolderLock>(c.train.checkpoint_dir, "train.checkpoint_dir"));
+  if (!c.train.metrics_dir.empty())
+    locks.push_back(std::make_unique<model::FolderLock>(c.train.metrics_dir, "train.metrics_dir"));
+  return locks;
+}
+
 MetricsStart metrics_start(bool resume, bool overwrite_metrics, int64_t resumed_step) {
   if (overwrite_metrics) return MetricsStart::overwrite();
   return resume ? MetricsStart::continue_after(resumed_step) : MetricsStart::fresh();
@@ -115,6 +124,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   // the PolicyWorker's mesh is formed (a collective), so no rank can see them here.
   check_fresh_run(c, o);
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
+  const auto locks = lead ? lock_run_folders(c) : decltype(lock_run_folders(c)){};
   PolicyWorker worker(c, world, o.starting_weights);
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());
@@ -191,10 +201,16 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       checkpoint(step + 1);
   }
   if (progress) progress->finish();
+  // train.steps beyond the data's epochs is cut to them (total_train_steps): said, so that a run of fewer steps than
+  // asked is not taken for the whole.
+  const std::string cut = c.train.steps > total ? cat("; train.epochs = ", c.train.epochs, " (", total,
+                                                      " steps over this data) ended the run before train.steps = ",
+                                                      c.train.steps)
+                                                : std::string();
   if (lead)
-    std::fprintf(stderr, "ringtrain train: %lld of %lld steps done (%lld in this run)%s%s\n",
+    std::fprintf(stderr, "ringtrain train: %lld of %lld steps done (%lld in this run)%s%s%s\n",
                  static_cast<long long>(step), static_cast<long long>(total), static_cast<long long>(step - start),
-                 ckpt_dir.empty() ? "" : "; checkpoints in ", ckpt_dir.string().c_str());
+                 cut.c_str(), ckpt_dir.empty() ? "" : "; checkpoints in ", ckpt_dir.string().c_str());
   return step - start;
 }
 

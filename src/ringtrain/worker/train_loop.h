@@ -10,9 +10,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "ringtrain/comm/communicator.h"
+#include "ringtrain/model/file_io.h"
 #include "ringtrain/worker/config.h"
 #include "ringtrain/worker/data.h"
 #include "ringtrain/worker/metrics.h"
@@ -54,6 +57,11 @@ std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::pa
 // train.checkpoint_dir made (or found) before any weight is loaded or step taken: an error names the key when it
 // is not a directory or cannot be created.
 void prepare_checkpoint_dir(const std::filesystem::path& dir);
+
+// The run's folders (train.checkpoint_dir, train.metrics_dir, where set) locked for as long as the result lives, made
+// if need be: a second run on them (two `--resume` at once) is refused instead of mixing its checkpoints and
+// metrics with this one's. Taken by the lead rank only.
+std::vector<std::unique_ptr<model::FolderLock>> lock_run_folders(const Config& c);
 
 // Collective over `world` (dp · cp ranks; every rank passes the same config and data). Returns the steps taken by
 // this call.
