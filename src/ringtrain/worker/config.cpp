@@ -85,6 +85,15 @@ uint64_t parse_uint(const YAML::Node& n, const std::string& key, const std::stri
   return v;
 }
 
+// "[lo, hi]", a bound one step inside a whole number shown open at that number: (0, 1] for [4.9e-324, 1], [0, 1) for
+// [0, 0.9999999999999999] (which would print as [0, 1]).
+std::string range_text(double lo, double hi) {
+  const double below = std::nextafter(lo, -INFINITY), above = std::nextafter(hi, INFINITY);
+  const bool open_lo = below == std::round(below) && lo != std::round(lo);
+  const bool open_hi = above == std::round(above) && hi != std::round(hi);
+  return cat(open_lo ? "(" : "[", open_lo ? below : lo, ", ", open_hi ? above : hi, open_hi ? ")" : "]");
+}
+
 double parse_double(const YAML::Node& n, const std::string& key, const std::string& where, double lo, double hi) {
   const std::string& s = scalar(n, key, where);
   std::string lower = s;
@@ -97,7 +106,7 @@ double parse_double(const YAML::Node& n, const std::string& key, const std::stri
   RT_CHECK(ec == std::errc() && end == s.data() + s.size(), where, ": ", key, " = '", excerpt(s),
            "': expected a number");
   RT_CHECK(std::isfinite(v), where, ": ", key, " = ", excerpt(s), ": not a finite number");
-  RT_CHECK(v >= lo && v <= hi, where, ": ", key, " = ", s, ": out of range [", lo, ", ", hi, "]");
+  RT_CHECK(v >= lo && v <= hi, where, ": ", key, " = ", s, ": out of range ", range_text(lo, hi));
   return v;
 }
 
