@@ -307,10 +307,21 @@ expect_error data-control-bytes-in-key "unknown field '\\\\x00x\\\\x1b\\[31m' .*
 sed 's|steps: 1|steps: !foo 1|' run.yaml > local_tag.yaml
 expect_error config-local-tag "local_tag.yaml:10: train.steps: the tag '!foo' is not one ringtrain reads" \
   "$bin" config local_tag.yaml
-printf '{"input_ids":[1,2,3],"token_mask":[1,0,0]}\n{"input_ids":[4,5],"sample_mask":0}\n{"input_ids":[6]}\n' \
+printf '{"input_ids":[1,2,3],"token_mask":[1,0,0]}\n{"input_ids":[4,5],"token_mask":[1,1],"sample_mask":0}\n{"input_ids":[6],"token_mask":[1]}\n' \
   > no_target.jsonl
 expect_error train-no-loss-target 'no_target.jsonl: no sequence has a loss target' \
   "$bin" train --config run.yaml train.data=no_target.jsonl
+{ cat run.yaml; printf '  checkpoint_dir: "ck\n  checkpoint_every: 1\n'; } > open_quote.yaml
+expect_error config-open-quote 'open_quote.yaml:13:19: the value "ck .* is not closed on its line' \
+  "$bin" train --config open_quote.yaml
+printf '{"input_ids":[1,2],"token_mask":[0,1]}\n{"input_ids":[3,4]}\n' > mask_dropped.jsonl
+expect_error data-token-mask-dropped 'mask_dropped.jsonl:2: token_mask missing \(mask_dropped.jsonl:1 has it' \
+  "$bin" train --config run.yaml train.data=mask_dropped.jsonl
+printf '{"input_ids":[1,2],"prev_logprobs":[0,0.5]}\n' > positive_logprob.jsonl
+expect_error data-positive-logprob 'positive_logprob.jsonl:1: prev_logprobs\[1\] = 0.5: a log-probability is at most 0' \
+  "$bin" train --config run.yaml train.data=positive_logprob.jsonl
+expect_error cli-mistyped-command "unknown command 'trian' \(did you mean 'train'\?\)" \
+  "$bin" trian --config run.yaml
 # Resuming from a checkpoint whose folder or data position was tampered with.
 for i in 1 2 3 4; do printf '{"input_ids":[%d,2,3,4]}\n' "$i"; done > four.jsonl
 "$bin" train --config run.yaml train.data=four.jsonl train.steps=2 train.checkpoint_dir=tampered \

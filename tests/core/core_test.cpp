@@ -14,6 +14,7 @@
 #include "ringtrain/core/dtype.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/json.h"
+#include "ringtrain/core/nearest_name.h"
 #include "ringtrain/core/sys_error.h"
 #include "ringtrain/core/tensor.h"
 #include "test_util.h"
@@ -371,6 +372,23 @@ TEST(Error, ControlBytesOfAMessageAreShownEscapedAndNothingIsCutOff) {
 
 TEST(SysError, MessageNamesWhatPathAndReason) {
   EXPECT_EQ(sys_message("cannot open", "/x/y", ENOENT), "cannot open /x/y: No such file or directory");
+}
+
+// The hint for a mistyped name: the edit distance against a hand count, a name holding the typed parts in order
+// before any slip, no guess for what is far from everything.
+TEST(NearestName, PartsInOrderThenSlipsThenNothing) {
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("same", "same"), 0u);
+  const std::vector<std::string> known = {"train", "grpo", "policy.train_micro_batch_size",
+                                          "policy.logprob_batch_size", "policy.optimizer.kwargs.lr"};
+  EXPECT_EQ(nearest_name("trian", known), "train");
+  EXPECT_EQ(nearest_name("policy.micro_batch_size", known), "policy.train_micro_batch_size");
+  EXPECT_EQ(nearest_name("policy.optimizer.lr", known), "policy.optimizer.kwargs.lr");
+  EXPECT_EQ(nearest_name("lr.optimizer", known), std::nullopt);  // parts out of order, and far by edits
+  EXPECT_EQ(nearest_name("zzzzzzzz", known), std::nullopt);
+  EXPECT_EQ(nearest_name("policy..lr", known), std::nullopt);  // an empty part holds nothing
+  EXPECT_EQ(nearest_name("x", {}), std::nullopt);
 }
 
 }  // namespace

@@ -37,6 +37,19 @@ TEST(WorkerCli, ConfigPrintsTheResolvedConfig) {
   EXPECT_EQ(run_cli("config " + file + " parallel.cp_comm=a2a parallel.cp=4 --no-model").code, 0);
 }
 
+TEST(WorkerCli, AMistypedCommandIsNamedWithTheNearestOne) {
+  const testing::CliResult typo = run_cli("trian --config x.yaml");
+  EXPECT_EQ(typo.code, 2);
+  EXPECT_NE(typo.output.find("ringtrain: error: unknown command 'trian' (did you mean 'train'?); `ringtrain --help` "
+                             "lists the commands"),
+            std::string::npos)
+      << typo.output;
+  const testing::CliResult nonsense = run_cli("qqqqqqqq");
+  EXPECT_EQ(nonsense.code, 2);
+  EXPECT_NE(nonsense.output.find("unknown command 'qqqqqqqq'; "), std::string::npos) << nonsense.output;
+  EXPECT_EQ(run_cli("--help").code, 0);
+}
+
 TEST(WorkerCli, PlotWritesAnSvg) {
   const fs::path dir = fs::temp_directory_path() / ("rt_cli_plot_" + std::to_string(::getpid()));
   {

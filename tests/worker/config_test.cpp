@@ -141,6 +141,17 @@ TEST(WorkerConfig, UnknownKeysNameThePathAndTheNearestKey) {
   EXPECT_NE(e.find("did you mean 'policy'"), std::string::npos) << e;
   e = parse_error(kMinimal, {"policy.optimizer=3"});
   EXPECT_NE(e.find("is a section"), std::string::npos) << e;
+  // A part left out or a name cut short is nearer than any single-letter slip; nonsense gets no guess.
+  for (const auto& [typed, meant] : std::vector<std::pair<std::string, std::string>>{
+           {"grpo.num_generations", "grpo.num_generations_per_prompt"},
+           {"policy.micro_batch_size", "policy.train_micro_batch_size"},
+           {"policy.optimizer.lr", "policy.optimizer.kwargs.lr"}}) {
+    e = parse_error(kMinimal, {typed + "=2"});
+    EXPECT_NE(e.find("did you mean '" + meant + "'"), std::string::npos) << e;
+  }
+  e = parse_error(kMinimal, {"nosuch.key=1"});
+  EXPECT_EQ(e.find("did you mean"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key 'nosuch.key' (`ringtrain config FILE` prints every key)"), std::string::npos) << e;
 }
 
 TEST(WorkerConfig, TypeAndRangeErrorsNameKeyValueAndLine) {
@@ -198,6 +209,8 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
         "loss_fn.reference_policy_kl_penalty=0.1"},
        "dynamic_batching.train_mb_tokens = 8000 is below the longest training unit, 8192 tokens"},
       {{"loss_fn.type=dpo"}, "loss_fn.reference_policy_kl_penalty = 0: with loss_fn.type = dpo it is DPO's beta"},
+      {{"loss_fn.type=dpo", "loss_fn.reference_policy_kl_penalty=0.1", "loss_fn.preference_loss_weight=0.5"},
+       "loss_fn.preference_loss_weight = 0.5: the worker's DPO loss weighs the preference term 1"},
       {{"policy.optimizer.kwargs.eps=0"}, "policy.optimizer.kwargs.eps = 0: must be > 0"},
       {{"policy.dynamic_batching.enabled=true", "policy.sequence_packing.enabled=true"}, "choose one way"},
       {{"policy.sequence_packing.enabled=true", "policy.sequence_packing.logprob_mb_tokens=4095"},

@@ -109,6 +109,8 @@ TEST(WorkerData, BadRowsNameFileLineAndField) {
       {ok + "{\"input_ids\": [1, 2], \"token_mask\": 1}\n", "token_mask: expected a list"},
       {ok + "{\"input_ids\": [1, 2], \"reference_logprobs\": [0, 1e39]}\n", "d.jsonl:2: reference_logprobs[1]"},
       {ok + "{\"input_ids\": [1, 2], \"prev_logprobs\": [0, null]}\n", "prev_logprobs[1] = null: expected a number"},
+      {ok + "{\"input_ids\": [1, 2], \"generation_logprobs\": [0, 0.5]}\n",
+       "d.jsonl:2: generation_logprobs[1] = 0.5: a log-probability is at most 0"},
       {ok + "{\"input_ids\": [1, 2], \"advantage\": 1}\n", "unknown field 'advantage'"},
       {ok + "{\"input_ids\": [1, 2]\n", "d.jsonl:2: invalid JSON"},
       {ok + "[1, 2]\n", "d.jsonl:2: expected a JSON object"},
@@ -182,6 +184,19 @@ TEST(WorkerData, SafetensorsBatchRoundTrip) {
   t["extra"] = t["lengths"];
   model::write_safetensors(dir / "bad.safetensors", t);
   EXPECT_THROW(load_dataset(dir / "bad.safetensors", spec()), Error);
+  // A positive log-probability is named with its place.
+  t = model::read_safetensors(dir / "batch.safetensors");
+  const float positive = 0.25f;
+  std::memcpy(t["prev_logprobs"].bytes.data(), &positive, 4);
+  model::write_safetensors(dir / "bad.safetensors", t);
+  try {
+    load_dataset(dir / "bad.safetensors", spec(LossType::ClippedPg));
+    ADD_FAILURE() << "a positive logprob accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prev_logprobs[0, 0] = 0.25: a log-probability is at most 0"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(load_dataset(dir, spec()), Error);
 }
 

@@ -1,8 +1,13 @@
 // ringtrain: the command-line entry point.
+#include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/nearest_name.h"
 #include "ringtrain/core/sys_error.h"
 
 int main(int argc, char** argv) {
@@ -24,6 +29,19 @@ int main(int argc, char** argv) {
   ringtrain::cli::add_train_command(app);
   ringtrain::cli::add_export_command(app);
   ringtrain::cli::add_grpo_command(app);
+  // CLI11 would answer a mistyped command with "A subcommand is required"; name it and the command it is nearest.
+  if (argc >= 2 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    const std::string typed = argv[1];
+    if (std::find(names.begin(), names.end(), typed) == names.end()) {
+      const std::optional<std::string> near = ringtrain::nearest_name(typed, names);
+      std::fprintf(stderr, "ringtrain: error: unknown command '%s'%s; `ringtrain --help` lists the commands\n",
+                   ringtrain::printable(typed, false).c_str(),
+                   near ? ringtrain::cat(" (did you mean '", *near, "'?)").c_str() : "");
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
     ringtrain::check_stdout();  // output lost to a full disk or closed pipe is a failure, not a success

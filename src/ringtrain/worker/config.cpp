@@ -9,12 +9,14 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/nearest_name.h"
 #include "ringtrain/model/file_io.h"
 
 namespace ringtrain::worker {
@@ -339,7 +341,7 @@ const std::vector<Field>& schema() {
         "loss_fn.token_level_loss", "true: sum / global tokens; false: per-sequence means",
         [](auto& c) -> auto& { return c.loss_fn.token_level_loss; }));
     f.push_back(double_field(
-        "loss_fn.preference_loss_weight", "dpo: weight of the preference loss",
+        "loss_fn.preference_loss_weight", "dpo: weight of the preference loss (the worker takes 1 only)",
         [](auto& c) -> auto& { return c.loss_fn.preference_loss_weight; }, 0.0, 1e6));
     f.push_back(double_field(
         "loss_fn.sft_loss_weight", "dpo: weight of the chosen responses' NLL",
@@ -471,39 +473,21 @@ bool is_section(const std::string& path) {
   return false;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// The known key (a field or a section) nearest to `path`.
-std::string nearest_key(const std::string& path) {
-  std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  auto consider = [&](const std::string& known) {
-    const size_t d = edit_distance(path, known);
-    if (d < best_d) best_d = d, best = known;
-  };
+// The known keys (fields and sections), for the nearest-key hint.
+std::vector<std::string> known_keys() {
+  std::vector<std::string> keys;
   for (const Field& f : schema()) {
-    consider(f.path);
+    keys.push_back(f.path);
     for (size_t dot = f.path.find('.'); dot != std::string::npos; dot = f.path.find('.', dot + 1))
-      consider(f.path.substr(0, dot));
+      keys.push_back(f.path.substr(0, dot));
   }
-  return best;
+  return keys;
 }
 
 [[noreturn]] void unknown_key(const std::string& where, const std::string& path) {
-  throw Error(cat(where, ": unknown key '", excerpt(path), "' (did you mean '", nearest_key(path), "'?)"));
+  const std::optional<std::string> near = nearest_name(path, known_keys());
+  throw Error(cat(where, ": unknown key '", excerpt(path), "'",
+                  near ? cat(" (did you mean '", *near, "'?)") : std::string(" (`ringtrain config FILE` prints every key)")));
 }
 
 // Which storage each file key set, to catch two names of one setting given different values.
@@ -701,6 +685,9 @@ void Config::validate(ConfigUse use) const {
            parallel.dp, ") x policy.train_micro_batch_size (", policy.train_micro_batch_size, ") = ", per_step);
   RT_CHECK(policy.optimizer.eps > 0, "policy.optimizer.kwargs.eps = ", policy.optimizer.eps,
            ": must be > 0 (AdamW divides by sqrt(v) + eps, and v is 0 where a gradient is)");
+  RT_CHECK(loss_fn.type != LossType::Dpo || loss_fn.preference_loss_weight == 1.0,
+           "loss_fn.preference_loss_weight = ", loss_fn.preference_loss_weight,
+           ": the worker's DPO loss weighs the preference term 1 (scale loss_fn.sft_loss_weight instead)");
   RT_CHECK(loss_fn.type != LossType::Dpo || loss_fn.reference_policy_kl_penalty > 0,
            "loss_fn.reference_policy_kl_penalty = ", loss_fn.reference_policy_kl_penalty,
            ": with loss_fn.type = dpo it is DPO's beta and must be > 0 (0.1 is usual)");

@@ -77,6 +77,15 @@ struct RowReader {
     return out;
   }
 
+  // Per-token log-probabilities (generation, previous, reference): finite and at most 0.
+  std::vector<float> logprobs(const std::string& key, size_t length) const {
+    std::vector<float> out = per_token(key, length, false);
+    for (size_t i = 0; i < out.size(); ++i)
+      RT_CHECK(out[i] <= 0.0f, where, ": ", key, "[", i, "] = ", short_dump(row.at(key)[i]),
+               ": a log-probability is at most 0");
+    return out;
+  }
+
   // Per-token values; a single number is spread over every token when `scalar_ok`.
   std::vector<float> per_token(const std::string& key, size_t length, bool scalar_ok) const {
     if (!row.contains(key)) return {};
@@ -118,9 +127,9 @@ Sample read_sample(const RowReader& r) {
   s.token_mask = r.mask("token_mask", n);
   if (r.row.contains("sample_mask")) s.sample_mask = r.zero_one(r.row.at("sample_mask"), "sample_mask");
   s.advantages = r.per_token("advantages", n, true);
-  s.generation_logprobs = r.per_token("generation_logprobs", n, false);
-  s.prev_logprobs = r.per_token("prev_logprobs", n, false);
-  s.reference_logprobs = r.per_token("reference_logprobs", n, false);
+  s.generation_logprobs = r.logprobs("generation_logprobs", n);
+  s.prev_logprobs = r.logprobs("prev_logprobs", n);
+  s.reference_logprobs = r.logprobs("reference_logprobs", n);
   return s;
 }
 
@@ -129,7 +138,7 @@ Sample read_side(const RowReader& r, const std::string& side) {
   RT_CHECK(r.row.contains(side + "_input_ids"), r.where, ": missing ", side, "_input_ids");
   s.input_ids = r.tokens(side + "_input_ids");
   s.token_mask = r.mask(side + "_token_mask", s.input_ids.size());
-  s.reference_logprobs = r.per_token(side + "_reference_logprobs", s.input_ids.size(), false);
+  s.reference_logprobs = r.logprobs(side + "_reference_logprobs", s.input_ids.size());
   return s;
 }
 
@@ -306,9 +315,11 @@ Dataset read_batch_safetensors(const std::filesystem::path& file, const DataSpec
       for (int64_t p = 0; p < s.length(); ++p) {
         float v;
         std::memcpy(&v, f.bytes.data() + (b * S + p) * 4, 4);
-        const bool ok = std::string_view(name) == "token_mask" ? (v == 0.0f || v == 1.0f) : std::isfinite(v);
+        const std::string_view field = name;
+        const bool mask = field == "token_mask", logprob = field.ends_with("logprobs");
+        const bool ok = mask ? (v == 0.0f || v == 1.0f) : std::isfinite(v) && (!logprob || v <= 0.0f);
         RT_CHECK(ok, src, ": ", name, "[", b, ", ", p, "] = ", v,
-                 std::string_view(name) == "token_mask" ? ": expected 0 or 1" : ": not finite");
+                 mask ? ": expected 0 or 1" : !std::isfinite(v) ? ": not finite" : ": a log-probability is at most 0");
         out[p] = v;
       }
     }

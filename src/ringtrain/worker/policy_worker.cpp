@@ -19,9 +19,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 train::TrainerConfig trainer_config(const Config& c) {
-  RT_CHECK(c.loss_fn.type != LossType::Dpo || c.loss_fn.preference_loss_weight == 1.0,
-           "loss_fn.preference_loss_weight = ", c.loss_fn.preference_loss_weight,
-           ": the worker's DPO loss weighs the preference term 1 (scale loss_fn.sft_loss_weight instead)");
   train::TrainerConfig t;
   t.micro_batch_size = c.policy.train_micro_batch_size * (c.loss_fn.type == LossType::Dpo ? 2 : 1);
   // Packed bins or length buckets by token budget; fixed runs of micro_batch_size otherwise (the trainer's own).
