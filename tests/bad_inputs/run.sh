@@ -320,6 +320,10 @@ expect_error data-token-mask-dropped 'mask_dropped.jsonl:2: token_mask missing \
 printf '{"input_ids":[1,2],"prev_logprobs":[0,0.5]}\n' > positive_logprob.jsonl
 expect_error data-positive-logprob 'positive_logprob.jsonl:1: prev_logprobs\[1\] = 0.5: a log-probability is at most 0' \
   "$bin" train --config run.yaml train.data=positive_logprob.jsonl
+mkdir -p stray_ck/step_4.saving && echo mine > stray_ck/step_4.saving/notes
+expect_error train-stray-saving-folder 'refusing to remove .*stray_ck/step_4.saving: it is neither an unfinished save' \
+  "$bin" train --config run.yaml train.checkpoint_dir=stray_ck
+[ -f stray_ck/step_4.saving/notes ] || { echo "FAIL train-stray-saving-folder: the user's file is gone"; failures=$((failures + 1)); }
 expect_error cli-mistyped-command "unknown command 'trian' \(did you mean 'train'\?\)" \
   "$bin" trian --config run.yaml
 # Resuming from a checkpoint whose folder or data position was tampered with.

@@ -185,15 +185,26 @@ std::vector<std::string> write_hf_weights(const fs::path& dir, Trainer& trainer,
   return files;
 }
 
+// DIR.saving left by a save that died (it carries our marker), or the previous checkpoint left there by an exchange
+// that died: a later save may remove it; anything else there is not ours.
+void check_removable_saving_dir(const fs::path& tmp) {
+  RT_CHECK(is_checkpoint_dir(tmp) || (fs::symlink_status(tmp).type() == fs::file_type::directory &&
+                                      fs::symlink_status(tmp / kSavingMarker).type() == fs::file_type::regular),
+           "checkpoint: refusing to remove ", tmp.string(), ": it is neither an unfinished save (no ", kSavingMarker,
+           ") nor a checkpoint");
+}
+
+// DIR.old, left by a save without the atomic exchange that died: removable when it is a checkpoint.
+void check_removable_old_dir(const fs::path& old) {
+  RT_CHECK(is_checkpoint_dir(old), "checkpoint: refusing to remove ", old.string(), ": not a checkpoint folder");
+}
+
 // Makes DIR.saving fresh: a leftover of a save that died is removed, but only when it carries our marker.
 void prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
   RT_CHECK(!exists_no_follow(dest) || is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
            ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
   if (exists_no_follow(tmp)) {  // an unfinished save, or the previous checkpoint left by an exchange that died
-    RT_CHECK(is_checkpoint_dir(tmp) || (fs::symlink_status(tmp).type() == fs::file_type::directory &&
-                                        fs::symlink_status(tmp / kSavingMarker).type() == fs::file_type::regular),
-             "checkpoint: refusing to remove ", tmp.string(), ": it is neither an unfinished save (no ", kSavingMarker,
-             ") nor a checkpoint");
+    check_removable_saving_dir(tmp);
     fs::remove_all(tmp);
   }
   fs::create_directories(tmp / "optimizer");
@@ -217,7 +228,7 @@ void publish(const fs::path& tmp, const fs::path& dest) {
   // File systems without the exchange: the old one moves aside first, so one whole checkpoint always exists.
   const fs::path old = dest.parent_path() / (dest.filename().string() + ".old");
   if (exists_no_follow(old)) {
-    RT_CHECK(is_checkpoint_dir(old), "checkpoint: refusing to remove ", old.string(), ": not a checkpoint folder");
+    check_removable_old_dir(old);
     fs::remove_all(old);
   }
   fs::rename(dest, old);
@@ -347,6 +358,17 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
 }
 
 }  // namespace
+
+void check_unfinished_saves(const fs::path& root) {
+  std::error_code ec;
+  if (fs::symlink_status(root, ec).type() != fs::file_type::directory) return;
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("step_")) continue;
+    if (name.ends_with(".saving")) check_removable_saving_dir(e.path());
+    else if (name.ends_with(".old")) check_removable_old_dir(e.path());
+  }
+}
 
 void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const TrainingProgress& progress,
                               const CheckpointOptions& options) {

@@ -12,6 +12,7 @@
 
 #include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/train/checkpoint.h"
 #include "ringtrain/worker/policy_worker.h"
 
 namespace ringtrain::worker {
@@ -76,6 +77,7 @@ void prepare_checkpoint_dir(const fs::path& dir) {
            ": not a directory", ec ? cat(" (", ec.message(), ")") : std::string());
   RT_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "train.checkpoint_dir = ", dir.string(), ": not writable: ",
            std::strerror(errno));
+  train::check_unfinished_saves(dir);
 }
 
 std::vector<std::unique_ptr<model::FolderLock>> lock_run_folders(const Config& c) {

@@ -55,7 +55,8 @@ int64_t total_train_steps(const Config& c, int64_t units);
 std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::path& dir);
 
 // train.checkpoint_dir made (or found) before any weight is loaded or step taken: an error names the key when it
-// is not a directory or cannot be created.
+// is not a directory or cannot be created, or the folder when a leftover step_N.saving or step_N.old there is not
+// ours to remove (a save would refuse it only after the steps before it).
 void prepare_checkpoint_dir(const std::filesystem::path& dir);
 
 // The run's folders (train.checkpoint_dir, train.metrics_dir, where set) locked for as long as the result lives, made
