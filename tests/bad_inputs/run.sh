@@ -60,6 +60,9 @@ set_key() { sed -i -E "s/(\"$2\": )[^,]*/\1$3/" "$1/config.json"; }
 expect_error data-deep-json 'deep.jsonl:1: JSON nested deeper' "$bin" logprobs --model ck --data deep.jsonl
 printf '{"input_ids": [1]}\n\n{"input_ids": [2]}\n' >blank_middle.jsonl
 expect_error data-blank-line 'blank_middle.jsonl:2: blank line' "$bin" logprobs --model ck --data blank_middle.jsonl
+printf '{"input_ids":[1,2,3],"foo":1}\n' > unknown_field.jsonl
+expect_error data-unknown-field-scoring "unknown_field.jsonl:1: unknown field 'foo'" \
+  "$bin" logprobs --model ck --data unknown_field.jsonl
 : >empty.jsonl
 expect_error data-empty-file 'empty.jsonl: no samples' "$bin" logprobs --model ck --data empty.jsonl
 printf '\n  \n\n' >blanks.jsonl

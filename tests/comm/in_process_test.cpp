@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <new>
 #include <random>
 #include <thread>
 #include <vector>
@@ -257,6 +258,15 @@ TEST(InProcessFailures, ThrowingRankFailsTheOthersFast) {
     EXPECT_GE(elapsed_ms[r], 0) << "rank " << r << " did not see a CommError";
     EXPECT_LT(elapsed_ms[r], 1000) << "rank " << r << " waited " << elapsed_ms[r] << " ms";
   }
+}
+
+// A rank out of host memory: the root cause says so in words, not as a bare "std::bad_alloc".
+TEST(InProcessFailures, ARankOutOfMemoryIsNamedAsSuch) {
+  const std::string root = run_and_catch(2, 5000ms, [&](Communicator& c) {
+    if (c.rank() == 1) throw std::bad_alloc();
+    c.barrier();
+  });
+  EXPECT_NE(root.find("rank 1: out of host memory (std::bad_alloc)"), std::string::npos) << root;
 }
 
 TEST(InProcessFailures, AbortFailsLaterOperations) {

@@ -318,6 +318,12 @@ TEST(GrpoCli, SmokeRunWritesFiniteMetrics) {
   std::ifstream reread(d / "m" / "metrics.jsonl");
   while (std::getline(reread, line)) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+
+  // A train.data beside the prompts is named as unused (here before the finished run's checkpoint refuses a fresh one).
+  const testing::CliResult with_data = testing::run_cli(again + " --overwrite-metrics train.data=rows.jsonl 2>&1");
+  EXPECT_NE(with_data.output.find("exists: pass --resume"), std::string::npos) << with_data.output;
+  EXPECT_NE(with_data.output.find("ringtrain grpo: note: train.data = rows.jsonl is not used"), std::string::npos)
+      << with_data.output;
 }
 
 }  // namespace

@@ -83,6 +83,10 @@ void add_grpo_command(CLI::App& app) {
     if (!o->resume && !o->overwrite_metrics && !c.train.metrics_dir.empty())  // once, before GPU ranks are started
       worker::check_no_earlier_metrics(c.train.metrics_dir, cat(worker::kEarlierRunHint, " (train.metrics_dir)"));
     const int world = static_cast<int>(c.parallel.world());
+    // The rollouts are the data of a GRPO run: a train.data beside them would otherwise go unused unseen.
+    if (!c.train.data.empty() && !(c.device.is_cuda() && inside_ranks(world)))
+      std::fprintf(stderr, "ringtrain grpo: note: train.data = %s is not used: GRPO trains on its own rollouts of "
+                   "grpo.prompts; `ringtrain train` trains on train.data\n", c.train.data.c_str());
     if (c.device.is_cuda()) {
       if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
         std::fprintf(stderr, "ringtrain grpo: device cuda cannot run here: %s\n", why.c_str());

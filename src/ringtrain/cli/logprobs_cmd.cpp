@@ -21,6 +21,7 @@
 #include "ringtrain/core/sys_error.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/policy.h"
+#include "ringtrain/worker/data.h"
 
 namespace ringtrain::cli {
 namespace {
@@ -39,6 +40,12 @@ std::vector<std::vector<int32_t>> read_samples(const std::string& path, int64_t 
              ": blank line (every line must be one {\"input_ids\": [...]} object)");
     const nlohmann::json j = parse_json(line, where);
     RT_CHECK(j.is_object() && j.contains("input_ids"), where, ": expected an object with key 'input_ids'");
+    // Only input_ids is read here (every position is scored); a field that is no training field is a mistake.
+    const std::vector<std::string>& fields = worker::sample_fields();
+    for (const auto& [key, value] : j.items())
+      RT_CHECK(std::find(fields.begin(), fields.end(), key) != fields.end(), where, ": unknown field '",
+               printable(key.substr(0, 40), false), "' (a row holds input_ids and optionally the training fields; "
+               "with --model only input_ids is read)");
     const nlohmann::json& ids = j["input_ids"];
     RT_CHECK(ids.is_array() && !ids.empty(), where, ": 'input_ids' must be a non-empty list");
     std::vector<int32_t> seq;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <new>
 #include <tuple>
 #include <mutex>
 #include <thread>
@@ -561,6 +562,9 @@ void run_ranks(int world, std::chrono::milliseconds timeout, const std::function
     std::rethrow_exception(errors[root]);
   } catch (const CommError& e) {
     throw CommError(cat("rank ", root, ": ", e.what()));
+  } catch (const std::bad_alloc&) {
+    throw Error(cat("rank ", root, ": out of host memory (std::bad_alloc); a smaller model, batch or sequence length, "
+                    "or fewer CPU ranks (parallel.dp x cp) would need less"));
   } catch (const std::exception& e) {
     throw Error(cat("rank ", root, ": ", e.what()));
   } catch (...) {

@@ -184,6 +184,8 @@ void check_masks_given_alike(const json& row, const std::vector<std::string>& ma
 
 }  // namespace
 
+const std::vector<std::string>& sample_fields() { return kSampleKeys; }
+
 DataSpec data_spec(const Config& c, const model::ModelConfig& m) {
   DataSpec s;
   s.vocab = m.vocab;
