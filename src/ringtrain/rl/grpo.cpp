@@ -200,7 +200,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
                    cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
   if (!root.empty()) worker::prepare_checkpoint_dir(root);
   const bool lead = world.rank() == 0;
-  const auto locks = lead ? worker::lock_run_folders(config) : decltype(worker::lock_run_folders(config)){};
+  const worker::RunFolderLocks locks = lead ? worker::lock_run_folders(config) : worker::RunFolderLocks{};
   // The checkpoint to continue from: the newest step_N (as `ringtrain train` writes them); none starts afresh.
   const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
   RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "

@@ -80,8 +80,8 @@ void prepare_checkpoint_dir(const fs::path& dir) {
   train::check_unfinished_saves(dir);
 }
 
-std::vector<std::unique_ptr<model::FolderLock>> lock_run_folders(const Config& c) {
-  std::vector<std::unique_ptr<model::FolderLock>> locks;
+RunFolderLocks lock_run_folders(const Config& c) {
+  RunFolderLocks locks;
   if (!c.train.checkpoint_dir.empty())
     locks.push_back(std::make_unique<model::FolderLock>(c.train.checkpoint_dir, "train.checkpoint_dir"));
   if (!c.train.metrics_dir.empty())
@@ -126,7 +126,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   // the PolicyWorker's mesh is formed (a collective), so no rank can see them here.
   check_fresh_run(c, o);
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
-  const auto locks = lead ? lock_run_folders(c) : decltype(lock_run_folders(c)){};
+  const RunFolderLocks locks = lead ? lock_run_folders(c) : RunFolderLocks{};
   PolicyWorker worker(c, world, o.starting_weights);
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());

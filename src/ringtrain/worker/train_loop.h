@@ -62,7 +62,8 @@ void prepare_checkpoint_dir(const std::filesystem::path& dir);
 // The run's folders (train.checkpoint_dir, train.metrics_dir, where set) locked for as long as the result lives, made
 // if need be: a second run on them (two `--resume` at once) is refused instead of mixing its checkpoints and
 // metrics with this one's. Taken by the lead rank only.
-std::vector<std::unique_ptr<model::FolderLock>> lock_run_folders(const Config& c);
+using RunFolderLocks = std::vector<std::unique_ptr<model::FolderLock>>;
+RunFolderLocks lock_run_folders(const Config& c);
 
 // Collective over `world` (dp · cp ranks; every rank passes the same config and data). Returns the steps taken by
 // this call.
