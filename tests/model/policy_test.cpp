@@ -357,8 +357,10 @@ TEST_P(PolicyCp, EqualsOneRank) {
   for (const auto& g : grads)
     for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
   // F64 gradients: the CP merge of partial attention results goes through the attention layer's fp32 LSE (its
-  // convention), ~6e-8 relative per merge; 1e-7 to 5e-7 observed, so 2e-6. F32: reordered fp32 sums, 1e-5.
-  EXPECT_LE(rel_l2(sum, want_grads), k.dtype == DType::F64 ? 2e-6 : 1e-5);
+  // convention), ~6e-8 relative per merge. Relative L2 error over 600 random F64 runs: median 1.2e-7, 99th
+  // percentile 6.4e-7, a tail to 1.8e-6; F32 (reordered fp32 sums) over 400: at most 2.3e-6. 1e-5 for both keeps
+  // several times the worst seen; a wrong gradient is off by O(1).
+  EXPECT_LE(rel_l2(sum, want_grads), 1e-5);
 }
 
 // Packed under CP (every sequence zigzag-sharded on its own) against packed on one rank.
@@ -403,7 +405,9 @@ TEST_P(PolicyCp, PackedEqualsOneRank) {
   std::vector<double> sum(want_grads.size(), 0.0);
   for (const auto& g : grads)
     for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
-  EXPECT_LE(rel_l2(sum, want_grads), k.dtype == DType::F64 ? 2e-6 : 1e-5);
+  // As in EqualsOneRank; packed, over 900 random F64 runs: median 2e-7, 99th percentile 7e-7, a tail to 2.5e-6 (a
+  // seed of CI's sanitized run); F32 over 600: at most 3.1e-6.
+  EXPECT_LE(rel_l2(sum, want_grads), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Parity, PolicyCp,
