@@ -166,13 +166,13 @@ void remove_or_throw(const std::filesystem::path& path) {
 
 // Moves the files of the finished checkpoint in `staged` over those of `dir`: the stale index first (it would win
 // over the new model.safetensors), then each file by rename, then the shards the index named. Every file it replaces
-// or removes is checked before the first is touched, and the old ones are kept as links in `staged` until the new
-// ones are in, so that a failing move puts them back: the folder holds the old checkpoint or the new one, never a mix.
+// or removes is checked before the first is touched and kept as a link in `staged` until the new files are in, so
+// that a failing move puts it back: the folder holds the previous checkpoint or the new one, never a mix.
 void replace_checkpoint_files(const std::filesystem::path& staged, const std::filesystem::path& dir) {
   const std::filesystem::path index = dir / kIndexName;
   const char* const kMoved[] = {"model.safetensors", "config.json"};
-  check_replaceable(index);
-  for (const char* name : kMoved) check_replaceable(dir / name);
+  const char* const kReplaced[] = {kIndexName, "model.safetensors", "config.json"};  // removed (the index) or moved
+  for (const char* name : kReplaced) check_replaceable(dir / name);
   const bool has_index = std::filesystem::exists(std::filesystem::symlink_status(index));
   std::set<std::string> stale_shards;
   if (has_index) stale_shards = indexed_shards(index);
@@ -181,7 +181,7 @@ void replace_checkpoint_files(const std::filesystem::path& staged, const std::fi
 
   const auto kept = [&](const std::string& name) { return staged / cat("previous.", name); };
   std::vector<std::string> previous;  // the files of `dir` kept in `staged`
-  for (const char* name : {kIndexName, "model.safetensors", "config.json"})
+  for (const char* name : kReplaced)
     if (std::filesystem::exists(std::filesystem::symlink_status(dir / name))) {
       if (::link((dir / name).c_str(), kept(name).c_str()) != 0)
         throw_sys_error("nothing was changed: cannot keep a hard link (to put it back on a failure) to",

@@ -359,15 +359,10 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
 
 }  // namespace
 
-void check_unfinished_saves(const fs::path& root) {
-  std::error_code ec;
-  if (fs::symlink_status(root, ec).type() != fs::file_type::directory) return;
-  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
-    const std::string name = e.path().filename().string();
-    if (!name.starts_with("step_")) continue;
-    if (name.ends_with(".saving")) check_removable_saving_dir(e.path());
-    else if (name.ends_with(".old")) check_removable_old_dir(e.path());
-  }
+void check_save_leftover(const fs::path& path) {
+  const std::string name = path.filename().string();
+  if (name.ends_with(".saving")) check_removable_saving_dir(path);
+  else if (name.ends_with(".old")) check_removable_old_dir(path);
 }
 
 void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const TrainingProgress& progress,

@@ -50,10 +50,9 @@ void all_or_none(comm::Communicator& world, const std::string& what, const std::
 // Collective over the trainer's world; every rank gets the same error when any rank fails.
 void save_training_checkpoint(const std::filesystem::path& dir, Trainer& trainer, const TrainingProgress& progress,
                               const CheckpointOptions& options = {});
-// The leftovers in a folder of checkpoints (`root`/step_N.saving of a save that died, step_N.old of an exchange
-// that died) that a later save there would have to remove: an error naming the first that is not ours to remove,
-// so that a run is refused at its start rather than at its first save.
-void check_unfinished_saves(const std::filesystem::path& root);
+// A save's leftover beside its checkpoint (DIR.saving of a save that died, DIR.old of an exchange that died), which a
+// later save of DIR would remove: an error naming it when it is not ours to remove. Other names pass.
+void check_save_leftover(const std::filesystem::path& path);
 // Collective; the trainer's policy must have the checkpoint's model. Restores the weights (from the master
 // shards), the optimizer state, the step counters and the schedule; returns the data position and RNG state.
 // Errors name the file and the mismatch (missing or truncated file, another model, a piece out of range, an

@@ -77,7 +77,9 @@ void prepare_checkpoint_dir(const fs::path& dir) {
            ": not a directory", ec ? cat(" (", ec.message(), ")") : std::string());
   RT_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "train.checkpoint_dir = ", dir.string(), ": not writable: ",
            std::strerror(errno));
-  train::check_unfinished_saves(dir);
+  // A leftover step_N.saving or step_N.old that is not ours would stop the run at that save: refused now instead.
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with(kStepPrefix)) train::check_save_leftover(e.path());
 }
 
 RunFolderLocks lock_run_folders(const Config& c) {
