@@ -1,5 +1,6 @@
 #include "ranks.h"
 
+#include <algorithm>
 #include <exception>
 
 #include "ringtrain/comm/gpu_communicator.h"
@@ -17,6 +18,16 @@ std::string message_of(const std::exception_ptr& e) {
     return x.what();
   } catch (...) {
     return "unknown exception";
+  }
+}
+
+bool is_agreed_error(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const comm::AgreedError&) {
+    return true;
+  } catch (...) {
+    return false;
   }
 }
 
@@ -93,6 +104,8 @@ void WorkerGroup::run_ranks(const std::function<void(int)>& fn) {
       root = r;
   if (root < 0) return;
   if (!collective) std::rethrow_exception(errors[static_cast<size_t>(root)]);
+  // Every rank raised it together (a bad checkpoint path, a file that failed to read): the group is still in step.
+  if (std::all_of(errors.begin(), errors.end(), is_agreed_error)) std::rethrow_exception(errors.front());
   const int global = comms_[static_cast<size_t>(root)]->rank();
   broken_ = cat("rank ", global, " failed: ", message_of(errors[static_cast<size_t>(root)]));
   try {

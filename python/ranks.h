@@ -6,7 +6,9 @@
 //     communicator through the TCP rendezvous (comm::make_gpu_communicator); every process makes its worker and
 //     calls every method with the same arguments.
 // When a call fails on one of several ranks, its communicator is aborted so the others stop waiting, and the group
-// is unusable afterwards (every later call says so): make a new worker. Inputs are checked before any rank starts.
+// is unusable afterwards (every later call says so): make a new worker. Inputs are checked before any rank starts,
+// and an error that all ranks raise together (comm::AgreedError: save, load and export paths and files) leaves the
+// group usable.
 #pragma once
 
 #include <chrono>

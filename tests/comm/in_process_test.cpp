@@ -1,6 +1,7 @@
 // The in-process communicator: every collective against a direct computation on fresh random data, the ring
 // exchange, and the failure paths (a throwing rank, a rank that never joins, mismatched calls) that must end
-// every rank with a clear CommError within the timeout instead of hanging.
+// every rank with a clear CommError within the timeout instead of hanging; an error all ranks agree on
+// (all_or_none) leaves the group usable.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/comm/in_process.h"
 #include "test_util.h"
 
@@ -267,6 +269,35 @@ TEST(InProcessFailures, ARankOutOfMemoryIsNamedAsSuch) {
     c.barrier();
   });
   EXPECT_NE(root.find("rank 1: out of host memory (std::bad_alloc)"), std::string::npos) << root;
+}
+
+// all_or_none: ranks 1 and 3 fail with different errors; every rank raises rank 1's (the lowest) as an AgreedError,
+// no rank is aborted, so the group still sums after it; run_ranks reports rank 0's error, which names rank 1's cause.
+TEST(InProcessFailures, AnErrorOnSomeRanksIsRaisedByAllTogether) {
+  const int world = 4;
+  std::vector<std::string> seen(world);
+  std::vector<float> sums(world, -1.f);
+  const std::string root = run_and_catch(world, 5000ms, [&](Communicator& c) {
+    try {
+      comm::all_or_none(c, "the step", [&] {
+        if (c.rank() == 1 || c.rank() == 3) throw Error(cat("bad row on rank ", c.rank()));
+      });
+    } catch (const comm::AgreedError& e) {
+      seen[c.rank()] = e.what();
+      float x = 1.f;
+      c.all_reduce(&x, 1, DType::F32, ReduceOp::Sum);
+      sums[c.rank()] = x;
+      throw;
+    }
+  });
+  EXPECT_EQ(seen[1], "bad row on rank 1");
+  for (int r : {0, 2, 3}) EXPECT_EQ(seen[r], "the step failed on rank 1: bad row on rank 1") << "rank " << r;
+  for (int r = 0; r < world; ++r) EXPECT_EQ(sums[r], float(world)) << "rank " << r;
+  EXPECT_EQ(root, "rank 0: the step failed on rank 1: bad row on rank 1");
+  // Nobody fails: f ran everywhere, nothing is raised.
+  std::vector<int> ran(world, 0);
+  comm::run_ranks(world, 5000ms, [&](Communicator& c) { comm::all_or_none(c, "the step", [&] { ran[c.rank()] = 1; }); });
+  EXPECT_EQ(ran, std::vector<int>(world, 1));
 }
 
 TEST(InProcessFailures, AbortFailsLaterOperations) {

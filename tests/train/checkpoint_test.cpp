@@ -352,6 +352,39 @@ TEST(TrainCheckpoint, InterruptedSaveLeavesThePreviousCheckpoint) {
   EXPECT_EQ(run(s, {2, 1}, 4, 4, dir).progress[1].index, 3);
 }
 
+// What a save killed while it removed the replaced checkpoint leaves in DIR.saving (the marked remains of that
+// checkpoint, or an empty folder) is cleared by the next save; a folder there with files that are not ours is not.
+TEST(TrainCheckpoint, AKillWhileRemovingTheOldCheckpointBlocksNoLaterSave) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp("ringtrain-ckpt");
+  const fs::path dir = tmp.path / "latest", saving = dir.string() + ".saving";
+  const auto save = [&] {
+    testing::on_mesh(s, DType::F32, {1, 1}, [&](Trainer& t, model::Policy&, const Mesh&) {
+      t.step(s.batch);
+      save_training_checkpoint(dir, t, {1, 1, "rng"});
+    });
+  };
+  save();
+  fs::create_directories(saving / "optimizer");  // marked remains: a shard folder and the marker
+  std::ofstream(saving / ".ringtrain-saving");
+  save();
+  EXPECT_FALSE(fs::exists(saving));
+  fs::create_directory(saving);  // removed all but the folder itself
+  save();
+  EXPECT_FALSE(fs::exists(saving));
+  EXPECT_EQ(run(s, {1, 1}, 2, 2, dir).progress[0].index, 1);
+  fs::create_directory(saving);
+  std::ofstream(saving / "notes.txt") << "mine";
+  try {
+    save();
+    ADD_FAILURE() << "a folder of someone else's files was replaced";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("it is neither an unfinished save"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(saving / "notes.txt"));
+}
+
 TEST(TrainCheckpoint, NeverReplacesWhatIsNotACheckpoint) {
   std::mt19937_64 rng(testing::fresh_seed());
   const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
@@ -373,6 +406,23 @@ TEST(TrainCheckpoint, NeverReplacesWhatIsNotACheckpoint) {
   std::getline(std::ifstream(file), text);
   EXPECT_EQ(text, "keep me");
   EXPECT_TRUE(fs::exists(folder / "x"));
+
+  // A link to a checkpoint: named as a link, neither it nor the checkpoint it points to replaced.
+  const fs::path real = tmp.path / "real", link = tmp.path / "link";
+  run(s, {1, 1}, 1, 1, {}, real, 1);
+  const auto state_time = fs::last_write_time(real / "trainer_state.json");
+  fs::create_directory_symlink(real, link);
+  std::string e;
+  try {
+    run(s, {1, 1}, 1, 2, {}, link, 2);
+  } catch (const std::exception& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("refusing to replace " + link.string() + ": it is a symbolic link (to " + real.string()),
+            std::string::npos) << e;
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(fs::last_write_time(real / "trainer_state.json"), state_time);
+  EXPECT_FALSE(fs::exists(tmp.path / "link.saving"));
 }
 
 }  // namespace

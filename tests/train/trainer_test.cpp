@@ -4,7 +4,8 @@
 // - dp × cp ∈ {1×2, 2×1, 2×2, 1×4} against 1 × 1 on the same global batch (loss, gradient norm, metrics,
 //   updated weights), for NLL, the clipped PG with KL and importance weights, and DPO, in fp64 and fp32;
 // - a NaN injected into one rank's gradient skips the step on every rank, leaving weights, master weights and
-//   moments bitwise unchanged;
+//   moments bitwise unchanged; so does a batch with no valid token;
+// - a bad DPO pair raises the same AgreedError on every rank, which then trains on;
 // - with one rank the gradient norm's sum of squares is taken from a policy that computes it beside the step's last
 //   backward, and with more ranks never asked for.
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "ringtrain/attention/cpu/cpu_backends.h"
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/comm/in_process.h"
 #include "train_test_util.h"
 
@@ -185,6 +187,61 @@ TEST(TrainerSkip, NanOnOneRankSkipsTheStepEverywhere) {
     EXPECT_EQ(after[r].exp_avg, before[r].exp_avg) << "rank " << r;
     EXPECT_EQ(after[r].exp_avg_sq, before[r].exp_avg_sq) << "rank " << r;
     EXPECT_FALSE(before[r].exp_avg.empty());
+  }
+}
+
+// A batch whose sample masks leave no valid token moves nothing: no AdamW decay, no momentum step; the schedule steps.
+TEST(TrainerSkip, ABatchWithNoValidTokenMovesNoWeight) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TrainBatch empty = s.batch;
+  std::fill(empty.sample_mask.begin(), empty.sample_mask.end(), 0);
+  std::vector<std::vector<float>> before(2), after(2);
+  std::vector<StepResult> results(2);
+  comm::run_ranks(2, std::chrono::seconds(60), [&](comm::Communicator& world) {
+    const Mesh mesh(world, {2, 1});
+    auto policy = model::make_policy(s.config, s.params, testing::train_policy_options(DType::F32, &mesh.cp_group()));
+    Trainer trainer(s.cfg, *policy, mesh);
+    trainer.step(s.batch);  // moments that a step on nothing would decay
+    before[world.rank()] = policy->params();
+    results[world.rank()] = trainer.step(empty);
+    after[world.rank()] = policy->params();
+    EXPECT_EQ(trainer.optimizer_steps(), 1);
+    EXPECT_EQ(trainer.schedule_position(), 2);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(results[r].skipped) << "rank " << r;
+    EXPECT_EQ(results[r].valid_tokens, 0) << "rank " << r;
+    EXPECT_EQ(after[r], before[r]) << "rank " << r;
+  }
+}
+
+// A DPO pair whose masks differ, in the part of the second dp rank: every rank raises the same AgreedError (the
+// group stays in step), and the next step runs on all of them.
+TEST(TrainerErrors, ABadPairInOneRanksPartFailsEveryRankTogether) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::DPO, rng);
+  TrainBatch bad = s.batch;
+  const size_t last_pair = bad.sample_mask.size() - 2;
+  bad.sample_mask[last_pair] = 1, bad.sample_mask[last_pair + 1] = 0;
+  std::vector<std::string> errors(4);
+  std::vector<std::vector<float>> weights(4);
+  comm::run_ranks(4, std::chrono::seconds(60), [&](comm::Communicator& world) {
+    const Mesh mesh(world, {2, 2});
+    auto policy = model::make_policy(s.config, s.params, testing::train_policy_options(DType::F32, &mesh.cp_group()));
+    Trainer trainer(s.cfg, *policy, mesh);
+    try {
+      trainer.step(bad);
+    } catch (const comm::AgreedError& e) {
+      errors[world.rank()] = e.what();
+    }
+    EXPECT_FALSE(trainer.step(s.batch).skipped);
+    weights[world.rank()] = policy->params();
+  });
+  const std::string pair = "DPO pair " + std::to_string(last_pair / 2) + " (sequences " + std::to_string(last_pair);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(errors[r].find(pair), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_EQ(weights[r], weights[0]) << "rank " << r;
   }
 }
 

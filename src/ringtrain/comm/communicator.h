@@ -22,6 +22,13 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// An error that every rank of a group raised together, after an exchange that completed (comm::all_or_none): the
+// group is still in step, so its communicator is not aborted and it can go on to the next call.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 enum class ReduceOp { Sum, Max };
 
 // One buffer pair of a point-to-point exchange: `count` elements sent from `send`, as many received into `recv`.

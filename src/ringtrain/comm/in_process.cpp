@@ -534,6 +534,8 @@ std::vector<std::exception_ptr> run_threads(const std::vector<std::unique_ptr<Co
         threads.emplace_back([&, r] {
           try {
             fn(r);
+          } catch (const AgreedError&) {  // every rank raises it: none is left waiting
+            errors[r] = std::current_exception();
           } catch (...) {
             errors[r] = std::current_exception();
             try {
@@ -556,8 +558,10 @@ void run_ranks(int world, std::chrono::milliseconds timeout, const std::function
   const std::vector<std::exception_ptr> errors = run_threads(comms, [&](int r) { fn(*comms[r]); });
   std::vector<bool> threw(world);
   for (int r = 0; r < world; ++r) threw[r] = errors[r] != nullptr;
-  const int root = static_cast<InProcessCommunicator&>(*comms[0]).group().first_failed(threw);
-  if (root < 0) return;
+  int root = static_cast<InProcessCommunicator&>(*comms[0]).group().first_failed(threw);
+  // No rank aborted: every error is an AgreedError, and the lowest rank's names the cause.
+  if (root < 0) root = static_cast<int>(std::find(threw.begin(), threw.end(), true) - threw.begin());
+  if (root == world) return;
   try {
     std::rethrow_exception(errors[root]);
   } catch (const CommError& e) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/json.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/hf_config.h"
@@ -58,35 +59,6 @@ bool exists_no_follow(const fs::path& p) {
 }
 
 }  // namespace
-
-void all_or_none(comm::Communicator& world, const std::string& what, const std::function<void()>& f) {
-  std::string error;
-  try {
-    f();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  const auto share = [&](int64_t* values, int64_t n, comm::ReduceOp op, int root) {
-    Tensor buf = Tensor::empty({n}, DType::I64, world.device());
-    const TensorView host = contiguous_view(values, DType::I64, Device::cpu(), {n});
-    copy(buf, host);
-    if (root < 0) world.all_reduce(buf.data(), static_cast<size_t>(n), DType::I64, op);
-    else world.broadcast(buf.data(), static_cast<size_t>(n), DType::I64, root);
-    copy(host, buf);
-  };
-  int64_t failed = error.empty() ? 0 : world.rank() + 1;
-  share(&failed, 1, comm::ReduceOp::Max, -1);
-  if (!failed) return;
-  const int root = static_cast<int>(failed - 1);
-  int64_t length = static_cast<int64_t>(error.size());
-  share(&length, 1, comm::ReduceOp::Max, root);
-  std::vector<int64_t> text(static_cast<size_t>((length + 7) / 8) + 1, 0);
-  std::memcpy(text.data(), error.data(), world.rank() == root ? error.size() : 0);
-  share(text.data(), static_cast<int64_t>(text.size()), comm::ReduceOp::Max, root);
-  if (world.rank() == root) throw Error(error);
-  throw Error(cat(what, " failed on rank ", root, ": ", std::string(reinterpret_cast<const char*>(text.data()),
-                                                                   static_cast<size_t>(length))));
-}
 
 namespace {
 
@@ -185,30 +157,49 @@ std::vector<std::string> write_hf_weights(const fs::path& dir, Trainer& trainer,
   return files;
 }
 
-// DIR.saving left by a save that died (it carries our marker), or the previous checkpoint left there by an exchange
-// that died: a later save may remove it; anything else there is not ours.
-void check_removable_saving_dir(const fs::path& tmp) {
-  RT_CHECK(is_checkpoint_dir(tmp) || (fs::symlink_status(tmp).type() == fs::file_type::directory &&
-                                      fs::symlink_status(tmp / kSavingMarker).type() == fs::file_type::regular),
-           "checkpoint: refusing to remove ", tmp.string(), ": it is neither an unfinished save (no ", kSavingMarker,
-           ") nor a checkpoint");
+// A folder of ours that a later save may remove: DIR.saving or DIR.old left by a save that died. That is a folder
+// carrying our marker (an unfinished save, or a replaced checkpoint being removed), a whole checkpoint (the previous
+// one, left by an exchange or a move aside that died), or an empty folder (made, not yet marked, or removed all but
+// itself). Anything else there is not ours.
+bool is_save_leftover(const fs::path& dir) {
+  if (is_checkpoint_dir(dir)) return true;
+  if (fs::symlink_status(dir).type() != fs::file_type::directory) return false;
+  return fs::symlink_status(dir / kSavingMarker).type() == fs::file_type::regular || fs::is_empty(dir);
 }
 
-// DIR.old, left by a save without the atomic exchange that died: removable when it is a checkpoint.
-void check_removable_old_dir(const fs::path& old) {
-  RT_CHECK(is_checkpoint_dir(old), "checkpoint: refusing to remove ", old.string(), ": not a checkpoint folder");
+void check_removable_leftover(const fs::path& dir) {
+  RT_CHECK(is_save_leftover(dir), "checkpoint: refusing to remove ", dir.string(), ": it is neither an unfinished save (",
+           "no ", kSavingMarker, ") nor a checkpoint; move it away if it is not yours");
 }
 
-// Makes DIR.saving fresh: a leftover of a save that died is removed, but only when it carries our marker.
-void prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
-  RT_CHECK(!exists_no_follow(dest) || is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
+// Removes a folder of ours with its marker kept to the last, so that a kill at any point leaves a folder that
+// is_save_leftover accepts: marked, or empty.
+void remove_leftover(const fs::path& dir) {
+  model::write_file_atomic(dir / kSavingMarker, "");
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    if (e.path().filename() != kSavingMarker) fs::remove_all(e.path());
+  fs::remove(dir / kSavingMarker);
+  fs::remove(dir);
+}
+
+// A save replaces only a checkpoint folder of ours; a link is never followed, and named as what it is.
+void check_replaceable(const fs::path& dest) {
+  RT_CHECK(!fs::is_symlink(dest), "checkpoint: refusing to replace ", dest.string(), ": it is a symbolic link (to ",
+           fs::read_symlink(dest).string(), "); save to the folder itself");
+  RT_CHECK(is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
            ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
-  if (exists_no_follow(tmp)) {  // an unfinished save, or the previous checkpoint left by an exchange that died
-    check_removable_saving_dir(tmp);
-    fs::remove_all(tmp);
+}
+
+// Makes DIR.saving fresh: a leftover of a save that died is removed. The marker goes in before anything else.
+void prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
+  if (exists_no_follow(dest)) check_replaceable(dest);
+  if (exists_no_follow(tmp)) {
+    check_removable_leftover(tmp);
+    remove_leftover(tmp);
   }
-  fs::create_directories(tmp / "optimizer");
+  fs::create_directories(tmp);
   model::write_file_atomic(tmp / kSavingMarker, "");
+  fs::create_directory(tmp / "optimizer");
 }
 
 // DIR.saving becomes DIR; an existing checkpoint at DIR is exchanged atomically and then removed.
@@ -218,23 +209,22 @@ void publish(const fs::path& tmp, const fs::path& dest) {
     fs::remove(dest / kSavingMarker);
     return;
   }
-  RT_CHECK(is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
-           ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
+  check_replaceable(dest);
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) == 0) {
     fs::remove(dest / kSavingMarker);
-    fs::remove_all(tmp);  // now the previous checkpoint
+    remove_leftover(tmp);  // now the previous checkpoint
     return;
   }
   // File systems without the exchange: the old one moves aside first, so one whole checkpoint always exists.
   const fs::path old = dest.parent_path() / (dest.filename().string() + ".old");
   if (exists_no_follow(old)) {
-    check_removable_old_dir(old);
-    fs::remove_all(old);
+    check_removable_leftover(old);
+    remove_leftover(old);
   }
   fs::rename(dest, old);
   fs::rename(tmp, dest);
   fs::remove(dest / kSavingMarker);
-  fs::remove_all(old);
+  remove_leftover(old);
 }
 
 json read_json(const fs::path& path) { return parse_json(model::read_file(path), path.string()); }
@@ -361,24 +351,26 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
 
 void check_save_leftover(const fs::path& path) {
   const std::string name = path.filename().string();
-  if (name.ends_with(".saving")) check_removable_saving_dir(path);
-  else if (name.ends_with(".old")) check_removable_old_dir(path);
+  if (name.ends_with(".saving") || name.ends_with(".old")) check_removable_leftover(path);
 }
 
 void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const TrainingProgress& progress,
                               const CheckpointOptions& options) {
-  // What load accepts, checked before anything is written: a save that load would refuse must not replace a good one.
-  RT_CHECK(progress.epoch >= 0 && progress.index >= 0, "checkpoint save ", dir_in.string(),
-           ": the data position (epoch ", progress.epoch, ", index ", progress.index, ") must be non-negative");
   comm::Communicator& world = trainer.mesh().world();
-  const fs::path dest = normalized(dir_in), tmp = saving_dir(dest);
   const int rank = world.rank(), size = world.size();
-  all_or_none(world, "checkpoint save (preparing)", [&] {
+  fs::path dest, tmp;
+  comm::all_or_none(world, "checkpoint save (preparing)", [&] {
+    // What load accepts, checked before anything is written: a save that load would refuse must not replace a good
+    // one.
+    RT_CHECK(progress.epoch >= 0 && progress.index >= 0, "checkpoint save ", dir_in.string(),
+             ": the data position (epoch ", progress.epoch, ", index ", progress.index, ") must be non-negative");
+    dest = normalized(dir_in);
+    tmp = saving_dir(dest);
     if (rank == 0) prepare_saving_dir(dest, tmp);
   });
   std::vector<std::string> lead_files;
   int64_t shard_bytes = 0;
-  all_or_none(world, "checkpoint save (writing)", [&] {
+  comm::all_or_none(world, "checkpoint save (writing)", [&] {
     const fs::path mine = tmp / optimizer_file(rank, size);
     write_optimizer_shard(mine, trainer);
     if (options.after_file) options.after_file(mine);
@@ -386,7 +378,7 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
     if (rank == 0) lead_files = write_hf_weights(tmp, trainer, options);
   });
   const std::vector<int64_t> sizes = all_gather_i64(world, shard_bytes);
-  all_or_none(world, "checkpoint save (publishing)", [&] {
+  comm::all_or_none(world, "checkpoint save (publishing)", [&] {
     if (rank != 0) return;
     json st;
     st["format"] = kFormat;
@@ -415,10 +407,12 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
 
 TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& trainer) {
   comm::Communicator& world = trainer.mesh().world();
-  const fs::path dir = normalized(dir_in), state_path = dir / kStateFile;
   TrainingProgress progress;
   int64_t steps = 0, optimizer_steps = 0, schedule_position = 0;
-  all_or_none(world, "checkpoint load", [&] {
+  ShardState& sh = trainer.shard();
+  std::vector<char> host[3];
+  comm::all_or_none(world, "checkpoint load", [&] {
+    const fs::path dir = normalized(dir_in), state_path = dir / kStateFile;
     const json st = read_json(state_path);
     try {
       RT_CHECK(st.value("format", "") == kFormat && st.value("version", 0) == kVersion, state_path.string(),
@@ -440,19 +434,19 @@ TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& train
       std::vector<std::string> files = st.at("optimizer_files").get<std::vector<std::string>>();
       for (const std::string& f : files)
         RT_CHECK(st["files"].contains(f), state_path.string(), ": optimizer file ", f, " has no recorded size");
-      ShardState& sh = trainer.shard();
-      std::vector<char> host[3];
       for (auto& h : host) h.resize(sh.master.nbytes());
       read_optimizer_shards(dir, files, trainer, host);
-      const Tensor* dst[3] = {&sh.master, &sh.exp_avg, &sh.exp_avg_sq};
-      for (int k = 0; k < 3; ++k)
-        if (!host[k].empty())
-          copy(*dst[k], contiguous_view(host[k].data(), sh.master.dtype(), Device::cpu(), {sh.master.numel()}));
-      trainer.restore_counters(steps, optimizer_steps, schedule_position);
     } catch (const nlohmann::json::exception& e) {
       throw Error(cat(state_path.string(), ": ", e.what()));
     }
   });
+  // Every rank has read its part: only now is the state replaced, so a load that fails on any rank leaves every
+  // rank's state as it was.
+  const Tensor* dst[3] = {&sh.master, &sh.exp_avg, &sh.exp_avg_sq};
+  for (int k = 0; k < 3; ++k)
+    if (!host[k].empty())
+      copy(*dst[k], contiguous_view(host[k].data(), sh.master.dtype(), Device::cpu(), {sh.master.numel()}));
+  trainer.restore_counters(steps, optimizer_steps, schedule_position);
   trainer.refresh_weights();
   return progress;
 }

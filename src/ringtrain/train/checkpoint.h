@@ -43,10 +43,6 @@ struct CheckpointOptions {
   std::function<void(const std::filesystem::path&)> after_file;
 };
 
-// Runs f on every rank of `world`; when it throws anywhere, every rank throws the error of the highest failing rank
-// (sent to all, so that each process's log names the cause).
-void all_or_none(comm::Communicator& world, const std::string& what, const std::function<void()>& f);
-
 // Collective over the trainer's world; every rank gets the same error when any rank fails.
 void save_training_checkpoint(const std::filesystem::path& dir, Trainer& trainer, const TrainingProgress& progress,
                               const CheckpointOptions& options = {});

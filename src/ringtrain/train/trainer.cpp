@@ -5,6 +5,7 @@
 #include <optional>
 #include <span>
 
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/train/device_optimizer.h"
 #include "ringtrain/train/trainer_detail.h"
@@ -174,6 +175,11 @@ void validate_batch(const TrainBatch& tb, const LossConfig& loss) {
   check_per_token(tb, tb.ref_logprobs, "ref_logprobs", dpo || (pg && loss.pg.kl_beta != 0));
   check_per_token(tb, tb.gen_logprobs, "gen_logprobs", false);
   RT_CHECK(!dpo || n % 2 == 0, "train batch: DPO needs chosen/rejected pairs, got ", n, " sequences");
+  if (dpo && !tb.sample_mask.empty())
+    for (size_t i = 0; i < n; i += 2)
+      RT_CHECK(tb.sample_mask[i] == tb.sample_mask[i + 1], "train batch: DPO pair ", i / 2, " (sequences ", i, " and ",
+               i + 1, ") has sample_mask ", int(tb.sample_mask[i]), " on the chosen sequence but ",
+               int(tb.sample_mask[i + 1]), " on the rejected one");
 }
 
 std::vector<std::vector<float>> unpad(const std::vector<double>& padded, const Micro& m) {
@@ -332,29 +338,32 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   const auto mark = [&](Phase p) {
     if (on_phase_end) on_phase_end(p);
   };
-  validate_batch(batch, cfg_.loss);
   StepResult out;
   out.step = steps_ + 1;
   out.lr = schedule_.lr();
 
-  // 1. This dp rank's contiguous part (in whole DPO pairs) and its microbatches.
-  const auto [first, last] = detail::dp_part(static_cast<int64_t>(batch.sequences.size()), cfg_.loss.kind, *mesh_);
+  // 1. The batch checked; this dp rank's contiguous part (in whole DPO pairs), its microbatches and their valid
+  // counts. A part's masks can fail on its ranks only: every rank raises the error together, and stays in step.
   std::vector<Micro> micros;
-  std::vector<int64_t> lengths;
-  for (const std::vector<int32_t>& s : batch.sequences) lengths.push_back(static_cast<int64_t>(s.size()));
-  for (std::vector<int64_t>& index : detail::plan_micros(cfg_, lengths, first, last))
-    micros.push_back(make_micro(batch, std::move(index), cfg_.packed));
+  std::vector<double> counts(4, 0.0);  // tokens, sequences, DPO pairs, DPO chosen tokens
+  comm::all_or_none(mesh_->world(), "train step", [&] {
+    validate_batch(batch, cfg_.loss);
+    const auto [first, last] = detail::dp_part(static_cast<int64_t>(batch.sequences.size()), cfg_.loss.kind, *mesh_);
+    std::vector<int64_t> lengths;
+    for (const std::vector<int32_t>& s : batch.sequences) lengths.push_back(static_cast<int64_t>(s.size()));
+    for (std::vector<int64_t>& index : detail::plan_micros(cfg_, lengths, first, last))
+      micros.push_back(make_micro(batch, std::move(index), cfg_.packed));
+    for (const Micro& m : micros) {
+      const ValidCounts c = count_valid(m.masks());
+      counts[0] += c.tokens, counts[1] += c.sequences;
+      if (cfg_.loss.kind == LossKind::DPO) {
+        const DPOCounts p = count_dpo_pairs(m.masks());
+        counts[2] += p.pairs, counts[3] += p.chosen_tokens;
+      }
+    }
+  });
 
   // 2. Global counts over dp (the ranks of a cp group hold the same sequences).
-  std::vector<double> counts(4, 0.0);  // tokens, sequences, DPO pairs, DPO chosen tokens
-  for (const Micro& m : micros) {
-    const ValidCounts c = count_valid(m.masks());
-    counts[0] += c.tokens, counts[1] += c.sequences;
-    if (cfg_.loss.kind == LossKind::DPO) {
-      const DPOCounts p = count_dpo_pairs(m.masks());
-      counts[2] += p.pairs, counts[3] += p.chosen_tokens;
-    }
-  }
   all_reduce_sum(mesh_->dp_group(), counts);
   const ValidCounts global{counts[0], counts[1]};
   const DPOCounts global_pairs{counts[2], counts[3]};
@@ -463,7 +472,9 @@ void Trainer::apply_gradients(StepResult& out, const PhaseHook& on_phase_end) {
   world.all_reduce(norm_result_.data(), 1, DType::F64, comm::ReduceOp::Sum);
   double sq_norm = 0;
   copy(contiguous_view(&sq_norm, DType::F64, Device::cpu(), {1}), norm_result_);
-  const AdamWStep plan = plan_adamw_step(cfg_.adamw, completed_, out.lr, sq_norm);
+  AdamWStep plan = plan_adamw_step(cfg_.adamw, completed_, out.lr, sq_norm);
+  // A batch whose masks leave nothing to learn from moves no weight: AdamW's decay and momentum would.
+  if (out.valid_tokens == 0) plan.skipped = true, plan.step = completed_;
   out.grad_norm = plan.grad_norm;
   out.skipped = plan.skipped;
   mark(Phase::NormClip);

@@ -5,7 +5,8 @@
 //   2. the valid token / sequence (and DPO pair) counts of the whole batch are all-reduced over dp;
 //   3. zero grads; per microbatch: policy.score → loss normalised by the global counts → policy.backward;
 //   4. the flat gradient is reduce-scattered (sum) over all dp · cp ranks, in place, into this rank's shard;
-//   5. the shard's Σg² is all-reduced → global norm; NaN/Inf skips the step on every rank; clip coefficient;
+//   5. the shard's Σg² is all-reduced → global norm; NaN/Inf, or no valid token in the whole batch, skips the
+//      step on every rank; clip coefficient;
 //   6. AdamW on the shard's master weights and moments (fp32; fp64 for an F64 policy), writing the shard's new
 //      compute weights into the policy's weights(); an in-place all-gather gives every rank all of them;
 //   7. the LR schedule steps (also after a skipped step).
@@ -76,7 +77,7 @@ struct StepResult {
   double valid_tokens = 0, valid_sequences = 0;
   std::vector<Metric> metrics;             // the loss's metrics over the whole batch
   std::vector<double> microbatch_losses;   // this rank's microbatches' contributions to the loss
-  bool skipped = false;                    // non-finite gradient norm: nothing was updated on any rank
+  bool skipped = false;  // non-finite gradient norm or no valid token: nothing was updated on any rank
 };
 
 // The phases of a step, for timing (bench_train.h).

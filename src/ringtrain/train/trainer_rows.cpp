@@ -5,6 +5,7 @@
 // verdict, one array of counts and mask verdicts for all microbatches, and one of the loss's sums.
 #include <cstring>
 
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/train/device_loss.h"
@@ -129,7 +130,7 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
   model::DeviceRowsTraining* rows_training = policy_->device_rows_training();
   RT_CHECK(kernels && rows_training, "trainer: a batch of device rows needs a GPU policy and a build with CUDA; the ",
            "policy is on ", device_name(policy_->device()));
-  validate_rows(batch, cfg_.loss, *policy_);
+  comm::all_or_none(mesh_->world(), "train step", [&] { validate_rows(batch, cfg_.loss, *policy_); });
   const Device dev = policy_->device();
   const LossConfig& loss = cfg_.loss;
   const bool dpo = loss.kind == LossKind::DPO, entropy = loss.kind == LossKind::ClippedPG;
@@ -186,22 +187,25 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
   copy(contiguous_view(host_verdicts.data(), DType::I64, Device::cpu(), {verdicts.numel()}),
        contiguous_view(verdicts.data(), DType::I64, dev, {verdicts.numel()}));
 
-  // 2. Global counts over dp, after the checks (every rank holds the same batch: all fail alike).
+  // 2. Global counts over dp, after the checks. A part's masks fail on its ranks only, so every rank raises that
+  // error together.
   std::vector<double> counts(4, 0.0);  // tokens, sequences, DPO pairs, DPO chosen tokens
-  for (size_t k = 0; k < micros.size(); ++k) {
-    const RowsMicro& m = micros[k];
-    const int64_t* v = host_verdicts.data() + k * kVerdicts;
-    if (v[kTokenMaskBad] >= 0) {
-      const int64_t b = v[kTokenMaskBad] / m.seq, p = v[kTokenMaskBad] % m.seq;
-      throw Error(cat("train rows: token_mask[", m.index[b], ", ", p, "] is neither 0 nor 1"));
+  comm::all_or_none(mesh_->world(), "train step", [&] {
+    for (size_t k = 0; k < micros.size(); ++k) {
+      const RowsMicro& m = micros[k];
+      const int64_t* v = host_verdicts.data() + k * kVerdicts;
+      if (v[kTokenMaskBad] >= 0) {
+        const int64_t b = v[kTokenMaskBad] / m.seq, p = v[kTokenMaskBad] % m.seq;
+        throw Error(cat("train rows: token_mask[", m.index[b], ", ", p, "] is neither 0 nor 1"));
+      }
+      RT_CHECK(v[kSampleMaskBad] < 0, "train rows: sample_mask[", m.index[v[kSampleMaskBad]], "] is neither 0 nor 1");
+      double c[kCountSlots];
+      std::memcpy(c, v, sizeof(c));
+      RT_CHECK(!dpo || c[kBadPair] < 0, "DPO: the pair of sequences ", m.index[2 * static_cast<int64_t>(c[kBadPair])],
+               " and ", m.index[2 * static_cast<int64_t>(c[kBadPair]) + 1], " has sample masks that differ");
+      counts[0] += c[kTokens], counts[1] += c[kSequences], counts[2] += c[kPairs], counts[3] += c[kChosenTokens];
     }
-    RT_CHECK(v[kSampleMaskBad] < 0, "train rows: sample_mask[", m.index[v[kSampleMaskBad]], "] is neither 0 nor 1");
-    double c[kCountSlots];
-    std::memcpy(c, v, sizeof(c));
-    RT_CHECK(!dpo || c[kBadPair] < 0, "DPO: the pair of sequences ", m.index[2 * static_cast<int64_t>(c[kBadPair])],
-             " and ", m.index[2 * static_cast<int64_t>(c[kBadPair]) + 1], " has sample masks that differ");
-    counts[0] += c[kTokens], counts[1] += c[kSequences], counts[2] += c[kPairs], counts[3] += c[kChosenTokens];
-  }
+  });
   detail::all_reduce_sum(mesh_->dp_group(), counts);
   const ValidCounts global{counts[0], counts[1]};
   const DPOCounts global_pairs{counts[2], counts[3]};

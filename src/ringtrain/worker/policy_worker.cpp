@@ -5,6 +5,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
@@ -547,7 +548,7 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
 
 void PolicyWorker::export_hf(const fs::path& dir) {
   State& s = *state_;
-  train::all_or_none(*s.world, "export", [&] {
+  comm::all_or_none(*s.world, "export", [&] {
     if (s.world->rank() != 0) return;  // every rank holds all weights
     model::ModelConfig config = s.model;
     config.dtype = s.policy->dtype() == DType::BF16 ? DType::BF16 : DType::F32;
