@@ -37,6 +37,21 @@ TEST(WorkerCli, ConfigPrintsTheResolvedConfig) {
   EXPECT_EQ(run_cli("config " + file + " parallel.cp_comm=a2a parallel.cp=4 --no-model").code, 0);
 }
 
+// A GRPO run's own checks (its prompts, their room for the responses) are made by `config` too.
+TEST(WorkerCli, ConfigChecksAGrpoRunsPrompts) {
+  const std::string file = std::string(RINGTRAIN_SOURCE_DIR) + "/configs/grpo_tiny.yaml";
+  const testing::CliResult ok = run_cli("config " + file);
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_EQ(parse_config(ok.output, "stdout").grpo.prompts, "builtin:reverse_digits");
+  const testing::CliResult task = run_cli("config " + file + " grpo.prompts=builtin:reverse_word");
+  EXPECT_EQ(task.code, 1);
+  EXPECT_NE(task.output.find("grpo.prompts = builtin:reverse_word: unknown built-in task"), std::string::npos)
+      << task.output;
+  const testing::CliResult room = run_cli("config " + file + " grpo.max_new_tokens=4096 --no-model");
+  EXPECT_EQ(room.code, 1);
+  EXPECT_NE(room.output.find("grpo.max_new_tokens = 4096: prompt"), std::string::npos) << room.output;
+}
+
 TEST(WorkerCli, AMistypedCommandIsNamedWithTheNearestOne) {
   const testing::CliResult typo = run_cli("trian --config x.yaml");
   EXPECT_EQ(typo.code, 2);

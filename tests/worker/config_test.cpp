@@ -358,11 +358,30 @@ TEST(WorkerConfig, AQuoteLeftOpenIsAnErrorAtItsLine) {
   EXPECT_NE(overridden.find("is not closed on its line"), std::string::npos) << overridden;
 
   const Config c = parse_config(kMinimal + "  metrics_dir: 'it''s'\n  checkpoint_dir: \"a\\\"b # c\"\n  steps: 3\n",
-                                "cfg.yaml", {"train.seed=\"7\""});
+                                "cfg.yaml", {"train.seed=7"});
   EXPECT_EQ(c.train.metrics_dir, "it's");
   EXPECT_EQ(c.train.checkpoint_dir, "a\"b # c");
   EXPECT_EQ(c.train.steps, 3);
   EXPECT_EQ(c.train.seed, 7u);
+}
+
+// A quoted number or flag is a string (YAML's rule, and what a Python dict's "2" becomes): refused where a number or
+// true/false belongs, in the file and in an override, naming the key.
+TEST(WorkerConfig, AQuotedNumberOrFlagIsAString) {
+  const std::string e = parse_error(kMinimal + "  steps: \"3\"\n");
+  EXPECT_NE(e.find("cfg.yaml:7: train.steps = \"3\": a string; expected an integer (written without quotes)"),
+            std::string::npos) << e;
+  EXPECT_NE(parse_error(kMinimal, {"train.seed='7'"}).find("train.seed = \"7\": a string; expected an integer"),
+            std::string::npos);
+  EXPECT_NE(parse_error(kMinimal, {"policy.optimizer.kwargs.lr=!!str 1e-5"}).find("a string; expected a number"),
+            std::string::npos);
+  EXPECT_NE(parse_error(kMinimal, {"policy.dtensor_cfg.activation_checkpointing=\"true\""})
+                .find("a string; expected true or false"),
+            std::string::npos);
+  // A plain scalar stays a number, and a quoted string stays a string.
+  const Config c = parse_config(kMinimal + "  steps: 3\n", "cfg.yaml", {"train.metrics_dir=\"7\""});
+  EXPECT_EQ(c.train.steps, 3);
+  EXPECT_EQ(c.train.metrics_dir, "7");
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 // `ringtrain config FILE [KEY=VALUE ...]`: the run config resolved (defaults filled in, overrides applied, every
-// check that needs no weights passed, against the model's config.json too) and printed back as YAML with a doc
-// comment per key.
+// check that needs no weights passed, against the model's config.json too, and a GRPO run's prompts) and printed
+// back as YAML with a doc comment per key.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ringtrain/cli/commands.h"
+#include "ringtrain/rl/grpo.h"
 #include "ringtrain/worker/config.h"
 
 namespace ringtrain::cli {
@@ -24,7 +26,12 @@ void add_config_command(CLI::App& app) {
   cmd->add_flag("--no-model", o->no_model, "skip the checks against the model's config.json");
   cmd->callback([o] {
     const worker::Config c = worker::load_config(o->file, o->overrides);
-    if (!o->no_model) c.validate_against(worker::resolve_model_config(c.policy));
+    std::optional<model::ModelConfig> model;
+    if (!o->no_model) {
+      model = worker::resolve_model_config(c.policy);
+      c.validate_against(*model);
+    }
+    if (!c.grpo.prompts.empty()) rl::check_grpo_config(c, model ? &*model : nullptr);
     std::fputs(worker::to_yaml(c).c_str(), stdout);
   });
 }

@@ -175,29 +175,38 @@ Example PromptSource::example(uint64_t index) const {
   return file_[index % file_.size()];
 }
 
-GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, const GrpoOptions& options) {
-  RT_CHECK(world.size() == config.parallel.world(), "the communicator has ", world.size(),
-           " ranks but parallel.dp x parallel.cp = ", config.parallel.world());
+void check_grpo_config(const worker::Config& config, const model::ModelConfig* model) {
   const worker::GrpoConfig& g = config.grpo;
   RT_CHECK(config.loss_fn.type == worker::LossType::ClippedPg, "loss_fn.type = ",
            worker::loss_type_name(config.loss_fn.type),
            ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
   const CharTokenizer tok;
   const PromptSource prompts(config, tok);
-  const model::ModelConfig model = worker::resolve_model_config(config.policy);
-  RT_CHECK(model.vocab >= tok.vocab_size(), "policy.model_name = ", config.policy.model_name, ": its vocabulary (",
-           model.vocab, ") is smaller than the task tokenizer's (", tok.vocab_size(), ")");
-  const RewardMode mode = parse_reward_mode(g.reward);
-  const fs::path root = config.train.checkpoint_dir, warm_dir = root / "sft_warmup";
-  RT_CHECK(g.sft_warmup_steps == 0 || !root.empty(),
+  if (model)
+    RT_CHECK(model->vocab >= tok.vocab_size(), "policy.model_name = ", config.policy.model_name, ": its vocabulary (",
+             model->vocab, ") is smaller than the task tokenizer's (", tok.vocab_size(), ")");
+  parse_reward_mode(g.reward);
+  RT_CHECK(g.sft_warmup_steps == 0 || !config.train.checkpoint_dir.empty(),
            "grpo.sft_warmup_steps needs train.checkpoint_dir: the warm-up's weights (the reference policy) are kept "
            "there");
-  RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
   // The first step's prompts against grpo.max_new_tokens now, as each step's are before it samples: a length that
   // cannot fit is refused before the warm-up's steps are spent and before its files are made.
   for (int64_t i = 0; i < g.num_prompts_per_step; ++i)
     checked_prompt(tok, prompts.example(static_cast<uint64_t>(i)), g.max_new_tokens,
                    cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
+}
+
+GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, const GrpoOptions& options) {
+  RT_CHECK(world.size() == config.parallel.world(), "the communicator has ", world.size(),
+           " ranks but parallel.dp x parallel.cp = ", config.parallel.world());
+  const worker::GrpoConfig& g = config.grpo;
+  const model::ModelConfig model = worker::resolve_model_config(config.policy);
+  check_grpo_config(config, &model);
+  const CharTokenizer tok;
+  const PromptSource prompts(config, tok);
+  const RewardMode mode = parse_reward_mode(g.reward);
+  const fs::path root = config.train.checkpoint_dir, warm_dir = root / "sft_warmup";
+  RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
   if (!root.empty()) worker::prepare_checkpoint_dir(root);
   const bool lead = world.rank() == 0;
   const worker::RunFolderLocks locks = lead ? worker::lock_run_folders(config) : worker::RunFolderLocks{};

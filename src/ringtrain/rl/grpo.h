@@ -85,6 +85,12 @@ struct GrpoSummary {
   double warmup_seconds = 0, grpo_seconds = 0;
 };
 
+// Every check of a GRPO run that reads no weights: the loss (clipped_pg), the prompts (a known built-in task, or a
+// prompt file that holds prompts), grpo.reward, grpo.sft_warmup_steps against train.checkpoint_dir, the first step's
+// prompts against grpo.max_new_tokens and, given the model's config (null: not checked), its vocabulary against the
+// task tokenizer's. run_grpo starts with it; `ringtrain config` runs it on a config with grpo.prompts.
+void check_grpo_config(const worker::Config& config, const model::ModelConfig* model);
+
 // The whole run on this rank (collective over `world`, whose size is config.parallel.world()).
 GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, const GrpoOptions& options = {});
 

@@ -66,8 +66,17 @@ const std::string& scalar(const YAML::Node& n, const std::string& key, const std
   return n.Scalar();
 }
 
-int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string& where, int64_t lo, int64_t hi) {
+// A number's or a flag's text: a quoted or !!str scalar is a string, which YAML (and a dict's JSON) keeps apart from
+// the number it spells.
+const std::string& unquoted(const YAML::Node& n, const std::string& key, const std::string& where, const char* want) {
   const std::string& s = scalar(n, key, where);
+  RT_CHECK(n.Tag() != "!" && n.Tag() != "tag:yaml.org,2002:str", where, ": ", key, " = \"", excerpt(s),
+           "\": a string; expected ", want, " (written without quotes)");
+  return s;
+}
+
+int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string& where, int64_t lo, int64_t hi) {
+  const std::string& s = unquoted(n, key, where, "an integer");
   int64_t v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   RT_CHECK(ec != std::errc::result_out_of_range, where, ": ", key, " = ", excerpt(s), ": out of range [", lo, ", ", hi,
@@ -79,7 +88,7 @@ int64_t parse_int(const YAML::Node& n, const std::string& key, const std::string
 }
 
 uint64_t parse_uint(const YAML::Node& n, const std::string& key, const std::string& where) {
-  const std::string& s = scalar(n, key, where);
+  const std::string& s = unquoted(n, key, where, "an integer");
   uint64_t v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   RT_CHECK(ec == std::errc() && end == s.data() + s.size(), where, ": ", key, " = '", excerpt(s),
@@ -97,7 +106,7 @@ std::string range_text(double lo, double hi) {
 }
 
 double parse_double(const YAML::Node& n, const std::string& key, const std::string& where, double lo, double hi) {
-  const std::string& s = scalar(n, key, where);
+  const std::string& s = unquoted(n, key, where, "a number");
   std::string lower = s;
   for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   const bool yaml_special = lower == ".nan" || lower == ".inf" || lower == "+.inf" || lower == "-.inf";
@@ -113,7 +122,7 @@ double parse_double(const YAML::Node& n, const std::string& key, const std::stri
 }
 
 bool parse_bool(const YAML::Node& n, const std::string& key, const std::string& where) {
-  const std::string& s = scalar(n, key, where);
+  const std::string& s = unquoted(n, key, where, "true or false");
   if (s == "true" || s == "True" || s == "TRUE") return true;
   if (s == "false" || s == "False" || s == "FALSE") return false;
   throw Error(cat(where, ": ", key, " = '", excerpt(s), "': expected true or false"));
