@@ -449,6 +449,27 @@ TEST_F(Checkpoint, WritesRefuseWhatIsNotARegularFileAndReadsNameDirectories) {
                {"cannot create", "No such file or directory"});
 }
 
+// Names up to the file system's 255 bytes are written, files and checkpoint folders alike (their temporary names are
+// kept within the limit); a longer one is refused naming it, not its temporary name.
+TEST_F(Checkpoint, LongNamesAreWrittenAndTooLongOnesNamed) {
+  const std::string longest(255, 'n');
+  model::write_file_atomic(dir_ / longest, "long");
+  EXPECT_EQ(model::read_file(dir_ / longest), "long");
+  ModelConfig c = testing::tiny_config(model::Arch::Llama);
+  c.dtype = DType::F32;
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<float> p = testing::tiny_params(c, rng);
+  model::save_checkpoint(dir_ / std::string(250, 'c'), c, p);
+  EXPECT_EQ(model::load_checkpoint_params(dir_ / std::string(250, 'c'), c), p);
+  const std::string too_long(256, 'x');
+  expect_error([&] { model::write_file_atomic(dir_ / too_long, "x"); },
+               {(dir_ / too_long).string() + ": its name is 256 bytes long; a file system allows 255"});
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+    EXPECT_NE(e.path().filename().string()[0], 'x') << e.path();
+  }
+}
+
 // A run's folder lock: refused while another open description holds the flock (as another process would), naming
 // the key, the folder and the holder's pid; taken once that is gone, with this pid; nested in one process; never
 // through a symlink or onto a folder.

@@ -1,7 +1,6 @@
 // `ringtrain logprobs`: next-token log-probabilities of token sequences under a checkpoint, one JSON line per
 // input line ({"logprobs": [S numbers]}, position 0 = 0), in input order. On the CPU in fp32 (--cp N: ranks are
 // threads); with --device cuda in bf16 on one GPU, or with --cp N on N GPUs (one process per GPU, NCCL).
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -17,7 +16,6 @@
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
-#include "ringtrain/core/json.h"
 #include "ringtrain/core/sys_error.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/policy.h"
@@ -26,37 +24,17 @@
 namespace ringtrain::cli {
 namespace {
 
-// Output line N belongs to input line N, so a blank line is an error rather than skipped.
-std::vector<std::vector<int32_t>> read_samples(const std::string& path, int64_t vocab) {
-  const std::string text = model::read_file(path, model::FileSource::Stream);
+// Every row is checked as a training row would be (a field's length, a mask's values, a log-probability's sign), so
+// that a training file with a broken row is refused here too; only input_ids is scored. Output line N belongs to
+// input line N, so a blank line is an error rather than skipped.
+std::vector<std::vector<int32_t>> read_samples(const std::string& path, const model::ModelConfig& m) {
+  worker::DataSpec spec;
+  spec.vocab = m.vocab;
+  spec.max_length = m.max_positions;
+  spec.max_length_key = "the model's max_position_embeddings";
+  worker::Dataset data = worker::parse_jsonl(model::read_file(path, model::FileSource::Stream), path, spec);
   std::vector<std::vector<int32_t>> out;
-  size_t pos = 0;
-  for (int64_t lineno = 1; pos < text.size(); ++lineno) {
-    const size_t eol = std::min(text.find('\n', pos), text.size());
-    const std::string_view line(text.data() + pos, eol - pos);
-    pos = eol + 1;
-    const std::string where = cat(path, ":", lineno);
-    RT_CHECK(line.find_first_not_of(" \t\r") != std::string_view::npos, where,
-             ": blank line (every line must be one {\"input_ids\": [...]} object)");
-    const nlohmann::json j = parse_json(line, where);
-    RT_CHECK(j.is_object() && j.contains("input_ids"), where, ": expected an object with key 'input_ids'");
-    // Only input_ids is read here (every position is scored); a field that is no training field is a mistake.
-    const std::vector<std::string>& fields = worker::sample_fields();
-    for (const auto& [key, value] : j.items())
-      RT_CHECK(std::find(fields.begin(), fields.end(), key) != fields.end(), where, ": unknown field '",
-               printable(key.substr(0, 40), false), "' (a row holds input_ids and optionally the training fields; "
-               "with --model only input_ids is read)");
-    const nlohmann::json& ids = j["input_ids"];
-    RT_CHECK(ids.is_array() && !ids.empty(), where, ": 'input_ids' must be a non-empty list");
-    std::vector<int32_t> seq;
-    for (const nlohmann::json& t : ids) {
-      RT_CHECK(t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab, where,
-               ": 'input_ids' entry ", json_excerpt(t), " is not a token id in [0, ", vocab, ")");
-      seq.push_back(t.get<int32_t>());
-    }
-    out.push_back(std::move(seq));
-  }
-  RT_CHECK(!out.empty(), path, ": no samples (the file is empty)");
+  for (worker::Sample& s : data.samples) out.push_back(std::move(s.input_ids));
   return out;
 }
 
@@ -168,7 +146,7 @@ void add_logprobs_command(CLI::App& app) {
       if (o->cp > 1 && !inside_ranks(o->cp)) throw Exit{relaunch_self(o->cp)};
     }
     const ModelConfig config = load_config(o->model);
-    const auto samples = read_samples(o->data, config.vocab);
+    const auto samples = read_samples(o->data, config);
     PolicyOptions po;
     po.device = device;
     po.dtype = device.is_cuda() ? DType::BF16 : DType::F32;

@@ -124,14 +124,30 @@ void sync_path(const std::filesystem::path& path) {
   if (rc != 0 && err != EINVAL) throw Error(sys_message("cannot sync", path.string(), err));
 }
 
+std::filesystem::path temporary_sibling(const std::filesystem::path& path) {
+  constexpr size_t kMaxName = 255;  // bytes of one name (NAME_MAX) on Linux's file systems
+  constexpr size_t kKeptBytes = 200;  // of a long name: with its hash and the suffix, well within kMaxName
+  const std::string name = path.filename().string();
+  RT_CHECK(name.size() <= kMaxName, path.string(), ": its name is ", name.size(), " bytes long; a file system allows ",
+           kMaxName);
+  const std::string suffix = cat(".tmp.", ::getpid());
+  std::string stem = "." + name;
+  if (stem.size() + suffix.size() > kMaxName) {
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "~%016zx", std::hash<std::string>{}(name));
+    stem = stem.substr(0, kKeptBytes) + hash;
+  }
+  return path.parent_path() / (stem + suffix);
+}
+
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes) {
   write_file_atomic(path, [&](const ByteSink& sink) { sink(bytes); });
 }
 
 void write_file_atomic(const std::filesystem::path& path, const std::function<void(const ByteSink& sink)>& produce) {
+  const std::string tmp = temporary_sibling(path).string();
   check_replaceable(path);
   const std::string target = path.string();
-  const std::string tmp = target + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) throw_sys_error("cannot create", tmp);
   bool open = true;

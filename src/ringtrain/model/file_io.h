@@ -43,6 +43,10 @@ void write_file_atomic(const std::filesystem::path& path, const std::function<vo
 void check_replaceable(const std::filesystem::path& path);
 // fsync of a file or folder (after a rename, the folder's entry); errors name the path.
 void sync_path(const std::filesystem::path& path);
+// The name beside `path` that it is written under before the rename that puts it in place: hidden, marked with this
+// process's id, and within the file system's 255 bytes whatever the length of path's name (a long name is cut and
+// its hash added). An error naming `path` when its own name is longer than 255 bytes.
+std::filesystem::path temporary_sibling(const std::filesystem::path& path);
 
 // An exclusive lock on a folder that a run writes (checkpoints, metrics): flock on `dir`/.ringtrain.lock, made with the
 // folder if need be and holding the owner's pid, so that a second run on the folder is refused (naming `what`, the

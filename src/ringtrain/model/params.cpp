@@ -233,7 +233,7 @@ void save_checkpoint(const std::filesystem::path& dir, const ModelConfig& c, con
   // crash leaves either the old checkpoint or none, never a partial one.
   const std::filesystem::path parent = target.parent_path();
   std::filesystem::create_directories(parent);
-  const std::filesystem::path staged = parent / cat(".", target.filename().string(), ".tmp.", ::getpid());
+  const std::filesystem::path staged = temporary_sibling(target);
   std::filesystem::remove_all(staged, ec);
   if (!std::filesystem::create_directory(staged, ec))
     throw Error(sys_message("cannot create", staged.string(), ec.value()));

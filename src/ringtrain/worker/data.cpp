@@ -42,7 +42,7 @@ struct RowReader {
     const json& a = array(key);
     const int64_t n = static_cast<int64_t>(a.size());
     RT_CHECK(n >= 1 && n <= spec.max_length, where, ": ", key, ": ", n,
-             " tokens (expected 1 to policy.max_total_sequence_length = ", spec.max_length, ")");
+             " tokens (expected 1 to ", spec.max_length_key, " = ", spec.max_length, ")");
     std::vector<int32_t> out(a.size());
     for (size_t i = 0; i < a.size(); ++i) {
       const json& t = a[i];
@@ -292,7 +292,7 @@ Dataset read_batch_safetensors(const std::filesystem::path& file, const DataSpec
     const double stored_len = load_as_double(lens.bytes.data(), lens.dtype, b);
     RT_CHECK(stored_len >= 1 && stored_len <= static_cast<double>(std::min(S, spec.max_length)), src, ": lengths[", b,
              "] = ", stored_len, ": expected 1 to ", std::min(S, spec.max_length), " (S = ", S,
-             ", policy.max_total_sequence_length = ", spec.max_length, ")");
+             ", ", spec.max_length_key, " = ", spec.max_length, ")");
     const int64_t len = static_cast<int64_t>(stored_len);
     s.input_ids.resize(static_cast<size_t>(len));
     for (int64_t p = 0; p < len; ++p) {

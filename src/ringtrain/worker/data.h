@@ -44,6 +44,7 @@ struct Sample {
 struct DataSpec {
   int64_t vocab = 0;
   int64_t max_length = 0;
+  std::string max_length_key = "policy.max_total_sequence_length";  // what sets max_length, for errors
   LossType loss = LossType::Nll;
   bool need_advantages = false;
   bool need_generation_logprobs = false;
