@@ -538,18 +538,20 @@ Batch read_batch(py::handle batch_obj, const worker::Config& config, int64_t voc
     if (!(get = field(key))) continue;
     if (!get->floating) fail(*get, cat("expected a floating dtype, got ", get->dtype));
     check_shape(*get, key);
-    const bool per_sequence = get->shape.size() == 1;
+    const bool per_sequence = get->shape.size() == 1, logprob = std::string_view(key).ends_with("logprobs");
+    const auto value = [&](int64_t i, const std::string& at) {
+      const float v = finite(*get, get->at(i), at);
+      if (logprob && v > 0.0f) fail(*get, cat(key, at, " = ", v, ": a log-probability is at most 0"));
+      return v;
+    };
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = lengths[static_cast<size_t>(b)];
       std::vector<float>& v = out.samples[static_cast<size_t>(b)].*member;
       v.resize(static_cast<size_t>(len));
       if (per_sequence) {
-        const float a = finite(*get, get->at(b), cat("[", b, "]"));
-        std::fill(v.begin(), v.end(), a);
+        std::fill(v.begin(), v.end(), value(b, cat("[", b, "]")));
       } else {
-        for (int64_t p = 0; p < len; ++p)
-          v[static_cast<size_t>(p)] =
-              finite(*get, get->at(b * S + p), cat("[", b, ", ", p, "]"));
+        for (int64_t p = 0; p < len; ++p) v[static_cast<size_t>(p)] = value(b * S + p, cat("[", b, ", ", p, "]"));
       }
     }
   }

@@ -63,6 +63,10 @@ def _config_args(config, overrides):
         return _json.dumps(_plain(config, "config", 0), indent=2), True, "<config dict>", overrides
     if isinstance(config, (str, bytes, _os.PathLike)):
         path = _os.fsdecode(config)
+        if "\0" in path:
+            raise ValueError(f"config: the path {path!r} holds a NUL character")
+        if _os.path.isdir(path):
+            raise IsADirectoryError(f"config: {path} is a directory; expected a YAML file")
         if not _os.path.isfile(path):
             raise FileNotFoundError(f"config: no such file: {path}")
         return path, False, path, overrides
@@ -208,7 +212,7 @@ class PolicyWorker:
     """
 
     def __init__(self, config, overrides=None, *, timeout_s=600.0):
-        self._w = _core.PolicyWorker(*_config_args(config, overrides), float(timeout_s))
+        self._w = _core.PolicyWorker(*_config_args(config, overrides), _real(timeout_s, "timeout_s"))
 
     def get_logprobs(self, batch, with_entropy=False):
         """{'logprobs': [B, S] float32} (and 'entropy' with with_entropy): entry p = log p(token p | tokens < p)."""
@@ -240,7 +244,7 @@ class PolicyWorker:
         a stop token included), 'logprobs' (float32, the policy's logprob of each: the generation_logprobs of the
         loss) and 'finish' ('stop' or 'length'). Prompt b's randomness is keyed by (seed, b): repeat a prompt to draw
         a group of distinct samples; the same seed and prompts give the same samples."""
-        if isinstance(prompts, (str, bytes, _Mapping)):
+        if prompts is None or isinstance(prompts, (str, bytes, _Mapping)):
             raise TypeError(f"prompts: expected a list of token-id sequences, got {type(prompts).__name__}")
         seqs = []
         for b, p in enumerate(prompts):
@@ -250,6 +254,10 @@ class PolicyWorker:
         seed = _integer(seed, "seed")
         if not 0 <= seed < 2**64:
             raise ValueError(f"seed: {seed} is not in [0, 2**64)")
+        if stop_tokens is None:
+            stop_tokens = ()
+        if isinstance(stop_tokens, (str, bytes, _Mapping)):
+            raise TypeError(f"stop_tokens: expected a sequence of token ids, got {type(stop_tokens).__name__}")
         stops = [_token(t, f"stop_tokens[{i}]") for i, t in enumerate(stop_tokens)]
         n, k = _integer(max_new_tokens, "max_new_tokens"), _integer(top_k, "top_k")
         for value, name in ((n, "max_new_tokens"), (k, "top_k")):

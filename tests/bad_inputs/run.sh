@@ -57,7 +57,7 @@ set_key() { sed -i -E "s/(\"$2\": )[^,]*/\1$3/" "$1/config.json"; }
 
 # --- data lines (logprobs --data) ---
 { printf '{"input_ids": '; nested 100000; printf '}\n'; } >deep.jsonl
-expect_error data-deep-json 'deep.jsonl:1: JSON nested deeper' "$bin" logprobs --model ck --data deep.jsonl
+expect_error data-deep-json 'deep.jsonl:1: nested deeper than' "$bin" logprobs --model ck --data deep.jsonl
 printf '{"input_ids": [1]}\n\n{"input_ids": [2]}\n' >blank_middle.jsonl
 expect_error data-blank-line 'blank_middle.jsonl:2: blank line' "$bin" logprobs --model ck --data blank_middle.jsonl
 printf '{"input_ids":[1,2,3],"foo":1}\n' > unknown_field.jsonl
@@ -73,18 +73,21 @@ expect_error data-missing 'missing.jsonl: No such file' "$bin" logprobs --model 
 printf '{"input_ids": [1, 2\n' >bad_json.jsonl
 expect_error data-invalid-json 'bad_json.jsonl:1: invalid JSON' "$bin" logprobs --model ck --data bad_json.jsonl
 printf '{"input_ids": [1, 99]}\n' >oov.jsonl
-expect_error data-token-out-of-vocab 'oov.jsonl:1: .*99 is not a token id' "$bin" logprobs --model ck --data oov.jsonl
+expect_error data-token-out-of-vocab 'oov.jsonl:1: input_ids\[1\] = 99: not a token id in \[0, 32\)' "$bin" logprobs --model ck --data oov.jsonl
 printf '{"input_ids": [1, 1e30]}\n' >float_id.jsonl
-expect_error data-float-token 'float_id.jsonl:1: .*is not a token id' "$bin" logprobs --model ck --data float_id.jsonl
+expect_error data-float-token 'float_id.jsonl:1: input_ids\[1\] = .*: not a token id' "$bin" logprobs --model ck --data float_id.jsonl
 printf '{"input_ids": [%s]}\n' "$(printf '"%0200d",' 0)1" >long_value.jsonl
-expect_error data-long-value-truncated 'long_value.jsonl:1: .*\.\.\. is not a token id' "$bin" logprobs --model ck --data long_value.jsonl
+expect_error data-long-value-truncated 'long_value.jsonl:1: input_ids\[0\] = "0+\.\.\.: not a token id' "$bin" logprobs --model ck --data long_value.jsonl
+printf '{"input_ids": [1, 2, 3], "advantages": [0.5, 1]}\n' >short_advantages.jsonl
+expect_error data-scoring-checks-training-fields 'short_advantages.jsonl:1: advantages' \
+  "$bin" logprobs --model ck --data short_advantages.jsonl
 printf '{"ids": [1]}\n' >no_key.jsonl
-expect_error data-missing-key "no_key.jsonl:1: expected an object with key 'input_ids'" "$bin" logprobs --model ck --data no_key.jsonl
+expect_error data-missing-key "no_key.jsonl:1: unknown field 'ids'" "$bin" logprobs --model ck --data no_key.jsonl
 copy_ck short_ck && set_key short_ck max_position_embeddings 4
 printf '{"input_ids": [1, 2, 3, 4, 5]}\n' >five.jsonl
-expect_error data-beyond-max-positions "5 tokens is longer than config key 'max_position_embeddings' = 4" \
+expect_error data-beyond-max-positions "five.jsonl:1: input_ids: 5 tokens \\(expected 1 to the model's max_position_embeddings = 4\\)" \
   "$bin" logprobs --model short_ck --data five.jsonl
-expect_error data-beyond-max-positions-cp2 "longer than config key 'max_position_embeddings' = 4" \
+expect_error data-beyond-max-positions-cp2 "input_ids: 5 tokens \\(expected 1 to the model's max_position_embeddings = 4\\)" \
   "$bin" logprobs --model short_ck --data five.jsonl --cp 2
 
 # --- config.json ---
@@ -277,6 +280,15 @@ expect_error grpo-response-past-length 'grpo.max_new_tokens = 100: prompt .* exc
   grpo.num_prompts_per_step=1 grpo.num_generations_per_prompt=2 loss_fn.type=clipped_pg grpo.max_new_tokens=100 \
   grpo.sft_warmup_steps=5 train.checkpoint_dir=long_ck train.metrics_dir=long_metrics
 [ ! -e long_ck ] && [ ! -e long_metrics ] || { echo "FAIL grpo-response-past-length: files made"; failures=$((failures + 1)); }
+# `config` makes a GRPO run's own checks too: what `grpo` would refuse, `config` refuses.
+grpo_sizes=(policy.train_global_batch_size=2 grpo.num_prompts_per_step=1 grpo.num_generations_per_prompt=2)
+expect_error config-grpo-unknown-task 'grpo.prompts = builtin:reverse_words: unknown built-in task' \
+  "$bin" config run.yaml grpo.prompts=builtin:reverse_words "${grpo_sizes[@]}" loss_fn.type=clipped_pg
+expect_error config-grpo-response-past-length 'grpo.max_new_tokens = 100: prompt .* exceeds policy.max_total_sequence_length = 16' \
+  "$bin" config run.yaml grpo.prompts=builtin:reverse_digits "${grpo_sizes[@]}" loss_fn.type=clipped_pg \
+  grpo.max_new_tokens=100
+expect_error config-grpo-not-clipped-pg 'loss_fn.type = nll: a GRPO run trains with clipped_pg' \
+  "$bin" config run.yaml grpo.prompts=builtin:reverse_digits "${grpo_sizes[@]}" --no-model
 mkdir -p earlier_events && : > earlier_events/events.out.tfevents.1.host
 expect_error train-fresh-over-events 'earlier_events/events.out.tfevents.1.host is the TensorBoard event file of an' \
   "$bin" train --config run.yaml train.metrics_dir=earlier_events
@@ -317,6 +329,9 @@ expect_error train-no-loss-target 'no_target.jsonl: no sequence has a loss targe
 { cat run.yaml; printf '  checkpoint_dir: "ck\n  checkpoint_every: 1\n'; } > open_quote.yaml
 expect_error config-open-quote 'open_quote.yaml:13:19: the value "ck .* is not closed on its line' \
   "$bin" train --config open_quote.yaml
+{ cat run.yaml; printf '  seed: "2"\n'; } > quoted_number.yaml
+expect_error config-quoted-number 'quoted_number.yaml:13: train.seed = "2": a string; expected an integer' \
+  "$bin" train --config quoted_number.yaml
 printf '{"input_ids":[1,2],"token_mask":[0,1]}\n{"input_ids":[3,4]}\n' > mask_dropped.jsonl
 expect_error data-token-mask-dropped 'mask_dropped.jsonl:2: token_mask missing \(mask_dropped.jsonl:1 has it' \
   "$bin" train --config run.yaml train.data=mask_dropped.jsonl

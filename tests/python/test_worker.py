@@ -70,8 +70,13 @@ class TestConfig(unittest.TestCase):
             ringtrain.PolicyWorker(base_config(), ["policy.train_micro_batch_size=abc"])
         with self.assertRaisesRegex(ValueError, "builtin:nope"):
             ringtrain.PolicyWorker(base_config(model_name="builtin:nope"))
-        with self.assertRaises(FileNotFoundError):
+        with self.assertRaisesRegex(FileNotFoundError, "config: no such file: /nonexistent/run.yaml"):
             ringtrain.PolicyWorker("/nonexistent/run.yaml")
+        with tempfile.TemporaryDirectory() as tmp:
+            with self.assertRaisesRegex(IsADirectoryError, f"config: {tmp} is a directory; expected a YAML file"):
+                ringtrain.PolicyWorker(tmp)
+        with self.assertRaisesRegex(ValueError, r"config: the path '/tmp/a\\x00b.yaml' holds a NUL character"):
+            ringtrain.PolicyWorker("/tmp/a\0b.yaml")
         with self.assertRaises(TypeError):
             ringtrain.PolicyWorker(base_config(), "policy.train_micro_batch_size=2")
         with self.assertRaises(TypeError):
@@ -94,6 +99,12 @@ class TestConfig(unittest.TestCase):
             cfg["policy"]["max_grad_norm"] = value
             with self.assertRaisesRegex(TypeError, pattern):
                 ringtrain.load_config(cfg)
+        # A str is a string, though it spells a number or a flag.
+        for key, value, want in (("train_global_batch_size", "2", "an integer"), ("max_grad_norm", "0.5", "a number")):
+            cfg = base_config()
+            cfg["policy"][key] = value
+            with self.assertRaisesRegex(ValueError, rf'policy.{key} = "{value}": a string; expected {want}'):
+                ringtrain.load_config(cfg)
         deep = base_config()
         node = deep["train"]
         for _ in range(100):
@@ -106,6 +117,9 @@ class TestConfig(unittest.TestCase):
         # Refused before the seconds become an int64 of milliseconds (NaN, inf and 1e300 do not fit one).
         for t in (float("nan"), float("inf"), 1e300, -1.0, 0.0, 1e-4):
             with self.assertRaisesRegex(ValueError, r"timeout_s = .*: expected seconds in \[0.001, 604800\]"):
+                ringtrain.PolicyWorker(base_config(), timeout_s=t)
+        for t in (None, "10", True):
+            with self.assertRaisesRegex(TypeError, r"timeout_s: expected a number, got"):
                 ringtrain.PolicyWorker(base_config(), timeout_s=t)
         # A NUL would end the YAML value early: seed 1 instead of the 1<NUL>2 given.
         with self.assertRaisesRegex(ValueError, r"override 'train.seed=1\\x002': holds a NUL byte"):
@@ -208,12 +222,43 @@ class TestMultiRank(unittest.TestCase):
         lp = w.get_logprobs({"input_ids": np.array([[1, 2, 3]])})["logprobs"]
         self.assertTrue(np.all(lp[0, 1:] < 0))
 
-    def test_a_failure_inside_the_ranks_names_the_rank_and_retires_the_worker(self):
-        w = ringtrain.PolicyWorker(GRPO_YAML, [f"train.seed={SEED}"])
-        with self.assertRaisesRegex(ringtrain.Error, r"rank \d: .*/nonexistent/checkpoint"):
-            w.load("/nonexistent/checkpoint")
-        with self.assertRaisesRegex(ringtrain.Error, "cannot be used any more"):
-            w.get_logprobs({"input_ids": np.array([[1, 2, 3]])})
+    def test_paths_that_every_rank_refuses_leave_the_ranks_usable(self):
+        # dp = 2 x cp = 2: every rank reaches the same verdict on a save, load or export path, so the group stays in
+        # step and the next call runs.
+        w = ringtrain.PolicyWorker(GRPO_YAML, [f"train.seed={SEED}", "parallel.dp=2"])
+        ids = np.array([[1, 2, 3, 4]])
+        before = w.get_logprobs({"input_ids": ids})["logprobs"]
+        with tempfile.TemporaryDirectory() as tmp:
+            a_file = os.path.join(tmp, "a-file")
+            with open(a_file, "w") as f:
+                f.write("keep")
+            for call, pattern in [(lambda: w.load(os.path.join(tmp, "missing")), r"missing/trainer_state\.json"),
+                                  (lambda: w.save(a_file), "not a checkpoint folder"),
+                                  (lambda: w.export_hf(a_file), "is not a directory"),
+                                  (lambda: w.save(""), "empty folder name")]:
+                with self.assertRaisesRegex(ringtrain.Error, pattern):
+                    call()
+                np.testing.assert_array_equal(w.get_logprobs({"input_ids": ids})["logprobs"], before)
+            with open(a_file) as f:
+                self.assertEqual(f.read(), "keep")
+
+    def test_a_batch_the_ranks_refuse_leaves_them_usable_and_an_empty_one_moves_nothing(self):
+        # DPO over dp = 2: a pair whose masks differ is named whichever rank's part it is in, and the group trains
+        # on; a batch whose masks leave no valid token is reported skipped and leaves the logprobs as they were.
+        w = ringtrain.PolicyWorker(os.path.join(SOURCE_DIR, "configs", "dpo.yaml"),
+                                   ["policy.train_global_batch_size=2", "policy.train_micro_batch_size=1"])
+        ids = np.random.default_rng(SEED).integers(1, 200, (4, 12))
+        for mask, pair in [([1, 0, 1, 1], 0), ([1, 1, 0, 1], 1), ([1, 1, 1, 0], 1)]:
+            with self.assertRaisesRegex(ringtrain.Error, rf"DPO pair {pair} \(sequences {2 * pair} and {2 * pair + 1}\)"):
+                w.train({"input_ids": ids, "sample_mask": np.array(mask, np.float32)})
+        before = w.get_logprobs({"input_ids": ids})["logprobs"]
+        r = w.train({"input_ids": ids, "sample_mask": np.zeros(4, np.float32)})
+        self.assertEqual((r["skipped"], r["valid_tokens"]), (True, 0))
+        np.testing.assert_array_equal(w.get_logprobs({"input_ids": ids})["logprobs"], before)
+        r = w.train({"input_ids": ids})
+        self.assertFalse(r["skipped"])
+        self.assertTrue(math.isfinite(r["loss"]) and r["valid_tokens"] > 0)
+        self.assertFalse(np.array_equal(w.get_logprobs({"input_ids": ids})["logprobs"], before))
 
 
 class TestBadInputs(unittest.TestCase):
@@ -288,6 +333,10 @@ class TestBadInputs(unittest.TestCase):
         inf[0, 1] = -np.inf
         self.bad({"input_ids": ids, "generation_logprobs": inf}, r"generation_logprobs\[0, 1\] = -inf: not a finite")
         self.bad({"input_ids": ids, "prev_logprobs": f32(2)}, r"prev_logprobs: shape \(2,\) does not match")
+        positive = f32((2, 6))
+        positive[1, 3] = 0.25
+        self.bad({"input_ids": ids, "prev_logprobs": positive}, r"prev_logprobs\[1, 3\] = 0.25: a log-probability is at most 0")
+        self.bad({"input_ids": ids, "input_lengths": np.array([6, 3]), "prev_logprobs": positive}, None)
         self.bad({"input_ids": ids, "reference_logprobs": np.zeros((2, 6), np.int32)},
                  r"reference_logprobs: expected a floating dtype")
         self.bad({"input_ids": ids, "labels": ids}, r"unknown batch key 'labels'")
@@ -539,6 +588,8 @@ class TestGenerate(unittest.TestCase):
             (lambda: w.generate([[1, 2.5]], 4), TypeError, r"prompts\[0\]\[1\]: expected an integer, got float"),
             (lambda: w.generate([[1, True]], 4), TypeError, r"prompts\[0\]\[1\]: expected an integer, got bool"),
             (lambda: w.generate("12", 4), TypeError, "prompts: expected a list"),
+            (lambda: w.generate(None, 4), TypeError, "prompts: expected a list of token-id sequences, got NoneType"),
+            (lambda: w.generate([[1]], 4, stop_tokens="7"), TypeError, "stop_tokens: expected a sequence"),
             (lambda: w.generate([[1]], 0), ValueError, "max_new_tokens 0 must be in"),
             (lambda: w.generate([[1]], 64), ValueError, "max_new_tokens 64 must be in"),
             (lambda: w.generate([list(range(60))], 8), ValueError, r"prompts\[0\] has 60 tokens"),
@@ -558,6 +609,9 @@ class TestGenerate(unittest.TestCase):
             with self.assertRaisesRegex(error, pattern):
                 call()
         self.assertEqual(len(w.generate([[1, 2]], 3)[0]["tokens"]), 3)  # still usable
+        # stop_tokens=None is no stop token, as the default () is.
+        self.assertEqual(w.generate([[1, 2]], 3, stop_tokens=None, seed=SEED)[0]["tokens"].tolist(),
+                         w.generate([[1, 2]], 3, seed=SEED)[0]["tokens"].tolist())
         # NumPy scalars are numbers: the same samples as the Python floats.
         a = w.generate([[1, 2]], 3, temperature=np.float32(0.5), top_p=np.float64(0.9), seed=SEED)
         b = w.generate([[1, 2]], 3, temperature=0.5, top_p=0.9, seed=SEED)
