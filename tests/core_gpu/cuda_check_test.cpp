@@ -6,10 +6,10 @@
 
 #include "test_util.h"
 #ifdef RINGTRAIN_WITH_CUDA
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include "ringtrain/core/cuda/check.h"
+#include "ringtrain/core/cuda/cublaslt.h"
 #endif
 
 namespace ringtrain {
@@ -53,8 +53,9 @@ TEST(CudaCheck, PassesSuccessThrough) {
 TEST(CudaCheck, CublasStatusIsNamed) {
   const std::string msg = error_of([] { RT_CUBLAS_CHECK(CUBLAS_STATUS_INVALID_VALUE, "a GEMM [", 2, "x", 3, "]"); });
   EXPECT_EQ(msg.rfind("a GEMM [2x3]: CUBLAS_STATUS_INVALID_VALUE failed: ", 0), 0u) << msg;
-  // then cuBLAS's own text for the status and the source line
-  const std::string status_text = cublasLtGetStatusString(CUBLAS_STATUS_INVALID_VALUE);
+  // then cuBLAS's own text for the status (from the library loaded at first use) and the source line
+  const std::string status_text = cuda::cublaslt().GetStatusString(CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_FALSE(status_text.empty());
   EXPECT_NE(msg.find("failed: " + status_text + " ("), std::string::npos) << msg;
   EXPECT_NE(msg.find("core_gpu/cuda_check_test.cpp:"), std::string::npos) << msg;
 }

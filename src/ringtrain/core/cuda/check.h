@@ -3,8 +3,8 @@
 //   "GPU allocation of 512 bytes for [2, 64] bf16 cuda:0: cudaMallocAsync(&p, bytes, nullptr) failed: out of memory
 //    (core/cuda/cuda_device_ops.cpp:41)"
 // RT_CUDA_CHECK(expr, context...) for a cudaError_t, RT_CUDA_CHECK_LAUNCH(context...) for the last kernel launch,
-// RT_CUBLAS_CHECK(expr, context...) for a cublasStatus_t (the caller includes cublasLt.h). The context parts are
-// concatenated as by ringtrain::cat and may be left out.
+// RT_CUBLAS_CHECK(expr, context...) for a cublasStatus_t (the caller includes core/cuda/cublaslt.h). The context
+// parts are concatenated as by ringtrain::cat and may be left out.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -43,5 +43,6 @@ std::string check_context(const Parts&... parts) {
     const cublasStatus_t rt_cublas_status_ = (expr);                                                     \
     if (rt_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                                      \
       ::ringtrain::cuda::throw_call_error(::ringtrain::cuda::check_context(__VA_ARGS__), #expr,          \
-                                          cublasLtGetStatusString(rt_cublas_status_), __FILE__, __LINE__); \
+                                          ::ringtrain::cuda::cublaslt().GetStatusString(rt_cublas_status_), \
+                                          __FILE__, __LINE__);                                           \
   } while (0)

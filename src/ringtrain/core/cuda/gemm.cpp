@@ -8,7 +8,6 @@
 // added in the epilogue, so neither costs a pass of its own over the activations.
 #include "ringtrain/core/cuda/gemm.h"
 
-#include <cublasLt.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -19,6 +18,7 @@
 
 #include "ringtrain/core/cuda/bias_grad.cuh"
 #include "ringtrain/core/cuda/check.h"
+#include "ringtrain/core/cuda/cublaslt.h"
 #include "ringtrain/core/error.h"
 
 namespace ringtrain::cuda {
@@ -100,10 +100,10 @@ struct Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (d) cublaslt().MatrixLayoutDestroy(d);
+    if (b) cublaslt().MatrixLayoutDestroy(b);
+    if (a) cublaslt().MatrixLayoutDestroy(a);
+    if (op) cublaslt().MatmulDescDestroy(op);
   }
 };
 
@@ -124,13 +124,13 @@ std::string describe(const BatchedKey& k) {
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
   ~Preference() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (pref) cublaslt().MatmulPreferenceDestroy(pref);
   }
 };
 
 void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const auto& value,
               const PlanKey& key) {
-  RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), describe(key));
+  RT_CUBLAS_CHECK(cublaslt().MatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), describe(key));
 }
 
 }  // namespace
@@ -147,7 +147,7 @@ struct Gemm::Impl {
   ~Impl() {
     plans.clear();
     batched_plans.clear();
-    if (handle) cublasLtDestroy(handle);
+    if (handle) cublaslt().Destroy(handle);
     if (workspace) cudaFree(workspace);
     if (aligned_bias) cudaFree(aligned_bias);
   }
@@ -156,26 +156,26 @@ struct Gemm::Impl {
     auto it = plans.find(key);
     if (it != plans.end()) return *it->second;
     auto p = std::make_unique<Plan>();
-    RT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), describe(key));
-    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &s.trans_a, sizeof(s.trans_a)),
+    RT_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), describe(key));
+    RT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &s.trans_a, sizeof(s.trans_a)),
                 describe(key));
-    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &s.trans_b, sizeof(s.trans_b)),
+    RT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &s.trans_b, sizeof(s.trans_b)),
                 describe(key));
     if (key.bias) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       const cudaDataType_t bias_type = CUDA_R_16BF;
-      RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+      RT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
                   describe(key));
       RT_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+          cublaslt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
           describe(key));
     }
-    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s.a.rows, s.a.cols, s.a.ld), describe(key));
-    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, s.b.rows, s.b.cols, s.b.ld), describe(key));
-    RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, s.d_type, s.d.rows, s.d.cols, s.d.ld), describe(key));
+    RT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p->a, CUDA_R_16BF, s.a.rows, s.a.cols, s.a.ld), describe(key));
+    RT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p->b, CUDA_R_16BF, s.b.rows, s.b.cols, s.b.ld), describe(key));
+    RT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p->d, s.d_type, s.d.rows, s.d.cols, s.d.ld), describe(key));
 
     Preference pr;
-    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pr.pref), describe(key));
+    RT_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pr.pref), describe(key));
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes}, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a, key);
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b, key);
@@ -183,7 +183,7 @@ struct Gemm::Impl {
     set_pref(pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d, key);
     cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
     int found = 0;
-    RT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref,
+    RT_CUBLAS_CHECK(cublaslt().MatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref,
                                                autotune ? kTuneCandidates : 1, results, &found),
                 describe(key));
     RT_CHECK(found > 0, "cuBLASLt has no algorithm for ", describe(key), " (alignments A ", key.align_a, " B ",
@@ -203,22 +203,22 @@ struct Gemm::Impl {
     auto it = batched_plans.find(key);
     if (it != batched_plans.end()) return *it->second;
     auto p = std::make_unique<Plan>();
-    RT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), describe(key));
+    RT_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), describe(key));
     const cublasOperation_t op_first = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_second = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)),
+    RT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)),
                     describe(key));
-    RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+    RT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
                     describe(key));
     const auto layout = [&](cublasLtMatrixLayout_t* l, int64_t rows, int64_t cols, int64_t ld, int64_t stride) {
-      RT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, static_cast<uint64_t>(rows),
+      RT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(l, CUDA_R_32F, static_cast<uint64_t>(rows),
                                                  static_cast<uint64_t>(cols), ld),
                       describe(key));
       const int32_t count = static_cast<int32_t>(key.batch);
-      RT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+      RT_CUBLAS_CHECK(cublaslt().MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                       describe(key));
       RT_CUBLAS_CHECK(
-          cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+          cublaslt().MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
           describe(key));
     };
     // The first (column-major) operand: B stored row-major [k, n] (or [n, k] transposed) is column-major [n, k]
@@ -227,9 +227,9 @@ struct Gemm::Impl {
     layout(&p->b, key.trans_a ? key.m : key.k, key.trans_a ? key.k : key.m, key.lda, key.stride_a);
     layout(&p->d, key.n, key.m, key.ldc, key.stride_c);
     Preference pr;
-    RT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pr.pref), describe(key));
+    RT_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pr.pref), describe(key));
     const auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
-      RT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pr.pref, attr, &value, sizeof(value)), describe(key));
+      RT_CUBLAS_CHECK(cublaslt().MatmulPreferenceSetAttribute(pr.pref, attr, &value, sizeof(value)), describe(key));
     };
     set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);
@@ -238,7 +238,7 @@ struct Gemm::Impl {
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    RT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref, 1, &result, &found),
+    RT_CUBLAS_CHECK(cublaslt().MatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->d, p->d, pr.pref, 1, &result, &found),
                     describe(key));
     RT_CHECK(found > 0, "cuBLASLt has no algorithm for the ", describe(key));
     p->algo = result.algo;
@@ -281,7 +281,7 @@ struct Gemm::Impl {
     float best = 0.f;
     for (const cublasLtMatmulAlgo_t& algo : candidates) {
       const auto once = [&] {
-        return cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, target, p.d, target, p.d, &algo, workspace,
+        return cublaslt().Matmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, target, p.d, target, p.d, &algo, workspace,
                               kWorkspaceBytes, stream);
       };
       if (once() != CUBLAS_STATUS_SUCCESS) continue;
@@ -304,11 +304,11 @@ struct Gemm::Impl {
            const bf16* bias, const void* c = nullptr) {
     Plan& p = plan(key, s);
     if (bias)
-      RT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+      RT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                   describe(key));
     if (!p.candidates.empty()) tune(stream, key, p, a, b, d, beta, c);
     const float alpha = 1.f;
-    RT_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, c ? c : d, p.d, d, p.d, &p.algo, workspace,
+    RT_CUBLAS_CHECK(cublaslt().Matmul(handle, p.op, &alpha, a, p.a, b, p.b, &beta, c ? c : d, p.d, d, p.d, &p.algo, workspace,
                                kWorkspaceBytes, stream),
                 describe(key));
   }
@@ -336,7 +336,7 @@ struct Gemm::Impl {
 Gemm::Gemm(cudaStream_t stream) : impl_(std::make_unique<Impl>()), stream_(stream) {
   const char* tune = std::getenv("RINGTRAIN_GEMM_AUTOTUNE");
   impl_->autotune = !(tune && std::string_view(tune) == "0");
-  RT_CUBLAS_CHECK(cublasLtCreate(&impl_->handle), "a new Gemm");
+  RT_CUBLAS_CHECK(cublaslt().Create(&impl_->handle), "a new Gemm");
   RT_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes), "the ", kWorkspaceBytes, "-byte GEMM workspace");
 }
 
@@ -427,7 +427,7 @@ void Gemm::batched_f32(int64_t m, int64_t n, int64_t k, float alpha, RowMajorF32
                        .align_c = align(c, ldc, c_batch_stride)};
   Plan& p = impl_->batched_plan(key);
   const float beta = 0.f;
-  RT_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.op, &alpha, b.data, p.a, a.data, p.b, &beta, c, p.d, c, p.d, &p.algo,
+  RT_CUBLAS_CHECK(cublaslt().Matmul(impl_->handle, p.op, &alpha, b.data, p.a, a.data, p.b, &beta, c, p.d, c, p.d, &p.algo,
                                  impl_->workspace, kWorkspaceBytes, stream_),
                   describe(key));
 }
