@@ -170,6 +170,12 @@ struct Exported {
   std::shared_ptr<dl::ManagedTensor> release;
 };
 
+// An interrupt (KeyboardInterrupt, SystemExit: no Exception) or a MemoryError raised by the caller's Python code
+// reaches the caller as itself, not as a ValueError about the array.
+bool passes_through(const py::error_already_set& e) {
+  return !e.matches(PyExc_Exception) || e.matches(PyExc_MemoryError);
+}
+
 // nullopt: the producer could not export this array (NumPy's bool arrays), and the buffer protocol is there instead.
 std::optional<Exported> export_dlpack(py::handle obj, const std::string& key) {
   const py::tuple dev = obj.attr("__dlpack_device__")();
@@ -183,6 +189,7 @@ std::optional<Exported> export_dlpack(py::handle obj, const std::string& key) {
     // the copy below runs on it.
     capsule = device_type == dl::kCUDA ? obj.attr("__dlpack__")(py::arg("stream") = 1) : obj.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
+    if (passes_through(e)) throw;
     if (PyObject_CheckBuffer(obj.ptr())) return std::nullopt;
     throw py::value_error(cat(key, ": __dlpack__() failed: ", e.what()));
   }
@@ -360,6 +367,7 @@ HostArray read_array(py::handle obj, const std::string& key) {
     try {
       array = py::module_::import("numpy").attr("asarray")(obj);
     } catch (py::error_already_set& e) {
+      if (passes_through(e)) throw;
       throw py::value_error(cat(key, ": cannot make an array of this ", type_name(obj), ": ", e.what()));
     }
     return read_array(array, key);

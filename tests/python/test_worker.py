@@ -290,6 +290,17 @@ class TestBadInputs(unittest.TestCase):
         np.testing.assert_array_equal(self.worker.get_logprobs(batch)["logprobs"], expected)
         self.assertEqual(batch, {})
 
+    def test_an_interrupt_while_an_array_is_read_reaches_the_caller_as_itself(self):
+        # Ctrl-C (or a MemoryError) inside the caller's __dlpack__ is not an error about the array.
+        for raised in (KeyboardInterrupt, MemoryError):
+            class Raising(np.ndarray):
+                def __dlpack__(self, *args, **kwargs):
+                    raise raised()
+
+            with self.assertRaises(raised):
+                self.worker.get_logprobs({"input_ids": self.ids, "token_mask": np.ones((2, 6)).view(Raising)})
+        self.assertTrue(np.all(self.worker.get_logprobs({"input_ids": self.ids})["logprobs"][:, 1:] < 0))
+
     def test_the_zero_copy_path_is_for_cuda_tensors_of_a_gpu_worker(self):
         # A CPU worker's in-process ranks would share one result tensor: it never takes the zero-copy path.
         self.assertEqual(self.worker._w.zero_copy_device, -1)
