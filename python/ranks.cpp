@@ -21,20 +21,12 @@ std::string message_of(const std::exception_ptr& e) {
   }
 }
 
-bool is_agreed_error(const std::exception_ptr& e) {
+// Whether e holds an exception of type E (or derived from it).
+template <typename E>
+bool holds(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
-  } catch (const comm::AgreedError&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-bool is_comm_error(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const comm::CommError&) {
+  } catch (const E&) {
     return true;
   } catch (...) {
     return false;
@@ -99,13 +91,13 @@ void WorkerGroup::run_ranks(const std::function<void(int)>& fn) {
   // The root cause: the first rank whose error is not a communicator error (the others' waits failed because of it).
   int root = -1;
   for (int r = 0; r < n; ++r)
-    if (errors[static_cast<size_t>(r)] && (root < 0 || (is_comm_error(errors[static_cast<size_t>(root)]) &&
-                                                        !is_comm_error(errors[static_cast<size_t>(r)]))))
+    if (errors[static_cast<size_t>(r)] && (root < 0 || (holds<comm::CommError>(errors[static_cast<size_t>(root)]) &&
+                                                        !holds<comm::CommError>(errors[static_cast<size_t>(r)]))))
       root = r;
   if (root < 0) return;
   if (!collective) std::rethrow_exception(errors[static_cast<size_t>(root)]);
   // Every rank raised it together (a bad checkpoint path, a file that failed to read): the group is still in step.
-  if (std::all_of(errors.begin(), errors.end(), is_agreed_error)) std::rethrow_exception(errors.front());
+  if (std::all_of(errors.begin(), errors.end(), holds<comm::AgreedError>)) std::rethrow_exception(errors.front());
   const int global = comms_[static_cast<size_t>(root)]->rank();
   broken_ = cat("rank ", global, " failed: ", message_of(errors[static_cast<size_t>(root)]));
   try {
