@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ringtrain/core/error.h"
 #include "ringtrain/comm/agreed.h"
+#include "ringtrain/core/error.h"
 #include "ringtrain/core/json.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/hf_config.h"
