@@ -4,7 +4,9 @@
 // the ranks work.
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -349,6 +351,16 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "The C++ side of the ringtrain package (use `import ringtrain`).";
   static py::exception<Error> error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
   py::register_exception<comm::CommError>(m, "CommError", error.ptr());
+  // Host memory running out is a MemoryError that says what would need less, not a bare "std::bad_alloc".
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::bad_alloc&) {
+      PyErr_SetString(PyExc_MemoryError,
+                      "out of host memory (std::bad_alloc); a smaller batch, policy.logprob_batch_size or "
+                      "sequence length, fewer CPU ranks (parallel.dp x cp) or a smaller model would need less");
+    }
+  });
 
   py::class_<Worker>(m, "PolicyWorker")
       .def(py::init<const std::string&, bool, const std::string&, const std::vector<std::string>&, double>(),

@@ -4,6 +4,8 @@ import json
 import math
 import os
 import struct
+import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -289,6 +291,30 @@ class TestBadInputs(unittest.TestCase):
         expected = self.worker.get_logprobs({"input_ids": self.ids})["logprobs"]
         np.testing.assert_array_equal(self.worker.get_logprobs(batch)["logprobs"], expected)
         self.assertEqual(batch, {})
+
+    def test_running_out_of_host_memory_says_what_would_need_less(self):
+        # In a child process whose address space is capped 300 MB above what it uses: 65,536 rows of 48 tokens need
+        # gigabytes of logits. The worker is usable after it.
+        script = """
+import os, resource, numpy as np, ringtrain, sys
+cfg = {"policy": {"model_name": "builtin:tiny", "train_global_batch_size": 2, "train_micro_batch_size": 1,
+                  "max_total_sequence_length": 48, "logprob_batch_size": 65536}, "device": "cpu"}
+w = ringtrain.PolicyWorker(cfg)
+used = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (used + (300 << 20), resource.RLIM_INFINITY))
+try:
+    w.get_logprobs({"input_ids": np.ones((1 << 16, 48), np.int64)})
+    print("no error")
+except MemoryError as e:
+    print("MemoryError:", e)
+print("after:", w.get_logprobs({"input_ids": np.ones((2, 4), np.int64)})["logprobs"].shape)
+"""
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("MemoryError: out of host memory (std::bad_alloc); a smaller batch, policy.logprob_batch_size",
+                      out.stdout)
+        self.assertIn("after: (2, 4)", out.stdout)
 
     def test_an_interrupt_while_an_array_is_read_reaches_the_caller_as_itself(self):
         # Ctrl-C (or a MemoryError) inside the caller's __dlpack__ is not an error about the array.
