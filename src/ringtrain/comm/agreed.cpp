@@ -13,6 +13,11 @@ void all_or_none(Communicator& world, const std::string& what, const std::functi
   } catch (const std::exception& e) {
     error = e.what();
   }
+  // One rank agrees with itself: no exchange (the train step calls this on every step).
+  if (world.size() == 1) {
+    if (!error.empty()) throw AgreedError(error);
+    return;
+  }
   const auto share = [&](int64_t* values, int64_t n, ReduceOp op, int root) {
     Tensor buf = Tensor::empty({n}, DType::I64, world.device());
     const TensorView host = contiguous_view(values, DType::I64, Device::cpu(), {n});

@@ -175,13 +175,12 @@ Example PromptSource::example(uint64_t index) const {
   return file_[index % file_.size()];
 }
 
-void check_grpo_config(const worker::Config& config, const model::ModelConfig* model) {
+namespace {
+
+// check_grpo_config on the prompts that the run reads (a prompt file is read once).
+void check_grpo_run(const worker::Config& config, const model::ModelConfig* model, const CharTokenizer& tok,
+                    const PromptSource& prompts) {
   const worker::GrpoConfig& g = config.grpo;
-  RT_CHECK(config.loss_fn.type == worker::LossType::ClippedPg, "loss_fn.type = ",
-           worker::loss_type_name(config.loss_fn.type),
-           ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
-  const CharTokenizer tok;
-  const PromptSource prompts(config, tok);
   if (model)
     RT_CHECK(model->vocab >= tok.vocab_size(), "policy.model_name = ", config.policy.model_name, ": its vocabulary (",
              model->vocab, ") is smaller than the task tokenizer's (", tok.vocab_size(), ")");
@@ -196,14 +195,30 @@ void check_grpo_config(const worker::Config& config, const model::ModelConfig* m
                    cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
 }
 
+// The loss first: a config of another loss is refused before its prompts are read.
+void check_grpo_loss(const worker::Config& config) {
+  RT_CHECK(config.loss_fn.type == worker::LossType::ClippedPg, "loss_fn.type = ",
+           worker::loss_type_name(config.loss_fn.type),
+           ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
+}
+
+}  // namespace
+
+void check_grpo_config(const worker::Config& config, const model::ModelConfig* model) {
+  check_grpo_loss(config);
+  const CharTokenizer tok;
+  check_grpo_run(config, model, tok, PromptSource(config, tok));
+}
+
 GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, const GrpoOptions& options) {
   RT_CHECK(world.size() == config.parallel.world(), "the communicator has ", world.size(),
            " ranks but parallel.dp x parallel.cp = ", config.parallel.world());
   const worker::GrpoConfig& g = config.grpo;
-  const model::ModelConfig model = worker::resolve_model_config(config.policy);
-  check_grpo_config(config, &model);
+  check_grpo_loss(config);
   const CharTokenizer tok;
   const PromptSource prompts(config, tok);
+  const model::ModelConfig model = worker::resolve_model_config(config.policy);
+  check_grpo_run(config, &model, tok, prompts);
   const RewardMode mode = parse_reward_mode(g.reward);
   const fs::path root = config.train.checkpoint_dir, warm_dir = root / "sft_warmup";
   RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
