@@ -5,15 +5,20 @@
 //   gradient sums run in another order);
 // - the Hugging Face weights (one file, or shards with an index) read back by the model layer;
 // - errors naming the file: a truncated or missing optimizer file, another model's checkpoint;
-// - a save that dies midway leaves the previous checkpoint loadable, and a save never replaces what is not a
-//   checkpoint folder.
+// - a save that dies midway leaves the previous checkpoint loadable, a save never replaces what is not a
+//   checkpoint folder, and a second save to a folder that a save is writing is refused.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -383,6 +388,50 @@ TEST(TrainCheckpoint, AKillWhileRemovingTheOldCheckpointBlocksNoLaterSave) {
     EXPECT_NE(std::string(e.what()).find("it is neither an unfinished save"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(fs::exists(saving / "notes.txt"));
+}
+
+// Two saves to one folder at once (two workers of one process, or two processes): the second is refused while the
+// first writes, and the first one's checkpoint is whole. A save waits for another writer's short section in the same
+// parent folder (its preparation or publication) instead of failing.
+TEST(TrainCheckpoint, ASecondSaveToTheSameFolderIsRefusedWhileTheFirstWrites) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const TrainSetup s = testing::make_train_setup(LossKind::NLL, rng);
+  TempDir tmp("ringtrain-ckpt");
+  const fs::path dir = tmp.path / "latest";
+  std::string second_error;
+  testing::on_mesh(s, DType::F32, {1, 1}, [&](Trainer& t, model::Policy&, const Mesh&) {
+    t.step(s.batch);
+    CheckpointOptions first;
+    bool tried = false;
+    first.after_file = [&](const fs::path&) {
+      if (std::exchange(tried, true)) return;
+      try {
+        run(s, {1, 1}, 1, 1, {}, dir, 1);
+      } catch (const std::exception& e) {
+        second_error = e.what();
+      }
+    };
+    save_training_checkpoint(dir, t, {1, 7, "rng"}, first);
+  });
+  EXPECT_NE(second_error.find("is being written by another save to the same folder"), std::string::npos)
+      << second_error;
+  EXPECT_FALSE(fs::exists(dir.string() + ".saving"));
+  EXPECT_EQ(run(s, {1, 1}, 2, 2, dir).progress[0].index, 7);
+
+  // The parent folder held by another writer for a moment: the save waits, then completes.
+  const int parent = ::open(tmp.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(parent, 0);
+  ASSERT_EQ(::flock(parent, LOCK_EX | LOCK_NB), 0);
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(parent);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  run(s, {1, 1}, 1, 1, {}, dir, 1);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  release.join();
+  EXPECT_GE(waited, 0.25);
+  EXPECT_EQ(run(s, {1, 1}, 2, 2, dir).progress[0].index, 17);
 }
 
 TEST(TrainCheckpoint, NeverReplacesWhatIsNotACheckpoint) {

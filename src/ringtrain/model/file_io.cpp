@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <utility>
 
 #include "ringtrain/core/error.h"
@@ -239,6 +241,88 @@ FolderLock::~FolderLock() {
   if (it == locks.held.end() || --it->second.second > 0) return;
   ::close(it->second.first);  // drops the lock
   locks.held.erase(it);
+}
+
+namespace {
+
+// flock's answers on a file system that has no locks: writers there are not excluded.
+bool no_locks(int err) { return err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL; }
+
+// The parent folder of staging folders, locked for the short preparation and publication sections of their writers;
+// a writer waits for another's section, up to kWait.
+class ParentLock {
+ public:
+  ParentLock(const std::filesystem::path& dir, const std::string& what) {
+    constexpr std::chrono::seconds kWait{600};
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) throw_sys_error(cat(what, ": cannot open the folder"), dir.string());
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err == EWOULDBLOCK && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
+      }
+      if (no_locks(err)) return;
+      ::close(fd_);
+      if (err == EWOULDBLOCK)
+        throw Error(cat(what, ": another writer has held the folder ", dir.string(), " for more than ", kWait.count(),
+                        " s; is a save there stuck?"));
+      throw Error(sys_message(cat(what, ": cannot lock the folder"), dir.string(), err));
+    }
+  }
+  ~ParentLock() { ::close(fd_); }
+  ParentLock(const ParentLock&) = delete;
+  ParentLock& operator=(const ParentLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+std::filesystem::path parent_of(const std::filesystem::path& p) {
+  return p.parent_path().empty() ? std::filesystem::path(".") : p.parent_path();
+}
+
+}  // namespace
+
+StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, const RemoveLeftover& remove_leftover)
+    : path_(std::move(folder)), what_(std::move(what)) {
+  const std::filesystem::path parent = parent_of(path_);
+  std::filesystem::create_directories(parent);
+  const ParentLock section(parent, what_);
+  std::error_code ec;
+  if (std::filesystem::symlink_status(path_, ec).type() != std::filesystem::file_type::not_found) {
+    // A folder that its writer still holds is being written; one that nobody holds is a leftover.
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      ::close(fd);
+      throw Error(cat(what_, ": ", path_.string(), " is being written by another save to the same folder ",
+                      "(in this process or another); wait for it to end, or choose another folder"));
+    }
+    try {
+      remove_leftover(path_);
+    } catch (...) {
+      if (fd >= 0) ::close(fd);
+      throw;
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  if (::mkdir(path_.c_str(), 0755) != 0) throw_sys_error(cat(what_, ": cannot make"), path_.string());
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd_ < 0) throw_sys_error(cat(what_, ": cannot open"), path_.string());
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0 && !no_locks(errno)) {
+    const int err = errno;
+    ::close(fd_);
+    throw Error(sys_message(cat(what_, ": cannot lock"), path_.string(), err));
+  }
+}
+
+StagingFolder::~StagingFolder() { ::close(fd_); }
+
+void StagingFolder::publish(const std::function<void()>& put_in_place) {
+  const ParentLock section(parent_of(path_), what_);
+  put_in_place();
 }
 
 }  // namespace ringtrain::model

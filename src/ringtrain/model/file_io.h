@@ -63,4 +63,27 @@ class FolderLock {
   uint64_t device_ = 0, inode_ = 0;
 };
 
+// A folder written beside its destination and renamed into place (DIR.saving, DIR.exporting), held by its writer
+// with flock on the folder itself: a second writer of the same destination, in this process or another, is refused
+// (naming `what` and the folder) instead of removing the first one's files as a leftover. The preparation (leftover
+// removed, folder made) and the publication run with the parent folder locked, so that neither sees the other half
+// done. A leftover that no writer holds (its writer died) goes to remove_leftover, which may refuse it. The parent is
+// made if missing. On a file system without flock there is no exclusion.
+class StagingFolder {
+ public:
+  using RemoveLeftover = std::function<void(const std::filesystem::path&)>;
+  StagingFolder(std::filesystem::path folder, std::string what, const RemoveLeftover& remove_leftover);
+  ~StagingFolder();
+  StagingFolder(const StagingFolder&) = delete;
+  StagingFolder& operator=(const StagingFolder&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  // Runs put_in_place (the renames, and the removal of what the folder replaces) with the parent folder locked.
+  void publish(const std::function<void()>& put_in_place);
+
+ private:
+  std::filesystem::path path_;
+  std::string what_;
+  int fd_ = -1;  // the folder, locked
+};
+
 }  // namespace ringtrain::model

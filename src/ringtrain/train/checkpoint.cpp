@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -190,16 +191,18 @@ void check_replaceable(const fs::path& dest) {
            ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
 }
 
-// Makes DIR.saving fresh: a leftover of a save that died is removed. The marker goes in before anything else.
-void prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
+// DIR.saving made afresh and held for this save (a leftover of a save that died is removed; one that another save
+// is writing is refused). The marker goes in before anything else.
+std::unique_ptr<model::StagingFolder> prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
   if (exists_no_follow(dest)) check_replaceable(dest);
-  if (exists_no_follow(tmp)) {
-    check_removable_leftover(tmp);
-    remove_leftover(tmp);
-  }
-  fs::create_directories(tmp);
+  auto staging = std::make_unique<model::StagingFolder>(tmp, cat("checkpoint save ", dest.string()),
+                                                        [](const fs::path& leftover) {
+                                                          check_removable_leftover(leftover);
+                                                          remove_leftover(leftover);
+                                                        });
   model::write_file_atomic(tmp / kSavingMarker, "");
   fs::create_directory(tmp / "optimizer");
+  return staging;
 }
 
 // DIR.saving becomes DIR; an existing checkpoint at DIR is exchanged atomically and then removed.
@@ -359,6 +362,7 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
   comm::Communicator& world = trainer.mesh().world();
   const int rank = world.rank(), size = world.size();
   fs::path dest, tmp;
+  std::unique_ptr<model::StagingFolder> staging;  // rank 0's hold on DIR.saving
   comm::all_or_none(world, "checkpoint save (preparing)", [&] {
     // What load accepts, checked before anything is written: a save that load would refuse must not replace a good
     // one.
@@ -366,7 +370,7 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
              ": the data position (epoch ", progress.epoch, ", index ", progress.index, ") must be non-negative");
     dest = normalized(dir_in);
     tmp = saving_dir(dest);
-    if (rank == 0) prepare_saving_dir(dest, tmp);
+    if (rank == 0) staging = prepare_saving_dir(dest, tmp);
   });
   std::vector<std::string> lead_files;
   int64_t shard_bytes = 0;
@@ -400,7 +404,7 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
     }
     model::write_file_atomic(tmp / kStateFile, st.dump(2) + "\n");
     if (options.after_file) options.after_file(tmp / kStateFile);
-    publish(tmp, dest);
+    staging->publish([&] { publish(tmp, dest); });
   });
   world.barrier();  // every rank returns with the checkpoint in place
 }
