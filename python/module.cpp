@@ -9,13 +9,16 @@
 #include <new>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "batch.h"
+#include "ctrl_c.h"
 #include "ranks.h"
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/generate.h"
 #include "ringtrain/worker/config.h"
@@ -85,20 +88,16 @@ class Worker {
     });
     const std::chrono::milliseconds timeout = rank_timeout(timeout_s);
     py::gil_scoped_release unlocked;
-    group_ = std::make_unique<WorkerGroup>(config_, timeout);
+    group_ = std::make_unique<WorkerGroup>(config_, timeout, &stop_);
   }
 
   py::dict get_logprobs(py::handle batch, bool with_entropy) {
     const Batch b = read_batch(batch, config_, model_.vocab, "get_logprobs");
     worker::LogprobResult r;
-    {
-      py::gil_scoped_release unlocked;
-      const std::lock_guard<std::mutex> one_call(mu_);
-      group_->run([&](int i, worker::PolicyWorker& w) {
-        worker::LogprobResult x = w.get_logprobs(b.samples, with_entropy);
-        if (i == 0) r = std::move(x);
-      });
-    }
+    run_interruptible([&](int i, worker::PolicyWorker& w) {
+      worker::LogprobResult x = w.get_logprobs(b.samples, with_entropy);
+      if (i == 0) r = std::move(x);
+    });
     py::dict out;
     out["logprobs"] = padded(r.logprobs, b.columns);
     if (with_entropy) out["entropy"] = padded(r.entropy, b.columns);
@@ -108,14 +107,10 @@ class Worker {
   py::dict get_reference_logprobs(py::handle batch) {
     const Batch b = read_batch(batch, config_, model_.vocab, "get_reference_logprobs");
     worker::LogprobResult r;
-    {
-      py::gil_scoped_release unlocked;
-      const std::lock_guard<std::mutex> one_call(mu_);
-      group_->run([&](int i, worker::PolicyWorker& w) {
-        worker::LogprobResult x = w.get_reference_logprobs(b.samples);
-        if (i == 0) r = std::move(x);
-      });
-    }
+    run_interruptible([&](int i, worker::PolicyWorker& w) {
+      worker::LogprobResult x = w.get_reference_logprobs(b.samples);
+      if (i == 0) r = std::move(x);
+    });
     py::dict out;
     out["reference_logprobs"] = padded(r.logprobs, b.columns);
     return out;
@@ -150,11 +145,7 @@ class Worker {
       results.push_back(read_device_array(out[key], key));
       views.push_back(results.back().view);
     }
-    {
-      py::gil_scoped_release unlocked;
-      const std::lock_guard<std::mutex> one_call(mu_);
-      group_->run([&](int, worker::PolicyWorker& w) { score(w, b.rows, views); });
-    }
+    run_interruptible([&](int, worker::PolicyWorker& w) { score(w, b.rows, views); });
     return out;
   }
 
@@ -183,14 +174,10 @@ class Worker {
   template <typename Step>
   py::dict run_train(const Step& step) {
     worker::TrainResult r;
-    {
-      py::gil_scoped_release unlocked;
-      const std::lock_guard<std::mutex> one_call(mu_);
-      group_->run([&](int i, worker::PolicyWorker& w) {
-        worker::TrainResult x = step(w);
-        if (i == 0) r = std::move(x);
-      });
-    }
+    run_interruptible([&](int i, worker::PolicyWorker& w) {
+      worker::TrainResult x = step(w);
+      if (i == 0) r = std::move(x);
+    });
     py::dict out, metrics;
     out["step"] = r.step.step;
     out["loss"] = r.step.loss;
@@ -275,14 +262,13 @@ class Worker {
       }
     }
     std::vector<model::Generation> gens;
-    {
-      py::gil_scoped_release unlocked;
-      const std::lock_guard<std::mutex> one_call(mu_);
-      model::SamplerOptions so;
-      so.attention_backends = config_.attention_backends;
+    model::SamplerOptions so;
+    so.attention_backends = config_.attention_backends;
+    so.stop = &stop_;
+    run_interruptible([&] {
       model::Sampler sampler(group_->lead().policy(), so);
       gens = sampler.generate(ids, sp);
-    }
+    });
     py::list out;
     for (const model::Generation& g : gens) {
       py::dict d;
@@ -315,8 +301,32 @@ class Worker {
   int64_t steps_taken() const { return group_->lead().steps_taken(); }
 
  private:
+  // f on this process's first rank (f()) or on every rank (f(rank index, worker)), without the GIL and one call at a
+  // time; Ctrl-C stops it at its next microbatch or token (ctrl_c.h) and raises KeyboardInterrupt.
+  template <typename F>
+  void run_interruptible(const F& f) {
+    CtrlC ctrl_c(stop_);
+    bool interrupted = false;
+    {
+      py::gil_scoped_release unlocked;
+      const std::lock_guard<std::mutex> one_call(mu_);
+      try {
+        if constexpr (std::is_invocable_v<const F&>) f();
+        else group_->run(f);
+      } catch (const comm::Interrupted&) {
+        interrupted = true;
+      }
+    }
+    if (interrupted) {
+      ctrl_c.consumed();
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
+      throw py::error_already_set();
+    }
+  }
+
   worker::Config config_;
   model::ModelConfig model_;
+  StopRequest stop_;  // set by Ctrl-C during a call of the main thread; read by every rank of this process
   std::unique_ptr<WorkerGroup> group_;
   std::mutex mu_;  // one call at a time: Python threads may share the worker while the GIL is released
 };

@@ -35,7 +35,7 @@ bool holds(const std::exception_ptr& e) {
 
 }  // namespace
 
-WorkerGroup::WorkerGroup(const worker::Config& config, std::chrono::milliseconds timeout) {
+WorkerGroup::WorkerGroup(const worker::Config& config, std::chrono::milliseconds timeout, const StopRequest* stop) {
   const int world = static_cast<int>(config.parallel.world());
   const comm::RankInfo info = comm::rank_info_from_environment();
   if (config.device.is_cuda()) {
@@ -52,7 +52,7 @@ WorkerGroup::WorkerGroup(const worker::Config& config, std::chrono::milliseconds
   worker::StartingWeights shared;  // this process's ranks hold one copy of the reference weights
   run_ranks([&](int r) {
     workers_[static_cast<size_t>(r)] =
-        std::make_unique<worker::PolicyWorker>(config, *comms_[static_cast<size_t>(r)], &shared);
+        std::make_unique<worker::PolicyWorker>(config, *comms_[static_cast<size_t>(r)], &shared, stop);
   });
 }
 

@@ -25,8 +25,9 @@ namespace ringtrain::python {
 
 class WorkerGroup {
  public:
-  // Collective: constructs the workers (weights loaded or initialised). Call without the GIL.
-  WorkerGroup(const worker::Config& config, std::chrono::milliseconds timeout);
+  // Collective: constructs the workers (weights loaded or initialised), each watching `stop` (not owned; it must
+  // outlive the group; see PolicyWorker). Call without the GIL.
+  WorkerGroup(const worker::Config& config, std::chrono::milliseconds timeout, const StopRequest* stop);
   ~WorkerGroup();
 
   // Runs fn on every rank this process holds (one thread each when several) and waits for all; fn's rank index

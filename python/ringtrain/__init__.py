@@ -36,6 +36,11 @@ every process calls every method with the same arguments.
 Errors: a bad config or a bad batch raises ValueError (TypeError for objects that are not arrays), naming the key;
 a failure inside the worker raises ringtrain.Error (a RuntimeError) with the engine's message. The GIL is released
 while the worker runs.
+
+Ctrl-C: during get_logprobs, get_reference_logprobs, train or generate on the main thread, Ctrl-C stops the call at
+its next microbatch (or token), on every rank together, and raises KeyboardInterrupt; the worker stays usable and an
+interrupted train step has changed nothing. With a SIGINT handler of your own installed, the call runs to its end
+and your handler runs after it.
 """
 
 import json as _json

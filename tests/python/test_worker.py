@@ -3,10 +3,13 @@
 import json
 import math
 import os
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 import numpy as np
@@ -653,6 +656,89 @@ class TestGenerate(unittest.TestCase):
         a = w.generate([[1, 2]], 3, temperature=np.float32(0.5), top_p=np.float64(0.9), seed=SEED)
         b = w.generate([[1, 2]], 3, temperature=0.5, top_p=0.9, seed=SEED)
         np.testing.assert_array_equal(a[0]["tokens"], b[0]["tokens"])
+
+
+class TestCtrlC(unittest.TestCase):
+    """Ctrl-C (SIGINT) during a long call of the main thread stops it at its next microbatch or token, on every
+    rank of a dp 2 x cp 2 group together, and raises KeyboardInterrupt: the worker stays usable, and an interrupted
+    train step changed nothing (the next step is bitwise a fresh worker's first). A SIGINT handler of the user's own
+    is left alone: the call completes and the handler runs after it. Each long call is timed uninterrupted first;
+    the interrupt comes at 5% of that time and the call must end before half of it (a microbatch is 1/64 of it)."""
+
+    @classmethod
+    def setUpClass(cls):
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            raise unittest.SkipTest("the test runner handles SIGINT itself (unittest -c)")
+        cls.config = base_config(max_total_sequence_length=512, logprob_batch_size=1, train_micro_batch_size=1,
+                                 train_global_batch_size=64)
+        cls.config["parallel"] = {"dp": 2, "cp": 2}
+        rng = np.random.default_rng(SEED + 47)
+        ids, lengths = padded_ids(random_rows(rng, 64, min_len=300, max_len=500), fill=0)
+        cls.batch = {"input_ids": ids, "input_lengths": lengths}
+        cls.worker = ringtrain.PolicyWorker(cls.config)
+
+    def timed(self, call):
+        start = time.monotonic()
+        result = call()
+        return result, time.monotonic() - start
+
+    def interrupt(self, call, full):
+        timer = threading.Timer(0.05 * full, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.monotonic()
+        timer.start()
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                call()
+        finally:
+            timer.join()
+        self.assertLess(time.monotonic() - start, 0.5 * full, "the interrupted call ran on")
+
+    def test_scoring_stops_and_the_worker_scores_on(self):
+        w = self.worker
+        full_result, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])
+        self.interrupt(lambda: w.get_logprobs(self.batch), full)
+        np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], full_result)
+
+    def test_an_interrupted_train_step_changes_nothing(self):
+        w = ringtrain.PolicyWorker(self.config)
+        before = w.get_logprobs(self.batch)["logprobs"]
+        fresh = ringtrain.PolicyWorker(self.config)
+        want, full = self.timed(lambda: fresh.train(self.batch))
+        self.interrupt(lambda: w.train(self.batch), full)
+        self.assertEqual(w.steps_taken, 0)
+        np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], before)
+        got = w.train(self.batch)
+        self.assertEqual((got["loss"], got["grad_norm"], got["step"]), (want["loss"], want["grad_norm"], 1))
+
+    def test_generation_stops(self):
+        w = self.worker
+        prompts = [[1, 2, 3]] * 8
+        want, full = self.timed(lambda: w.generate(prompts, 500, seed=SEED))
+        self.interrupt(lambda: w.generate(prompts, 500, seed=SEED), full)
+        again = w.generate(prompts, 500, seed=SEED)
+        for a, b in zip(again, want):
+            np.testing.assert_array_equal(a["tokens"], b["tokens"])
+
+    def test_a_handler_of_the_users_own_runs_after_the_call(self):
+        w = self.worker
+        want, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])
+        calls = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(time.monotonic()))
+        try:
+            timer = threading.Timer(0.05 * full, os.kill, (os.getpid(), signal.SIGINT))
+            start = time.monotonic()
+            timer.start()
+            got = w.get_logprobs(self.batch)["logprobs"]
+            timer.join()
+            for _ in range(100):  # the handler runs at the main thread's next bytecodes
+                if calls:
+                    break
+                time.sleep(0.01)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        np.testing.assert_array_equal(got, want)
+        self.assertEqual(len(calls), 1)
+        self.assertGreater(calls[0] - start, 0.5 * full, "the handler ran while the call was still running")
 
 
 @unittest.skipUnless(__import__("importlib").util.find_spec("torch"), "PyTorch is not installed")

@@ -13,9 +13,11 @@
 #include <map>
 #include <random>
 
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
+#include "ringtrain/model/generate.h"
 #include "ringtrain/model/params.h"
 #include "ringtrain/model/policy.h"
 #include "ringtrain/worker/packing.h"
@@ -410,6 +412,51 @@ TEST(PolicyWorker, ChecksTheMeshAndTheBatchBeforeWork) {
   });
 }
 
+// A stop requested on one rank of dp 2 x cp 2 stops scoring and training on every rank together (comm::Interrupted,
+// an agreed error: the group stays in step), having changed no weight and no counter; the same calls then run as
+// before. The sampler stops at its next token.
+TEST(PolicyWorker, AStopRequestedOnOneRankStopsEveryRankTogether) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<Sample> samples = random_samples(rng, 7, 256);
+  const std::vector<Sample> batch(samples.begin(), samples.begin() + 4);
+  StopRequest stops[4];
+  comm::run_ranks(4, kTimeout, [&](comm::Communicator& world) {
+    const int r = world.rank();
+    PolicyWorker w(tiny_config(2, 2), world, nullptr, &stops[r]);
+    const LogprobResult before = w.get_logprobs(samples);
+    const std::vector<float> weights = w.policy().params();
+    const auto stopped_everywhere = [&](int on_rank, const std::function<void()>& call) {
+      if (r == on_rank) stops[r].request();
+      world.barrier();
+      try {
+        call();
+        ADD_FAILURE() << "rank " << r << " was not stopped by rank " << on_rank << "'s request";
+      } catch (const comm::Interrupted& e) {
+        EXPECT_NE(std::string(e.what()).find("was interrupted"), std::string::npos) << e.what();
+      }
+      world.barrier();
+      stops[r].clear();
+    };
+    stopped_everywhere(3, [&] { w.get_logprobs(samples); });
+    stopped_everywhere(0, [&] { w.train(batch); });
+    stopped_everywhere(2, [&] { w.get_reference_logprobs(samples); });
+    EXPECT_EQ(w.steps_taken(), 0);
+    EXPECT_EQ(w.policy().params(), weights);
+    EXPECT_EQ(w.get_logprobs(samples).logprobs, before.logprobs);
+    EXPECT_FALSE(w.train(batch).step.skipped);
+    EXPECT_EQ(w.steps_taken(), 1);
+    if (r == 0) {
+      StopRequest stop;
+      stop.request();
+      model::SamplerOptions options;
+      options.stop = &stop;
+      model::SamplingParams sampling;
+      sampling.max_new_tokens = 4;
+      EXPECT_THROW(model::Sampler(w.policy(), options).generate({{1, 2, 3}}, sampling), comm::Interrupted);
+    }
+  });
+}
+
 TEST(PolicyWorker, ExportWritesAFolderTheModelLoaderReadsAndRefusesToReplaceAFile) {
   const fs::path dir = fs::temp_directory_path() / ("rt_pw_export_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -448,6 +495,37 @@ TEST(PolicyWorker, ExportWritesAFolderTheModelLoaderReadsAndRefusesToReplaceAFil
   });
   EXPECT_EQ(model::read_file(dir / "file"), "x");
   EXPECT_EQ(model::read_file(dir / "mine" / "notes.txt"), "keep");
+  fs::remove_all(dir);
+}
+
+// An export into a folder that another export is writing is refused (the other's files are not removed as a
+// leftover); a leftover that nobody holds, with the temporary names of a writer that was killed, is cleared.
+TEST(PolicyWorker, AnExportBesideAnotherToTheSameFolderIsRefused) {
+  const fs::path dir = fs::temp_directory_path() / ("rt_pw_export2_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const fs::path staging = dir / "hf.exporting";
+  comm::run_ranks(1, kTimeout, [&](comm::Communicator& world) {
+    PolicyWorker w(tiny_config(1, 1), world);
+    {
+      model::StagingFolder other(staging, "export (another worker)", [](const fs::path&) {
+        ADD_FAILURE() << "no leftover was expected";
+      });
+      std::ofstream(staging / "config.json") << "the other export's";
+      try {
+        w.export_hf(dir / "hf");
+        ADD_FAILURE() << "an export removed the folder that another export was writing";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("is being written by another save to the same folder"), std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(model::read_file(staging / "config.json"), "the other export's");
+      EXPECT_FALSE(fs::exists(dir / "hf"));
+    }
+    std::ofstream(staging / ".model.safetensors.tmp.4242") << "cut short";  // the other writer is gone
+    w.export_hf(dir / "hf");
+    EXPECT_FALSE(fs::exists(staging));
+    EXPECT_EQ(model::load_checkpoint_params(dir / "hf", model::load_config(dir / "hf")), w.policy().params());
+  });
   fs::remove_all(dir);
 }
 

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "ringtrain/attention/selection.h"
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/hashed_normal.h"
 #include "ringtrain/model/decoder_layer.h"
@@ -137,6 +138,10 @@ int64_t checked_mul(int64_t a, int64_t b, const char* what) {
 
 }  // namespace
 
+void stop_generation_if_requested(const StopRequest* stop) {
+  if (stop && stop->requested()) throw comm::Interrupted("generate was interrupted");
+}
+
 double sampling_uniform(uint64_t seed, uint64_t sample_id, int64_t step) {
   const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ sample_id) ^ static_cast<uint64_t>(step));
   return static_cast<double>(h >> 11) * 0x1.0p-53;
@@ -263,6 +268,7 @@ std::vector<Generation> Sampler::generate(const std::vector<std::vector<int32_t>
   // Prefill: each prompt alone; its last row's logits start its generation.
   std::vector<float> logits(static_cast<size_t>(batch * vocab)), one;
   for (int64_t b = 0; b < batch; ++b) {
+    stop_generation_if_requested(options_.stop);
     const std::vector<int32_t>& p = prompts[static_cast<size_t>(b)];
     std::vector<int32_t> positions(p.size());
     std::iota(positions.begin(), positions.end(), 0);
@@ -274,6 +280,7 @@ std::vector<Generation> Sampler::generate(const std::vector<std::vector<int32_t>
   std::vector<int64_t> active(static_cast<size_t>(batch));
   std::iota(active.begin(), active.end(), 0);
   for (int64_t step = 0;; ++step) {
+    stop_generation_if_requested(options_.stop);
     const int64_t n = static_cast<int64_t>(active.size());
     log_softmax_rows(logits.data(), n, vocab);
     std::vector<int64_t> running;

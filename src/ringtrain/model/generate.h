@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "ringtrain/attention/backend.h"
+#include "ringtrain/core/stop_request.h"
 #include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/model.h"
 #include "ringtrain/model/params.h"
@@ -58,7 +59,11 @@ struct SamplerOptions {
   // allocated. CPU: sum over prompts of (prompt + max_new_tokens - 1) × layers × kv_heads × head_dim × 2 × 4 bytes.
   // GPU: prompts × (longest prompt + max_new_tokens - 1) × layers × kv_heads × head_dim × 2 × 2 bytes (bf16, padded).
   int64_t max_cache_bytes = int64_t{4} << 30;
+  // Checked before each prompt's prefill and each new token (not owned): generate() then throws comm::Interrupted.
+  const StopRequest* stop = nullptr;
 };
+// Throws comm::Interrupted when `stop` is given and requested.
+void stop_generation_if_requested(const StopRequest* stop);
 
 enum class FinishReason : uint8_t { Stop, Length };
 

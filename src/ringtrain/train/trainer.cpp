@@ -272,8 +272,8 @@ std::pair<int64_t, int64_t> Trainer::shard_range(int64_t n, int world, int rank)
   return {begin, rank == world - 1 ? n : begin + part};
 }
 
-Trainer::Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& mesh)
-    : cfg_(cfg), policy_(&policy), mesh_(&mesh), schedule_(cfg.schedule) {
+Trainer::Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& mesh, const StopRequest* stop)
+    : cfg_(cfg), policy_(&policy), mesh_(&mesh), stop_(stop), schedule_(cfg.schedule) {
   validate(cfg.adamw);
   RT_CHECK(cfg.micro_batch_size >= 1, "trainer: micro_batch_size must be >= 1, got ", cfg.micro_batch_size);
   RT_CHECK(cfg.loss.kind != LossKind::DPO || cfg.micro_batch_size % 2 == 0,
@@ -388,7 +388,9 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
     }
   };
   std::vector<double> grad;
+  bool stopped = false;
   for (const Micro& m : micros) {
+    if ((stopped = comm::any_stop_requested(mesh_->cp_group(), stop_))) break;
     if (&m == &micros.back()) ask_norm_beside_last_backward();
     // A token-local loss's gradient is applied inside the forward; the loss below then gives the same gradient
     // again (unused) with the value and the metrics.
@@ -414,6 +416,7 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
       mark(Phase::Backward);
     }
   }
+  comm::agree_to_stop(mesh_->world(), stop_, stopped, cat("train step ", out.step));
   if (micros.empty()) {
     Micro none;
     const std::vector<double> nothing;

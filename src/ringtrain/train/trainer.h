@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/core/stop_request.h"
 #include "ringtrain/core/tensor.h"
 #include "ringtrain/model/policy.h"
 #include "ringtrain/train/losses.h"
@@ -97,8 +98,10 @@ struct ShardState {
 class Trainer {
  public:
   // The policy is this rank's (under CP made over mesh.cp_group()); its current weights, the same on every rank,
-  // are the starting point. Neither is owned; both must outlive the trainer.
-  Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& mesh);
+  // are the starting point. Neither is owned; both must outlive the trainer. stop (given on every rank or on none,
+  // not owned): a step checks it before each microbatch and stops there, every rank together, with
+  // comm::Interrupted (comm/agreed.h): no weight, counter or optimizer state changed.
+  Trainer(const TrainerConfig& cfg, model::Policy& policy, const Mesh& mesh, const StopRequest* stop = nullptr);
 
   StepResult step(const TrainBatch& batch, const PhaseHook& on_phase_end = {});
   // The same step from rows on the policy's device (trainer_rows.cpp): the inputs are gathered into microbatches,
@@ -135,6 +138,7 @@ class Trainer {
   TrainerConfig cfg_;
   model::Policy* policy_;
   const Mesh* mesh_;
+  const StopRequest* stop_;
   LRSchedule schedule_;
   ShardState shard_;
   int64_t steps_ = 0, completed_ = 0;

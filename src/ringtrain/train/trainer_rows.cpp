@@ -218,7 +218,9 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
   const Tensor sums = Tensor::zeros({std::max<int64_t>(micro_count, 1), width}, DType::F64, dev);
   policy_->zero_grads();
   norm_beside_backward_ = false;
+  bool stopped = false;
   for (size_t k = 0; k < micros.size(); ++k) {
+    if ((stopped = comm::any_stop_requested(mesh_->cp_group(), stop_))) break;
     RowsMicro& m = micros[k];
     if (k + 1 == micros.size()) ask_norm_beside_last_backward();
     double* micro_sums = sums.ptr<double>() + static_cast<int64_t>(k) * width;
@@ -247,6 +249,8 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
     }
     m.logprobs = m.entropy = m.d_logprobs = Tensor();  // the next microbatch's forward may reuse the memory
   }
+
+  comm::agree_to_stop(mesh_->world(), stop_, stopped, cat("train step ", out.step));
 
   // The loss and the metrics over dp: per microbatch in order, as step(TrainBatch) adds them.
   std::vector<double> host_sums(static_cast<size_t>(sums.numel()));

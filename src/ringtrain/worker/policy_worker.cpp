@@ -149,6 +149,7 @@ struct PolicyWorker::State {
   Config config;
   model::ModelConfig model;
   comm::Communicator* world = nullptr;
+  const StopRequest* stop = nullptr;  // a long call stops at its next microbatch when asked (not owned)
   std::unique_ptr<train::Mesh> mesh;
   model::PolicyOptions policy_options;
   std::unique_ptr<model::Policy> policy;
@@ -164,7 +165,7 @@ struct PolicyWorker::State {
   std::shared_ptr<void> reference_image;
 
   train::Trainer& trainer() {
-    if (!trainer_) trainer_ = std::make_unique<train::Trainer>(trainer_config, *policy, *mesh);
+    if (!trainer_) trainer_ = std::make_unique<train::Trainer>(trainer_config, *policy, *mesh, stop);
     return *trainer_;
   }
 
@@ -189,8 +190,10 @@ struct PolicyWorker::State {
     for (size_t i = 0; i < samples.size(); ++i) start[i + 1] = start[i] + samples[i].length();
     std::vector<float> flat_lp(static_cast<size_t>(start.back()), 0.0f), flat_ent;
     if (with_entropy) flat_ent.assign(flat_lp.size(), 0.0f);
+    bool stopped = false;
     if (!mine.empty()) {
       for (const Microbatch& mb : plan_microbatches(config, lengths, Pass::Score)) {
+        if ((stopped = comm::any_stop_requested(mesh->cp_group(), stop))) break;
         model::TokenBatch batch;
         batch.packed = config.policy.sequence_packing.enabled;
         for (int64_t k : mb.sequences) batch.sequences.push_back(mine[static_cast<size_t>(k)]);
@@ -203,6 +206,7 @@ struct PolicyWorker::State {
         }
       }
     }
+    comm::agree_to_stop(*world, stop, stopped, "scoring");
     all_reduce_sum(mesh->dp_group(), flat_lp);
     if (with_entropy) all_reduce_sum(mesh->dp_group(), flat_ent);
     LogprobResult out;
@@ -250,8 +254,10 @@ struct PolicyWorker::State {
     const auto [first, last] = share(static_cast<size_t>(B));
     const std::vector<int64_t> lengths(batch.lengths.begin() + static_cast<ptrdiff_t>(first),
                                        batch.lengths.begin() + static_cast<ptrdiff_t>(last));
+    bool stopped = false;
     if (!lengths.empty()) {
       for (const Microbatch& mb : plan_microbatches(config, lengths, Pass::Score)) {
+        if ((stopped = comm::any_stop_requested(mesh->cp_group(), stop))) break;
         model::TokenRows rows;
         rows.ids = ids;
         rows.packed = config.policy.sequence_packing.enabled;
@@ -262,6 +268,7 @@ struct PolicyWorker::State {
         scorer.score_into(rows, logprobs, entropy);
       }
     }
+    comm::agree_to_stop(*world, stop, stopped, what);
     // Each dp rank wrote its own rows and zeros elsewhere: the sum gives every rank all of them exactly.
     all_reduce_sum(mesh->dp_group(), logprobs);
     if (entropy.data) all_reduce_sum(mesh->dp_group(), entropy);
@@ -317,7 +324,8 @@ std::shared_ptr<const std::vector<float>> StartingWeights::get(const Config& c, 
   return loaded;
 }
 
-PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world, StartingWeights* weights)
+PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world, StartingWeights* weights,
+                           const StopRequest* stop)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   config.validate(ConfigUse::Worker);
@@ -327,6 +335,7 @@ PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world, Star
            ", but the world's communicator is on ", world.device().is_cuda() ? "cuda" : "cpu");
   s.config = config;
   s.world = &world;
+  s.stop = stop;
   s.model = resolve_model_config(config.policy);
   config.validate_against(s.model);
   const train::TrainerConfig tcfg = trainer_config(config);
@@ -510,17 +519,23 @@ train::TrainingProgress PolicyWorker::load(const fs::path& dir) {
 namespace {
 
 // What an export writes: an existing folder is replaced only when it holds nothing else (an earlier export, a
-// leftover of one, or an empty folder), so that no user file, and no checkpoint, is ever deleted by an export.
-void check_replaceable_export(const fs::path& p, const char* what) {
+// leftover of one, or an empty folder), so that no user file, and no checkpoint, is ever deleted by an export. A
+// leftover may also hold the temporary names its files were being written under.
+enum class ExportFolder : uint8_t { Destination, Leftover };
+void check_replaceable_export(const fs::path& p, ExportFolder kind) {
   if (!exists_no_follow(p)) return;
+  const bool leftover = kind == ExportFolder::Leftover;
+  const char* what = leftover ? "remove" : "replace";
   RT_CHECK(fs::symlink_status(p).type() == fs::file_type::directory, "export: ", p.string(),
            " exists and is not a directory; refusing to ", what, " it");
   for (const fs::directory_entry& e : fs::directory_iterator(p)) {
     const std::string name = e.path().filename().string();
-    RT_CHECK((name == "config.json" || name == "model.safetensors") && e.symlink_status().type() ==
-                 fs::file_type::regular,
-             "export: ", p.string(), " holds ", e.path().string(), ", which an export does not write; refusing to ",
-             what, " it (export into a new or empty folder, or over an earlier export)");
+    const bool written = name == "config.json" || name == "model.safetensors" ||
+                         (leftover && (name.starts_with(".config.json.tmp.") ||
+                                       name.starts_with(".model.safetensors.tmp.")));
+    RT_CHECK(written && e.symlink_status().type() == fs::file_type::regular, "export: ", p.string(), " holds ",
+             e.path().string(), ", which an export does not write; refusing to ", what,
+             " it (export into a new or empty folder, or over an earlier export)");
   }
 }
 
@@ -528,22 +543,29 @@ void check_replaceable_export(const fs::path& p, const char* what) {
 
 void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, const std::vector<float>& values) {
   RT_CHECK(!dir.empty(), "export: the output folder is empty");
-  const fs::path dest = dir.lexically_normal(), tmp = sibling(dir, ".exporting"), old = sibling(dir, ".replaced");
-  check_replaceable_export(dest, "replace");
-  for (const fs::path& p : {tmp, old}) check_replaceable_export(p, "remove");
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  const fs::path dest = dir.lexically_normal(), old = sibling(dir, ".replaced");
+  check_replaceable_export(dest, ExportFolder::Destination);
+  check_replaceable_export(old, ExportFolder::Leftover);
+  model::StagingFolder staging(sibling(dir, ".exporting"), cat("export ", dest.string()), [](const fs::path& p) {
+    check_replaceable_export(p, ExportFolder::Leftover);
+    fs::remove_all(p);
+  });
+  const fs::path& tmp = staging.path();
   model::write_config(tmp, config);
   model::write_safetensors(tmp / "model.safetensors",
                            model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
-  if (exists_no_follow(dest)) {  // the old folder steps aside, the new one takes its name, the old one goes
-    fs::remove_all(old);
-    fs::rename(dest, old);
-    fs::rename(tmp, dest);
-    fs::remove_all(old);
-  } else {
-    fs::rename(tmp, dest);
-  }
+  staging.publish([&] {
+    if (exists_no_follow(dest)) {  // the old folder steps aside, the new one takes its name, the old one goes
+      check_replaceable_export(dest, ExportFolder::Destination);
+      check_replaceable_export(old, ExportFolder::Leftover);
+      fs::remove_all(old);
+      fs::rename(dest, old);
+      fs::rename(tmp, dest);
+      fs::remove_all(old);
+    } else {
+      fs::rename(tmp, dest);
+    }
+  });
 }
 
 void PolicyWorker::export_hf(const fs::path& dir) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ringtrain/comm/communicator.h"
+#include "ringtrain/core/stop_request.h"
 #include "ringtrain/model/policy.h"
 #include "ringtrain/train/checkpoint.h"
 #include "ringtrain/train/trainer.h"
@@ -75,8 +76,12 @@ class PolicyWorker {
  public:
   // world: this rank's communicator over all dp · cp ranks (in-process or NCCL); its size must equal
   // config.parallel.world(). Not owned; it must outlive the worker. weights: shared by this process's ranks (not
-  // owned; it must outlive the constructor), or null to load the starting weights for this worker alone.
-  PolicyWorker(const Config& config, comm::Communicator& world, StartingWeights* weights = nullptr);
+  // owned; it must outlive the constructor), or null to load the starting weights for this worker alone. stop: when
+  // given (on every rank or on none; not owned), scoring and training check it before each microbatch (agreed over
+  // the cp group: one all-reduce of one integer each when cp > 1) and stop there, every rank together, with
+  // comm::Interrupted, having changed no weight and no counter (results written in place are then incomplete).
+  PolicyWorker(const Config& config, comm::Communicator& world, StartingWeights* weights = nullptr,
+               const StopRequest* stop = nullptr);
   ~PolicyWorker();
 
   const Config& config() const;

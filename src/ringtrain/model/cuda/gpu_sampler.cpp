@@ -192,8 +192,16 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
   const Tensor last_rows = Tensor::empty({B, H}, DType::BF16, dev);
   RT_CUDA_CHECK(cudaEventRecord(ev(0), st), "recording the sampler's start");
 
+  // A stop leaves once the queued work is done: it reads buffers that go when this call returns.
+  const auto stop_if_requested = [&] {
+    if (!options_.stop || !options_.stop->requested()) return;
+    RT_CUDA_CHECK(cudaStreamSynchronize(st), "finishing the sampler's work");
+    stop_generation_if_requested(options_.stop);
+  };
+
   // Prefill, prompts [b0, b1) per forward.
   for (int64_t b0 = 0; b0 < B;) {
+    stop_if_requested();
     int64_t b1 = b0, tokens = 0;
     while (b1 < B && (b1 == b0 || tokens + static_cast<int64_t>(prompts[static_cast<size_t>(b1)].size()) <=
                                       kPrefillTokens))
@@ -249,6 +257,7 @@ std::vector<Generation> GpuSampler::generate(const std::vector<std::vector<int32
   a.token = drawn.ptr<int32_t>(), a.logprob = reinterpret_cast<float*>(drawn.ptr<int32_t>() + B);
   a.sampling_logprob = reinterpret_cast<float*>(drawn.ptr<int32_t>() + 2 * B), a.status = drawn.ptr<int32_t>() + 3 * B;
   for (int64_t step = 0;; ++step) {
+    stop_if_requested();
     a.step = step;
     sample_rows(st, a);
     const int32_t* host = static_cast<const int32_t*>(drawn_host.ptr) + (step % 2) * 4 * B;
