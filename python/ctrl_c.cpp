@@ -4,14 +4,12 @@
 
 #include <pybind11/pybind11.h>
 
-#include "ringtrain/core/error.h"
-
 namespace py = pybind11;
 
 namespace ringtrain::python {
 namespace {
 
-// The stop request of the main thread's call in progress; calls from other threads never take SIGINT.
+// The stop request of the main thread's call in progress.
 std::atomic<StopRequest*> sigint_target{nullptr};
 static_assert(std::atomic<StopRequest*>::is_always_lock_free, "the signal handler reads it");
 
@@ -19,18 +17,18 @@ extern "C" void request_stop_on_sigint(int) {
   if (StopRequest* stop = sigint_target.load()) stop->request();
 }
 
-// Whether SIGINT would reach this call through Python: the main thread, with Python's default handler.
-bool python_handles_sigint_here() {
+}  // namespace
+
+bool python_takes_sigint_here() {
   const py::module_ threading = py::module_::import("threading");
   if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) return false;
   const py::module_ signal = py::module_::import("signal");
   return signal.attr("getsignal")(signal.attr("SIGINT")).is(signal.attr("default_int_handler"));
 }
 
-}  // namespace
-
-CtrlC::CtrlC(StopRequest& stop) : stop_(stop) {
-  if (!python_handles_sigint_here()) return;
+SigintToStop::SigintToStop(StopRequest& stop, bool take, bool& caught) : stop_(stop), caught_(caught) {
+  caught_ = false;
+  if (!take) return;
   stop_.clear();
   struct sigaction ours {};
   ours.sa_handler = request_stop_on_sigint;
@@ -39,16 +37,16 @@ CtrlC::CtrlC(StopRequest& stop) : stop_(stop) {
   sigint_target.store(&stop_);
   if (::sigaction(SIGINT, &ours, &previous_) != 0) {
     sigint_target.store(nullptr);
-    return;  // Python's handler stays: Ctrl-C then waits for the call, as before
+    return;  // Python's handler stays: Ctrl-C then waits for the call
   }
   taken_ = true;
 }
 
-CtrlC::~CtrlC() {
+SigintToStop::~SigintToStop() {
   if (!taken_) return;
   ::sigaction(SIGINT, &previous_, nullptr);
   sigint_target.store(nullptr);
-  if (stop_.requested() && !consumed_) PyErr_SetInterrupt();
+  caught_ = stop_.requested();
   stop_.clear();
 }
 

@@ -1,10 +1,10 @@
 // Ctrl-C during a long call of the Python module. Python runs its SIGINT handler only between bytecodes of the main
 // thread, so a call that spends minutes in C++ would ignore Ctrl-C until it returned. While a call made on the main
-// thread runs, and Python's own handler (signal.default_int_handler) is the one in place, SIGINT instead requests a
-// stop of that call (StopRequest): it ends at its next safe point, every rank together (comm::Interrupted, raised
-// as KeyboardInterrupt), having changed no weight. A SIGINT that comes too late to stop the call is handed to
-// Python when the call returns, so it raises KeyboardInterrupt there, as Python would have. A handler of the
-// user's own is left alone: it runs when the call returns.
+// thread runs (holding its worker), and Python's own handler (signal.default_int_handler) is the one in place, SIGINT
+// instead requests a stop of that call (StopRequest): it ends at its next safe point, every rank together
+// (comm::Interrupted, raised as KeyboardInterrupt), having changed no weight. A SIGINT that came too late to stop the
+// call is the caller's to hand on (module.cpp). A handler of the user's own is left alone: it runs when the call
+// returns.
 #pragma once
 
 #include <csignal>
@@ -13,22 +13,24 @@
 
 namespace ringtrain::python {
 
-class CtrlC {
- public:
-  // With the GIL held: where Python's SIGINT handling applies to this call, clears `stop` and takes SIGINT.
-  explicit CtrlC(StopRequest& stop);
-  // With the GIL held: gives SIGINT back (a SIGINT that came and was not consumed is passed on to Python) and clears
-  // `stop`.
-  ~CtrlC();
-  CtrlC(const CtrlC&) = delete;
-  CtrlC& operator=(const CtrlC&) = delete;
+// Whether SIGINT would reach a call made now through Python's default handler: the main thread, with that handler
+// in place. Needs the GIL.
+bool python_takes_sigint_here();
 
-  // The call stopped because of the SIGINT: the caller raises KeyboardInterrupt itself.
-  void consumed() { consumed_ = true; }
+// While it lives, when `take`, SIGINT sets `stop` instead of reaching Python. Construct it once the call holds its
+// worker, so that only that call is stopped; needs no GIL. On destruction SIGINT goes back to Python's handler,
+// `caught` says whether a SIGINT came, and `stop` is cleared before the worker is released.
+class SigintToStop {
+ public:
+  SigintToStop(StopRequest& stop, bool take, bool& caught);
+  ~SigintToStop();
+  SigintToStop(const SigintToStop&) = delete;
+  SigintToStop& operator=(const SigintToStop&) = delete;
 
  private:
   StopRequest& stop_;
-  bool taken_ = false, consumed_ = false;
+  bool& caught_;
+  bool taken_ = false;
   struct sigaction previous_ {};
 };
 

@@ -4,6 +4,7 @@
 // the ranks work.
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <new>
@@ -174,10 +175,12 @@ class Worker {
   template <typename Step>
   py::dict run_train(const Step& step) {
     worker::TrainResult r;
-    run_interruptible([&](int i, worker::PolicyWorker& w) {
-      worker::TrainResult x = step(w);
-      if (i == 0) r = std::move(x);
-    });
+    run_interruptible(
+        [&](int i, worker::PolicyWorker& w) {
+          worker::TrainResult x = step(w);
+          if (i == 0) r = std::move(x);
+        },
+        LateSigint::Report);
     py::dict out, metrics;
     out["step"] = r.step.step;
     out["loss"] = r.step.loss;
@@ -301,15 +304,22 @@ class Worker {
   int64_t steps_taken() const { return group_->lead().steps_taken(); }
 
  private:
+  // What a SIGINT that came after the call's last stop check does once the call has returned.
+  enum class LateSigint : uint8_t {
+    Raise,   // KeyboardInterrupt, as Python would have raised it: the result (a score, samples) is dropped
+    Report,  // a note on stderr and the result returned: KeyboardInterrupt would hide an applied train step
+  };
+
   // f on this process's first rank (f()) or on every rank (f(rank index, worker)), without the GIL and one call at a
   // time; Ctrl-C stops it at its next microbatch or token (ctrl_c.h) and raises KeyboardInterrupt.
   template <typename F>
-  void run_interruptible(const F& f) {
-    CtrlC ctrl_c(stop_);
-    bool interrupted = false;
+  void run_interruptible(const F& f, LateSigint late = LateSigint::Raise) {
+    const bool take = python_takes_sigint_here();
+    bool interrupted = false, caught = false;
     {
       py::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_call(mu_);
+      const SigintToStop sigint(stop_, take, caught);
       try {
         if constexpr (std::is_invocable_v<const F&>) f();
         else group_->run(f);
@@ -318,9 +328,16 @@ class Worker {
       }
     }
     if (interrupted) {
-      ctrl_c.consumed();
       PyErr_SetNone(PyExc_KeyboardInterrupt);
       throw py::error_already_set();
+    }
+    if (!caught) return;
+    if (late == LateSigint::Raise) {
+      PyErr_SetInterrupt();
+    } else {
+      PySys_WriteStderr("ringtrain: Ctrl-C came after train step %lld was applied: the step is kept and its result "
+                        "returned; press Ctrl-C again to stop\n",
+                        static_cast<long long>(group_->lead().steps_taken()));
     }
   }
 

@@ -38,9 +38,10 @@ a failure inside the worker raises ringtrain.Error (a RuntimeError) with the eng
 while the worker runs.
 
 Ctrl-C: during get_logprobs, get_reference_logprobs, train or generate on the main thread, Ctrl-C stops the call at
-its next microbatch (or token), on every rank together, and raises KeyboardInterrupt; the worker stays usable and an
-interrupted train step has changed nothing. With a SIGINT handler of your own installed, the call runs to its end
-and your handler runs after it.
+its next microbatch (or token), on every rank together, and raises KeyboardInterrupt; the worker stays usable and a
+KeyboardInterrupt out of train means the step changed nothing. A Ctrl-C that comes after a train step's last
+microbatch is reported on stderr and the step's result returned. With a SIGINT handler of your own installed, the
+call runs to its end and your handler runs after it.
 """
 
 import json as _json

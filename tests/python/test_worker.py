@@ -719,6 +719,25 @@ class TestCtrlC(unittest.TestCase):
         for a, b in zip(again, want):
             np.testing.assert_array_equal(a["tokens"], b["tokens"])
 
+    def test_a_call_of_another_thread_is_not_stopped(self):
+        w = self.worker
+        want, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])
+        results = []
+        other = threading.Thread(target=lambda: results.append(w.get_logprobs(self.batch)["logprobs"]))
+        other.start()
+        time.sleep(0.1 * full)  # the other thread's call holds the worker; the main thread's waits for it
+        timer = threading.Timer(0.1 * full, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                w.get_logprobs(self.batch)
+        finally:
+            other.join()
+            timer.join()
+        self.assertEqual(len(results), 1, "the other thread's call was stopped")
+        np.testing.assert_array_equal(results[0], want)
+        np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], want)
+
     def test_a_handler_of_the_users_own_runs_after_the_call(self):
         w = self.worker
         want, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])

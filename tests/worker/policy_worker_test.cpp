@@ -507,24 +507,34 @@ TEST(PolicyWorker, AnExportBesideAnotherToTheSameFolderIsRefused) {
   comm::run_ranks(1, kTimeout, [&](comm::Communicator& world) {
     PolicyWorker w(tiny_config(1, 1), world);
     {
-      model::StagingFolder other(staging, "export (another worker)", [](const fs::path&) {
-        ADD_FAILURE() << "no leftover was expected";
-      });
+      model::StagingFolder other(staging, "export (another worker)", [](const fs::path& p) { fs::remove_all(p); });
       std::ofstream(staging / "config.json") << "the other export's";
       try {
         w.export_hf(dir / "hf");
         ADD_FAILURE() << "an export removed the folder that another export was writing";
       } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("is being written by another save to the same folder"), std::string::npos)
+        EXPECT_NE(std::string(e.what()).find("another save or export to the same folder is writing"), std::string::npos)
             << e.what();
       }
       EXPECT_EQ(model::read_file(staging / "config.json"), "the other export's");
       EXPECT_FALSE(fs::exists(dir / "hf"));
     }
-    std::ofstream(staging / ".model.safetensors.tmp.4242") << "cut short";  // the other writer is gone
+    EXPECT_FALSE(fs::exists(staging));  // given up by its writer: removed
+    fs::create_directories(staging);
+    std::ofstream(staging / ".model.safetensors.tmp.4242") << "cut short";  // a writer that was killed
     w.export_hf(dir / "hf");
     EXPECT_FALSE(fs::exists(staging));
     EXPECT_EQ(model::load_checkpoint_params(dir / "hf", model::load_config(dir / "hf")), w.policy().params());
+
+    // "link/" names the link, not the folder it points to: refused, nothing left beside it.
+    fs::create_directory_symlink(dir / "hf", dir / "link");
+    try {
+      w.export_hf((dir / "link").string() + "/");
+      ADD_FAILURE() << "an export went through a link";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("link exists and is not a directory"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir / "link.exporting"));
   });
   fs::remove_all(dir);
 }

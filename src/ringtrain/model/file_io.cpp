@@ -286,10 +286,12 @@ std::filesystem::path parent_of(const std::filesystem::path& p) {
 
 }  // namespace
 
-StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, const RemoveLeftover& remove_leftover)
-    : path_(std::move(folder)), what_(std::move(what)) {
+StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, Remove remove)
+    : path_(std::move(folder)), what_(std::move(what)), remove_(std::move(remove)) {
   const std::filesystem::path parent = parent_of(path_);
-  std::filesystem::create_directories(parent);
+  std::error_code made;
+  std::filesystem::create_directories(parent, made);
+  if (made) throw Error(cat(what_, ": cannot make the folder ", parent.string(), ": ", made.message()));
   const ParentLock section(parent, what_);
   std::error_code ec;
   if (std::filesystem::symlink_status(path_, ec).type() != std::filesystem::file_type::not_found) {
@@ -297,11 +299,11 @@ StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, con
     const int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
       ::close(fd);
-      throw Error(cat(what_, ": ", path_.string(), " is being written by another save to the same folder ",
-                      "(in this process or another); wait for it to end, or choose another folder"));
+      throw Error(cat(what_, ": another save or export to the same folder is writing ", path_.string(),
+                      " (in this process or another); wait for it to end, or choose another folder"));
     }
     try {
-      remove_leftover(path_);
+      remove_(path_);
     } catch (...) {
       if (fd >= 0) ::close(fd);
       throw;
@@ -318,11 +320,20 @@ StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, con
   }
 }
 
-StagingFolder::~StagingFolder() { ::close(fd_); }
+StagingFolder::~StagingFolder() {
+  if (!published_) {  // still ours (held): a failed write leaves nothing behind, or a leftover the next one clears
+    try {
+      remove_(path_);
+    } catch (const std::exception&) {
+    }
+  }
+  ::close(fd_);
+}
 
 void StagingFolder::publish(const std::function<void()>& put_in_place) {
   const ParentLock section(parent_of(path_), what_);
   put_in_place();
+  published_ = true;
 }
 
 }  // namespace ringtrain::model

@@ -67,12 +67,13 @@ class FolderLock {
 // with flock on the folder itself: a second writer of the same destination, in this process or another, is refused
 // (naming `what` and the folder) instead of removing the first one's files as a leftover. The preparation (leftover
 // removed, folder made) and the publication run with the parent folder locked, so that neither sees the other half
-// done. A leftover that no writer holds (its writer died) goes to remove_leftover, which may refuse it. The parent is
-// made if missing. On a file system without flock there is no exclusion.
+// done. `remove` removes such a folder, or refuses to: a leftover that no writer holds (its writer was killed), and
+// this folder when it is given up before publish() returned (the write failed; best effort). The parent is made if
+// missing. On a file system without flock there is no exclusion.
 class StagingFolder {
  public:
-  using RemoveLeftover = std::function<void(const std::filesystem::path&)>;
-  StagingFolder(std::filesystem::path folder, std::string what, const RemoveLeftover& remove_leftover);
+  using Remove = std::function<void(const std::filesystem::path&)>;
+  StagingFolder(std::filesystem::path folder, std::string what, Remove remove);
   ~StagingFolder();
   StagingFolder(const StagingFolder&) = delete;
   StagingFolder& operator=(const StagingFolder&) = delete;
@@ -83,7 +84,9 @@ class StagingFolder {
  private:
   std::filesystem::path path_;
   std::string what_;
+  Remove remove_;
   int fd_ = -1;  // the folder, locked
+  bool published_ = false;
 };
 
 }  // namespace ringtrain::model

@@ -15,6 +15,7 @@
 #include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/json.h"
+#include "ringtrain/core/log.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/params.h"
@@ -191,21 +192,30 @@ void check_replaceable(const fs::path& dest) {
            ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
 }
 
+// A folder of ours removed, or an error that says what to do about it.
+void remove_stale(const fs::path& dir) {
+  check_removable_leftover(dir);
+  try {
+    remove_leftover(dir);
+  } catch (const std::exception& e) {
+    throw Error(cat("checkpoint: cannot remove ", dir.string(), ", left by an earlier save (", e.what(),
+                    "); remove it yourself, or save elsewhere"));
+  }
+}
+
 // DIR.saving made afresh and held for this save (a leftover of a save that died is removed; one that another save
 // is writing is refused). The marker goes in before anything else.
 std::unique_ptr<model::StagingFolder> prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
   if (exists_no_follow(dest)) check_replaceable(dest);
-  auto staging = std::make_unique<model::StagingFolder>(tmp, cat("checkpoint save ", dest.string()),
-                                                        [](const fs::path& leftover) {
-                                                          check_removable_leftover(leftover);
-                                                          remove_leftover(leftover);
-                                                        });
+  auto staging = std::make_unique<model::StagingFolder>(tmp, cat("checkpoint save ", dest.string()), remove_stale);
   model::write_file_atomic(tmp / kSavingMarker, "");
   fs::create_directory(tmp / "optimizer");
   return staging;
 }
 
-// DIR.saving becomes DIR; an existing checkpoint at DIR is exchanged atomically and then removed.
+// DIR.saving becomes DIR; an existing checkpoint at DIR is exchanged atomically and then removed. Once the new one is
+// in place the save has succeeded: a replaced checkpoint that cannot be removed is a warning naming it (the next
+// save removes it, or says why it cannot).
 void publish(const fs::path& tmp, const fs::path& dest) {
   if (!exists_no_follow(dest)) {
     fs::rename(tmp, dest);
@@ -213,21 +223,28 @@ void publish(const fs::path& tmp, const fs::path& dest) {
     return;
   }
   check_replaceable(dest);
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) == 0) {
-    fs::remove(dest / kSavingMarker);
-    remove_leftover(tmp);  // now the previous checkpoint
-    return;
+  fs::path replaced = tmp;
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) != 0) {
+    // File systems without the exchange: the old one moves aside first, and back if the new one cannot move in.
+    replaced = dest.parent_path() / (dest.filename().string() + ".old");
+    if (exists_no_follow(replaced)) remove_stale(replaced);
+    fs::rename(dest, replaced);
+    std::error_code moved;
+    fs::rename(tmp, dest, moved);
+    if (moved) {
+      std::error_code ignored;
+      fs::rename(replaced, dest, ignored);
+      throw Error(cat("checkpoint save ", dest.string(), ": cannot rename ", tmp.string(), " to it: ",
+                      moved.message()));
+    }
   }
-  // File systems without the exchange: the old one moves aside first, so one whole checkpoint always exists.
-  const fs::path old = dest.parent_path() / (dest.filename().string() + ".old");
-  if (exists_no_follow(old)) {
-    check_removable_leftover(old);
-    remove_leftover(old);
-  }
-  fs::rename(dest, old);
-  fs::rename(tmp, dest);
   fs::remove(dest / kSavingMarker);
-  remove_leftover(old);
+  try {
+    remove_leftover(replaced);
+  } catch (const std::exception& e) {
+    RT_LOG(Warn, "checkpoint save ", dest.string(), ": saved, but the checkpoint it replaced, now ",
+           replaced.string(), ", could not be removed: ", e.what());
+  }
 }
 
 json read_json(const fs::path& path) { return parse_json(model::read_file(path), path.string()); }

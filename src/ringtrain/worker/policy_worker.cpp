@@ -9,6 +9,7 @@
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/log.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/params.h"
 #include "ringtrain/worker/packing.h"
@@ -543,28 +544,46 @@ void check_replaceable_export(const fs::path& p, ExportFolder kind) {
 
 void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, const std::vector<float>& values) {
   RT_CHECK(!dir.empty(), "export: the output folder is empty");
-  const fs::path dest = dir.lexically_normal(), old = sibling(dir, ".replaced");
+  fs::path dest = dir.lexically_normal();
+  if (!dest.has_filename()) dest = dest.parent_path();  // "out/" is the folder out, never what a link there points to
+  const fs::path old = sibling(dest, ".replaced");
   check_replaceable_export(dest, ExportFolder::Destination);
   check_replaceable_export(old, ExportFolder::Leftover);
-  model::StagingFolder staging(sibling(dir, ".exporting"), cat("export ", dest.string()), [](const fs::path& p) {
+  const auto remove = [](const fs::path& p) {
     check_replaceable_export(p, ExportFolder::Leftover);
-    fs::remove_all(p);
-  });
+    std::error_code failed;
+    fs::remove_all(p, failed);
+    if (failed)
+      throw Error(cat("export: cannot remove ", p.string(), ", left by an earlier export (", failed.message(),
+                      "); remove it yourself, or export elsewhere"));
+  };
+  model::StagingFolder staging(sibling(dest, ".exporting"), cat("export ", dest.string()), remove);
   const fs::path& tmp = staging.path();
   model::write_config(tmp, config);
   model::write_safetensors(tmp / "model.safetensors",
                            model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
   staging.publish([&] {
-    if (exists_no_follow(dest)) {  // the old folder steps aside, the new one takes its name, the old one goes
-      check_replaceable_export(dest, ExportFolder::Destination);
-      check_replaceable_export(old, ExportFolder::Leftover);
-      fs::remove_all(old);
-      fs::rename(dest, old);
+    if (!exists_no_follow(dest)) {
       fs::rename(tmp, dest);
-      fs::remove_all(old);
-    } else {
-      fs::rename(tmp, dest);
+      return;
     }
+    // The old folder steps aside (and back if the new one cannot take its name), the new one takes its name, the
+    // old one goes; once the new one is in place the export has succeeded.
+    check_replaceable_export(dest, ExportFolder::Destination);
+    remove(old);
+    fs::rename(dest, old);
+    std::error_code moved;
+    fs::rename(tmp, dest, moved);
+    if (moved) {
+      std::error_code ignored;
+      fs::rename(old, dest, ignored);
+      throw Error(cat("export ", dest.string(), ": cannot rename ", tmp.string(), " to it: ", moved.message()));
+    }
+    std::error_code removed;
+    fs::remove_all(old, removed);
+    if (removed)
+      RT_LOG(Warn, "export ", dest.string(), ": exported, but the export it replaced, now ", old.string(),
+             ", could not be removed: ", removed.message());
   });
 }
 
