@@ -390,6 +390,19 @@ TEST(TrainCheckpoint, AKillWhileRemovingTheOldCheckpointBlocksNoLaterSave) {
     EXPECT_NE(std::string(e.what()).find("it is neither an unfinished save"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(fs::exists(saving / "notes.txt"));
+
+  // A checkpoint that the user saved under that name is theirs: never removed.
+  fs::remove_all(saving);
+  testing::on_mesh(s, DType::F32, {1, 1}, [&](Trainer& t, model::Policy&, const Mesh&) {
+    save_training_checkpoint(saving, t, {1, 5, "rng"});
+  });
+  try {
+    save();
+    ADD_FAILURE() << "a checkpoint named " << saving << " was removed";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("it is neither an unfinished save"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(run(s, {1, 1}, 1, 1, saving).progress[0].index, 5);
 }
 
 // Two saves to one folder at once (two workers of one process, or two processes): the second is refused while the

@@ -160,18 +160,17 @@ std::vector<std::string> write_hf_weights(const fs::path& dir, Trainer& trainer,
 }
 
 // A folder of ours that a later save may remove: DIR.saving or DIR.old left by a save that died. That is a folder
-// carrying our marker (an unfinished save, or a replaced checkpoint being removed), a whole checkpoint (the previous
-// one, left by an exchange or a move aside that died), or an empty folder (made, not yet marked, or removed all but
-// itself). Anything else there is not ours.
+// carrying our marker (an unfinished save, or a replaced checkpoint, which publish marks before it moves it) or an
+// empty folder (made, not yet marked, or removed all but itself). Anything else there is not ours: a checkpoint that
+// a user saved under such a name is never removed.
 bool is_save_leftover(const fs::path& dir) {
-  if (is_checkpoint_dir(dir)) return true;
   if (fs::symlink_status(dir).type() != fs::file_type::directory) return false;
   return fs::symlink_status(dir / kSavingMarker).type() == fs::file_type::regular || fs::is_empty(dir);
 }
 
 void check_removable_leftover(const fs::path& dir) {
   RT_CHECK(is_save_leftover(dir), "checkpoint: refusing to remove ", dir.string(), ": it is neither an unfinished save (",
-           "no ", kSavingMarker, ") nor a checkpoint; move it away if it is not yours");
+           "no ", kSavingMarker, ") nor empty; move it away if it is not yours");
 }
 
 // Removes a folder of ours with its marker kept to the last, so that a kill at any point leaves a folder that
@@ -223,6 +222,7 @@ void publish(const fs::path& tmp, const fs::path& dest) {
     return;
   }
   check_replaceable(dest);
+  model::write_file_atomic(dest / kSavingMarker, "");  // the old one, wherever a kill leaves it, is a leftover of ours
   fs::path replaced = tmp;
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) != 0) {
     // File systems without the exchange: the old one moves aside first, and back if the new one cannot move in.
