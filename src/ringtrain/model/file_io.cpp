@@ -286,6 +286,17 @@ std::filesystem::path parent_of(const std::filesystem::path& p) {
 
 }  // namespace
 
+void move_in_moving_aside(const std::filesystem::path& staged, const std::filesystem::path& dest,
+                          const std::filesystem::path& aside, const std::string& what) {
+  std::filesystem::rename(dest, aside);
+  std::error_code moved;
+  std::filesystem::rename(staged, dest, moved);
+  if (!moved) return;
+  std::error_code ignored;
+  std::filesystem::rename(aside, dest, ignored);
+  throw Error(cat(what, ": cannot rename ", staged.string(), " to ", dest.string(), ": ", moved.message()));
+}
+
 StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, Remove remove)
     : path_(std::move(folder)), what_(std::move(what)), remove_(std::move(remove)) {
   const std::filesystem::path parent = parent_of(path_);

@@ -63,6 +63,12 @@ class FolderLock {
   uint64_t device_ = 0, inode_ = 0;
 };
 
+// `dest` renamed to `aside`, then `staged` to `dest`; when that second rename fails, `dest` is renamed back and the
+// error names `what`. Replaces a folder where the file system has no atomic exchange, so that one whole version is
+// in place, or beside it, at every moment.
+void move_in_moving_aside(const std::filesystem::path& staged, const std::filesystem::path& dest,
+                          const std::filesystem::path& aside, const std::string& what);
+
 // A folder written beside its destination and renamed into place (DIR.saving, DIR.exporting), held by its writer
 // with flock on the folder itself: a second writer of the same destination, in this process or another, is refused
 // (naming `what` and the folder) instead of removing the first one's files as a leftover. The preparation (leftover

@@ -225,18 +225,9 @@ void publish(const fs::path& tmp, const fs::path& dest) {
   model::write_file_atomic(dest / kSavingMarker, "");  // the old one, wherever a kill leaves it, is a leftover of ours
   fs::path replaced = tmp;
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) != 0) {
-    // File systems without the exchange: the old one moves aside first, and back if the new one cannot move in.
     replaced = dest.parent_path() / (dest.filename().string() + ".old");
     if (exists_no_follow(replaced)) remove_stale(replaced);
-    fs::rename(dest, replaced);
-    std::error_code moved;
-    fs::rename(tmp, dest, moved);
-    if (moved) {
-      std::error_code ignored;
-      fs::rename(replaced, dest, ignored);
-      throw Error(cat("checkpoint save ", dest.string(), ": cannot rename ", tmp.string(), " to it: ",
-                      moved.message()));
-    }
+    model::move_in_moving_aside(tmp, dest, replaced, cat("checkpoint save ", dest.string()));
   }
   fs::remove(dest / kSavingMarker);
   try {

@@ -567,18 +567,11 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
       fs::rename(tmp, dest);
       return;
     }
-    // The old folder steps aside (and back if the new one cannot take its name), the new one takes its name, the
-    // old one goes; once the new one is in place the export has succeeded.
+    // The old folder steps aside, the new one takes its name, the old one goes; once the new one is in place the
+    // export has succeeded.
     check_replaceable_export(dest, ExportFolder::Destination);
     remove(old);
-    fs::rename(dest, old);
-    std::error_code moved;
-    fs::rename(tmp, dest, moved);
-    if (moved) {
-      std::error_code ignored;
-      fs::rename(old, dest, ignored);
-      throw Error(cat("export ", dest.string(), ": cannot rename ", tmp.string(), " to it: ", moved.message()));
-    }
+    model::move_in_moving_aside(tmp, dest, old, cat("export ", dest.string()));
     std::error_code removed;
     fs::remove_all(old, removed);
     if (removed)
