@@ -320,6 +320,12 @@ class Worker {
       py::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_call(mu_);
       const SigintToStop sigint(stop_, take, caught);
+      {
+        // A Ctrl-C that came before the call held its worker (while it read its batch, or waited for another
+        // thread's call) is Python's: it raises here, before anything is done.
+        const py::gil_scoped_acquire python;
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      }
       try {
         if constexpr (std::is_invocable_v<const F&>) f();
         else group_->run(f);

@@ -41,7 +41,8 @@ Ctrl-C: during get_logprobs, get_reference_logprobs, train or generate on the ma
 its next microbatch (or token), on every rank together, and raises KeyboardInterrupt; the worker stays usable and a
 KeyboardInterrupt out of train means the step changed nothing. A Ctrl-C that comes after a train step's last
 microbatch is reported on stderr and the step's result returned. With a SIGINT handler of your own installed, the
-call runs to its end and your handler runs after it.
+call runs to its end and your handler runs after it (after a train step: with the step applied, whatever the
+handler raises).
 """
 
 import json as _json

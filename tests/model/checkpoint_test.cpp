@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -473,6 +474,54 @@ TEST_F(Checkpoint, LongNamesAreWrittenAndTooLongOnesNamed) {
 // A run's folder lock: refused while another open description holds the flock (as another process would), naming
 // the key, the folder and the holder's pid; taken once that is gone, with this pid; nested in one process; never
 // through a symlink or onto a folder.
+// A folder is removable when every folder in it is writable and searchable by this process: checked as an
+// unprivileged user (a child process that drops root, or this one when it is not root), since root may remove
+// anything.
+TEST_F(Checkpoint, RemovableMeansEveryFolderInItIsWritable) {
+  namespace fs = std::filesystem;
+  fs::permissions(dir_, fs::perms::all);
+  const fs::path open = dir_ / "open", locked = dir_ / "locked";
+  for (const fs::path& top : {open, locked}) {
+    fs::create_directories(top / "optimizer" / "deeper");
+    std::ofstream(top / "optimizer" / "deeper" / "file") << "x";
+    for (const fs::path& p : {top, top / "optimizer", top / "optimizer" / "deeper"}) fs::permissions(p, fs::perms::all);
+  }
+  fs::permissions(locked / "optimizer" / "deeper", fs::perms::owner_read | fs::perms::owner_exec |
+                                                        fs::perms::group_read | fs::perms::group_exec |
+                                                        fs::perms::others_read | fs::perms::others_exec);
+  const auto verdicts = [&] {  // 0: as expected; otherwise which check went wrong
+    try {
+      model::check_removable(open, "save");
+    } catch (const Error&) {
+      return 1;
+    }
+    try {
+      model::check_removable(locked, "save");
+      return 2;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      return m.find("save: " + locked.string() + " cannot be replaced") != std::string::npos &&
+                     m.find("optimizer/deeper: Permission denied") != std::string::npos
+                 ? 0
+                 : 3;
+    }
+  };
+  int outcome = 0;
+  if (::geteuid() != 0) {
+    outcome = verdicts();
+  } else {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) _exit(::setgid(65534) == 0 && ::setuid(65534) == 0 ? verdicts() : 4);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    outcome = WEXITSTATUS(status);
+  }
+  EXPECT_EQ(outcome, 0) << "1: a writable tree refused, 2: a read-only folder accepted, 3: the message, 4: setuid";
+  fs::permissions(locked / "optimizer" / "deeper", fs::perms::all);
+}
+
 TEST_F(Checkpoint, FolderLockRefusesASecondHolderAndNests) {
   const auto run = dir_ / "run";
   const auto lock_file = run / ".ringtrain.lock";

@@ -738,6 +738,25 @@ class TestCtrlC(unittest.TestCase):
         np.testing.assert_array_equal(results[0], want)
         np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], want)
 
+    def test_a_ctrl_c_while_train_waits_for_the_worker_stops_it_before_the_step(self):
+        w = ringtrain.PolicyWorker(self.config)
+        want, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])
+        results = []
+        other = threading.Thread(target=lambda: results.append(w.get_logprobs(self.batch)["logprobs"]))
+        other.start()
+        time.sleep(0.1 * full)  # the other thread's call holds the worker; train waits for it
+        timer = threading.Timer(0.1 * full, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                w.train(self.batch)
+        finally:
+            other.join()
+            timer.join()
+        np.testing.assert_array_equal(results[0], want)
+        self.assertEqual(w.steps_taken, 0)
+        np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], want)
+
     def test_a_handler_of_the_users_own_runs_after_the_call(self):
         w = self.worker
         want, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])

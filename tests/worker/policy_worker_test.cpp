@@ -532,7 +532,7 @@ TEST(PolicyWorker, AnExportBesideAnotherToTheSameFolderIsRefused) {
       w.export_hf((dir / "link").string() + "/");
       ADD_FAILURE() << "an export went through a link";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("link exists and is not a directory"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("link is a symbolic link (to "), std::string::npos) << e.what();
     }
     EXPECT_FALSE(fs::exists(dir / "link.exporting"));
   });

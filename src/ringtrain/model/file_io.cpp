@@ -286,6 +286,22 @@ std::filesystem::path parent_of(const std::filesystem::path& p) {
 
 }  // namespace
 
+void check_removable(const std::filesystem::path& dir, const std::string& what) {
+  const auto check = [&](const std::filesystem::path& folder) {
+    if (::access(folder.c_str(), W_OK | X_OK) == 0) return;
+    const int err = errno;
+    throw Error(sys_message(cat(what, ": ", dir.string(), " cannot be replaced, since this process cannot remove what",
+                                " is in"),
+                            folder.string(), err) +
+                "; make it writable, or write elsewhere");
+  };
+  check(dir);
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != decltype(it)(); it.increment(ec))
+    if (it->symlink_status().type() == std::filesystem::file_type::directory) check(it->path());
+  if (ec) throw Error(cat(what, ": cannot read ", dir.string(), ": ", ec.message()));
+}
+
 void move_in_moving_aside(const std::filesystem::path& staged, const std::filesystem::path& dest,
                           const std::filesystem::path& aside, const std::string& what) {
   std::filesystem::rename(dest, aside);

@@ -63,6 +63,11 @@ class FolderLock {
   uint64_t device_ = 0, inode_ = 0;
 };
 
+// An error naming `what` unless this process may remove the folder `dir` and everything in it (every folder in it,
+// links not followed, writable and searchable): checked before a save replaces it, so that the new version is never
+// published beside an old one that cannot go.
+void check_removable(const std::filesystem::path& dir, const std::string& what);
+
 // `dest` renamed to `aside`, then `staged` to `dest`; when that second rename fails, `dest` is renamed back and the
 // error names `what`. Replaces a folder where the file system has no atomic exchange, so that one whole version is
 // in place, or beside it, at every moment.

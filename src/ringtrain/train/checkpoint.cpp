@@ -205,7 +205,10 @@ void remove_stale(const fs::path& dir) {
 // DIR.saving made afresh and held for this save (a leftover of a save that died is removed; one that another save
 // is writing is refused). The marker goes in before anything else.
 std::unique_ptr<model::StagingFolder> prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
-  if (exists_no_follow(dest)) check_replaceable(dest);
+  if (exists_no_follow(dest)) {
+    check_replaceable(dest);
+    model::check_removable(dest, cat("checkpoint save ", dest.string()));
+  }
   auto staging = std::make_unique<model::StagingFolder>(tmp, cat("checkpoint save ", dest.string()), remove_stale);
   model::write_file_atomic(tmp / kSavingMarker, "");
   fs::create_directory(tmp / "optimizer");
@@ -222,6 +225,7 @@ void publish(const fs::path& tmp, const fs::path& dest) {
     return;
   }
   check_replaceable(dest);
+  model::check_removable(dest, cat("checkpoint save ", dest.string()));
   model::write_file_atomic(dest / kSavingMarker, "");  // the old one, wherever a kill leaves it, is a leftover of ours
   fs::path replaced = tmp;
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) != 0) {
@@ -358,6 +362,20 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
       }
 }
 
+
+// f, with the save named in an error that does not say what it came from (a file system's "cannot write X: ...").
+std::function<void()> naming_the_save(const fs::path& dir, std::function<void()> f) {
+  return [&dir, f = std::move(f)] {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      const std::string_view m = e.what();
+      if (m.starts_with("checkpoint")) throw;
+      throw Error(cat("checkpoint save ", dir.string(), ": ", m));
+    }
+  };
+}
+
 }  // namespace
 
 void check_save_leftover(const fs::path& path) {
@@ -371,7 +389,7 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
   const int rank = world.rank(), size = world.size();
   fs::path dest, tmp;
   std::unique_ptr<model::StagingFolder> staging;  // rank 0's hold on DIR.saving
-  comm::all_or_none(world, "checkpoint save (preparing)", [&] {
+  comm::all_or_none(world, "checkpoint save (preparing)", naming_the_save(dir_in, [&] {
     // What load accepts, checked before anything is written: a save that load would refuse must not replace a good
     // one.
     RT_CHECK(progress.epoch >= 0 && progress.index >= 0, "checkpoint save ", dir_in.string(),
@@ -379,18 +397,18 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
     dest = normalized(dir_in);
     tmp = saving_dir(dest);
     if (rank == 0) staging = prepare_saving_dir(dest, tmp);
-  });
+  }));
   std::vector<std::string> lead_files;
   int64_t shard_bytes = 0;
-  comm::all_or_none(world, "checkpoint save (writing)", [&] {
+  comm::all_or_none(world, "checkpoint save (writing)", naming_the_save(dir_in, [&] {
     const fs::path mine = tmp / optimizer_file(rank, size);
     write_optimizer_shard(mine, trainer);
     if (options.after_file) options.after_file(mine);
     shard_bytes = static_cast<int64_t>(fs::file_size(mine));
     if (rank == 0) lead_files = write_hf_weights(tmp, trainer, options);
-  });
+  }));
   const std::vector<int64_t> sizes = all_gather_i64(world, shard_bytes);
-  comm::all_or_none(world, "checkpoint save (publishing)", [&] {
+  comm::all_or_none(world, "checkpoint save (publishing)", naming_the_save(dir_in, [&] {
     if (rank != 0) return;
     json st;
     st["format"] = kFormat;
@@ -413,7 +431,7 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
     model::write_file_atomic(tmp / kStateFile, st.dump(2) + "\n");
     if (options.after_file) options.after_file(tmp / kStateFile);
     staging->publish([&] { publish(tmp, dest); });
-  });
+  }));
   world.barrier();  // every rank returns with the checkpoint in place
 }
 

@@ -527,6 +527,8 @@ void check_replaceable_export(const fs::path& p, ExportFolder kind) {
   if (!exists_no_follow(p)) return;
   const bool leftover = kind == ExportFolder::Leftover;
   const char* what = leftover ? "remove" : "replace";
+  RT_CHECK(!fs::is_symlink(p), "export: ", p.string(), " is a symbolic link (to ", fs::read_symlink(p).string(),
+           "); refusing to ", what, " it (export to the folder itself)");
   RT_CHECK(fs::symlink_status(p).type() == fs::file_type::directory, "export: ", p.string(),
            " exists and is not a directory; refusing to ", what, " it");
   for (const fs::directory_entry& e : fs::directory_iterator(p)) {
@@ -547,37 +549,45 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
   fs::path dest = dir.lexically_normal();
   if (!dest.has_filename()) dest = dest.parent_path();  // "out/" is the folder out, never what a link there points to
   const fs::path old = sibling(dest, ".replaced");
-  check_replaceable_export(dest, ExportFolder::Destination);
-  check_replaceable_export(old, ExportFolder::Leftover);
-  const auto remove = [](const fs::path& p) {
-    check_replaceable_export(p, ExportFolder::Leftover);
-    std::error_code failed;
-    fs::remove_all(p, failed);
-    if (failed)
-      throw Error(cat("export: cannot remove ", p.string(), ", left by an earlier export (", failed.message(),
-                      "); remove it yourself, or export elsewhere"));
-  };
-  model::StagingFolder staging(sibling(dest, ".exporting"), cat("export ", dest.string()), remove);
-  const fs::path& tmp = staging.path();
-  model::write_config(tmp, config);
-  model::write_safetensors(tmp / "model.safetensors",
-                           model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
-  staging.publish([&] {
-    if (!exists_no_follow(dest)) {
-      fs::rename(tmp, dest);
-      return;
-    }
-    // The old folder steps aside, the new one takes its name, the old one goes; once the new one is in place the
-    // export has succeeded.
+  const std::string what = cat("export ", dest.string());
+  try {
     check_replaceable_export(dest, ExportFolder::Destination);
-    remove(old);
-    model::move_in_moving_aside(tmp, dest, old, cat("export ", dest.string()));
-    std::error_code removed;
-    fs::remove_all(old, removed);
-    if (removed)
-      RT_LOG(Warn, "export ", dest.string(), ": exported, but the export it replaced, now ", old.string(),
-             ", could not be removed: ", removed.message());
-  });
+    if (exists_no_follow(dest)) model::check_removable(dest, what);
+    check_replaceable_export(old, ExportFolder::Leftover);
+    const auto remove = [](const fs::path& p) {
+      check_replaceable_export(p, ExportFolder::Leftover);
+      std::error_code failed;
+      fs::remove_all(p, failed);
+      if (failed)
+        throw Error(cat("export: cannot remove ", p.string(), ", left by an earlier export (", failed.message(),
+                        "); remove it yourself, or export elsewhere"));
+    };
+    model::StagingFolder staging(sibling(dest, ".exporting"), what, remove);
+    const fs::path& tmp = staging.path();
+    model::write_config(tmp, config);
+    model::write_safetensors(tmp / "model.safetensors",
+                             model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
+    staging.publish([&] {
+      if (!exists_no_follow(dest)) {
+        fs::rename(tmp, dest);
+        return;
+      }
+      // The old folder steps aside, the new one takes its name, the old one goes; once the new one is in place the
+      // export has succeeded.
+      check_replaceable_export(dest, ExportFolder::Destination);
+      model::check_removable(dest, what);
+      remove(old);
+      model::move_in_moving_aside(tmp, dest, old, what);
+      std::error_code removed;
+      fs::remove_all(old, removed);
+      if (removed)
+        RT_LOG(Warn, "export ", dest.string(), ": exported, but the export it replaced, now ", old.string(),
+               ", could not be removed: ", removed.message());
+    });
+  } catch (const std::exception& e) {  // a file system's error ("cannot write X: ...") says what it came from
+    if (std::string_view(e.what()).starts_with("export")) throw;
+    throw Error(cat(what, ": ", e.what()));
+  }
 }
 
 void PolicyWorker::export_hf(const fs::path& dir) {
