@@ -520,10 +520,25 @@ TEST(PolicyWorker, AnExportBesideAnotherToTheSameFolderIsRefused) {
       EXPECT_FALSE(fs::exists(dir / "hf"));
     }
     EXPECT_FALSE(fs::exists(staging));  // given up by its writer: removed
-    fs::create_directories(staging);
-    std::ofstream(staging / ".model.safetensors.tmp.4242") << "cut short";  // a writer that was killed
+    fs::create_directories(staging);  // a writer that was killed: its marker and a file cut short
+    std::ofstream(staging / ".ringtrain-exporting");
+    std::ofstream(staging / ".model.safetensors.tmp.4242") << "cut short";
     w.export_hf(dir / "hf");
     EXPECT_FALSE(fs::exists(staging));
+    w.export_hf(dir / "hf");  // over an earlier export: nothing left beside it, no marker in it
+    EXPECT_FALSE(fs::exists(dir / "hf.replaced"));
+    EXPECT_FALSE(fs::exists(dir / "hf" / ".ringtrain-exporting"));
+
+    // An export that the user made under the staging folder's name is theirs: never removed.
+    w.export_hf(staging);
+    try {
+      w.export_hf(dir / "hf");
+      ADD_FAILURE() << "an export named " << staging << " was removed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a leftover of one"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(fs::exists(staging / "model.safetensors"));
+    fs::remove_all(staging);
     EXPECT_EQ(model::load_checkpoint_params(dir / "hf", model::load_config(dir / "hf")), w.policy().params());
 
     // "link/" names the link, not the folder it points to: refused, nothing left beside it.

@@ -519,6 +519,10 @@ train::TrainingProgress PolicyWorker::load(const fs::path& dir) {
 
 namespace {
 
+// Marks an export's staging folder, and an export that is being replaced, as ours to remove: a folder of that name
+// without it (a user's export saved as Y.exporting) is never removed.
+constexpr const char* kExportMarker = ".ringtrain-exporting";
+
 // What an export writes: an existing folder is replaced only when it holds nothing else (an earlier export, a
 // leftover of one, or an empty folder), so that no user file, and no checkpoint, is ever deleted by an export. A
 // leftover may also hold the temporary names its files were being written under.
@@ -533,13 +537,31 @@ void check_replaceable_export(const fs::path& p, ExportFolder kind) {
            " exists and is not a directory; refusing to ", what, " it");
   for (const fs::directory_entry& e : fs::directory_iterator(p)) {
     const std::string name = e.path().filename().string();
-    const bool written = name == "config.json" || name == "model.safetensors" ||
+    const bool written = name == "config.json" || name == "model.safetensors" || name == kExportMarker ||
                          (leftover && (name.starts_with(".config.json.tmp.") ||
                                        name.starts_with(".model.safetensors.tmp.")));
     RT_CHECK(written && e.symlink_status().type() == fs::file_type::regular, "export: ", p.string(), " holds ",
              e.path().string(), ", which an export does not write; refusing to ", what,
              " it (export into a new or empty folder, or over an earlier export)");
   }
+  RT_CHECK(!leftover || fs::is_empty(p) || fs::symlink_status(p / kExportMarker).type() == fs::file_type::regular,
+           "export: refusing to remove ", p.string(), ": it is an export, but not a leftover of one (no ",
+           kExportMarker, "); move it away if it is yours");
+}
+
+// A leftover export folder (checked) removed with its marker kept to the last, so that a kill at any point leaves a
+// folder that is still a leftover: marked, or empty.
+void remove_export_leftover(const fs::path& p) {
+  if (!exists_no_follow(p)) return;
+  check_replaceable_export(p, ExportFolder::Leftover);
+  std::error_code failed;
+  for (const fs::directory_entry& e : fs::directory_iterator(p, failed))
+    if (e.path().filename() != kExportMarker && !failed) fs::remove(e.path(), failed);
+  if (!failed) fs::remove(p / kExportMarker, failed);
+  if (!failed) fs::remove(p, failed);
+  if (failed)
+    throw Error(cat("export: cannot remove ", p.string(), ", left by an earlier export (", failed.message(),
+                    "); remove it yourself, or export elsewhere"));
 }
 
 }  // namespace
@@ -554,35 +576,32 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
     check_replaceable_export(dest, ExportFolder::Destination);
     if (exists_no_follow(dest)) model::check_removable(dest, what);
     check_replaceable_export(old, ExportFolder::Leftover);
-    const auto remove = [](const fs::path& p) {
-      check_replaceable_export(p, ExportFolder::Leftover);
-      std::error_code failed;
-      fs::remove_all(p, failed);
-      if (failed)
-        throw Error(cat("export: cannot remove ", p.string(), ", left by an earlier export (", failed.message(),
-                        "); remove it yourself, or export elsewhere"));
-    };
-    model::StagingFolder staging(sibling(dest, ".exporting"), what, remove);
+    model::StagingFolder staging(sibling(dest, ".exporting"), what, remove_export_leftover);
     const fs::path& tmp = staging.path();
+    model::write_file_atomic(tmp / kExportMarker, "");
     model::write_config(tmp, config);
     model::write_safetensors(tmp / "model.safetensors",
                              model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
     staging.publish([&] {
       if (!exists_no_follow(dest)) {
         fs::rename(tmp, dest);
+        fs::remove(dest / kExportMarker);
         return;
       }
-      // The old folder steps aside, the new one takes its name, the old one goes; once the new one is in place the
-      // export has succeeded.
+      // The old folder, marked, steps aside, the new one takes its name, the old one goes; once the new one is in
+      // place the export has succeeded.
       check_replaceable_export(dest, ExportFolder::Destination);
       model::check_removable(dest, what);
-      remove(old);
+      remove_export_leftover(old);
+      model::write_file_atomic(dest / kExportMarker, "");
       model::move_in_moving_aside(tmp, dest, old, what);
-      std::error_code removed;
-      fs::remove_all(old, removed);
-      if (removed)
+      fs::remove(dest / kExportMarker);
+      try {
+        remove_export_leftover(old);
+      } catch (const std::exception& e) {
         RT_LOG(Warn, "export ", dest.string(), ": exported, but the export it replaced, now ", old.string(),
-               ", could not be removed: ", removed.message());
+               ", could not be removed: ", e.what());
+      }
     });
   } catch (const std::exception& e) {  // a file system's error ("cannot write X: ...") says what it came from
     if (std::string_view(e.what()).starts_with("export")) throw;
