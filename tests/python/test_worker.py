@@ -682,8 +682,9 @@ class TestCtrlC(unittest.TestCase):
         result = call()
         return result, time.monotonic() - start
 
-    def interrupt(self, call, full):
-        timer = threading.Timer(0.05 * full, os.kill, (os.getpid(), signal.SIGINT))
+    def interrupt(self, call, full, at=0.05):
+        """call() with a SIGINT at `at` x full seconds: it raises KeyboardInterrupt. Returns how long it ran."""
+        timer = threading.Timer(at * full, os.kill, (os.getpid(), signal.SIGINT))
         start = time.monotonic()
         timer.start()
         try:
@@ -691,12 +692,15 @@ class TestCtrlC(unittest.TestCase):
                 call()
         finally:
             timer.join()
-        self.assertLess(time.monotonic() - start, 0.5 * full, "the interrupted call ran on")
+        return time.monotonic() - start
+
+    def interrupt_soon(self, call, full):
+        self.assertLess(self.interrupt(call, full), 0.5 * full, "the interrupted call ran on")
 
     def test_scoring_stops_and_the_worker_scores_on(self):
         w = self.worker
         full_result, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])
-        self.interrupt(lambda: w.get_logprobs(self.batch), full)
+        self.interrupt_soon(lambda: w.get_logprobs(self.batch), full)
         np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], full_result)
 
     def test_an_interrupted_train_step_changes_nothing(self):
@@ -704,7 +708,7 @@ class TestCtrlC(unittest.TestCase):
         before = w.get_logprobs(self.batch)["logprobs"]
         fresh = ringtrain.PolicyWorker(self.config)
         want, full = self.timed(lambda: fresh.train(self.batch))
-        self.interrupt(lambda: w.train(self.batch), full)
+        self.interrupt_soon(lambda: w.train(self.batch), full)
         self.assertEqual(w.steps_taken, 0)
         np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], before)
         got = w.train(self.batch)
@@ -714,46 +718,37 @@ class TestCtrlC(unittest.TestCase):
         w = self.worker
         prompts = [[1, 2, 3]] * 8
         want, full = self.timed(lambda: w.generate(prompts, 500, seed=SEED))
-        self.interrupt(lambda: w.generate(prompts, 500, seed=SEED), full)
+        self.interrupt_soon(lambda: w.generate(prompts, 500, seed=SEED), full)
         again = w.generate(prompts, 500, seed=SEED)
         for a, b in zip(again, want):
             np.testing.assert_array_equal(a["tokens"], b["tokens"])
 
-    def test_a_call_of_another_thread_is_not_stopped(self):
-        w = self.worker
-        want, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])
+    def interrupt_while_another_thread_holds(self, w, full, call):
+        """call() on the main thread while another thread's scoring holds w (the main thread's call waits for it),
+        SIGINT meanwhile: call() raises KeyboardInterrupt, the other call completes. Returns its logprobs."""
         results = []
         other = threading.Thread(target=lambda: results.append(w.get_logprobs(self.batch)["logprobs"]))
         other.start()
-        time.sleep(0.1 * full)  # the other thread's call holds the worker; the main thread's waits for it
-        timer = threading.Timer(0.1 * full, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
         try:
-            with self.assertRaises(KeyboardInterrupt):
-                w.get_logprobs(self.batch)
+            time.sleep(0.1 * full)
+            self.interrupt(call, full, at=0.1)
         finally:
             other.join()
-            timer.join()
         self.assertEqual(len(results), 1, "the other thread's call was stopped")
-        np.testing.assert_array_equal(results[0], want)
+        return results[0]
+
+    def test_a_call_of_another_thread_is_not_stopped(self):
+        w = self.worker
+        want, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])
+        np.testing.assert_array_equal(
+            self.interrupt_while_another_thread_holds(w, full, lambda: w.get_logprobs(self.batch)), want)
         np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], want)
 
     def test_a_ctrl_c_while_train_waits_for_the_worker_stops_it_before_the_step(self):
         w = ringtrain.PolicyWorker(self.config)
         want, full = self.timed(lambda: w.get_logprobs(self.batch)["logprobs"])
-        results = []
-        other = threading.Thread(target=lambda: results.append(w.get_logprobs(self.batch)["logprobs"]))
-        other.start()
-        time.sleep(0.1 * full)  # the other thread's call holds the worker; train waits for it
-        timer = threading.Timer(0.1 * full, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        try:
-            with self.assertRaises(KeyboardInterrupt):
-                w.train(self.batch)
-        finally:
-            other.join()
-            timer.join()
-        np.testing.assert_array_equal(results[0], want)
+        np.testing.assert_array_equal(self.interrupt_while_another_thread_holds(w, full, lambda: w.train(self.batch)),
+                                      want)
         self.assertEqual(w.steps_taken, 0)
         np.testing.assert_array_equal(w.get_logprobs(self.batch)["logprobs"], want)
 
