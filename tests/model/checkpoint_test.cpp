@@ -474,8 +474,9 @@ TEST_F(Checkpoint, LongNamesAreWrittenAndTooLongOnesNamed) {
 // A run's folder lock: refused while another open description holds the flock (as another process would), naming
 // the key, the folder and the holder's pid; taken once that is gone, with this pid; nested in one process; never
 // through a symlink or onto a folder.
-// A folder is removable when every folder in it is writable and searchable by this process: checked as an
-// unprivileged user (a child process that drops root, or this one when it is not root), since root may remove
+// A folder is removable when every folder in it is readable, writable and searchable by this process, and a sticky
+// folder's entries are its own: checked as an unprivileged user (a child process that drops root, or this one when it
+// is not root; the sticky case only in the child, where the folders are another user's), since root may remove
 // anything.
 TEST_F(Checkpoint, RemovableMeansEveryFolderInItIsWritable) {
   namespace fs = std::filesystem;
@@ -486,10 +487,15 @@ TEST_F(Checkpoint, RemovableMeansEveryFolderInItIsWritable) {
     std::ofstream(top / "optimizer" / "deeper" / "file") << "x";
     for (const fs::path& p : {top, top / "optimizer", top / "optimizer" / "deeper"}) fs::permissions(p, fs::perms::all);
   }
+  const fs::path sticky = dir_ / "sticky";
+  fs::create_directories(sticky / "inner");
+  fs::permissions(sticky, fs::perms::all | fs::perms::sticky_bit);
+  fs::permissions(sticky / "inner", fs::perms::all);
   fs::permissions(locked / "optimizer" / "deeper", fs::perms::owner_read | fs::perms::owner_exec |
                                                         fs::perms::group_read | fs::perms::group_exec |
                                                         fs::perms::others_read | fs::perms::others_exec);
-  const auto verdicts = [&] {  // 0: as expected; otherwise which check went wrong
+  // 0: as expected; otherwise which check went wrong. The sticky folder is another user's only for the child of root.
+  const auto verdicts = [&](bool sticky_is_another_users) {
     try {
       model::check_removable(open, "save");
     } catch (const Error&) {
@@ -500,25 +506,35 @@ TEST_F(Checkpoint, RemovableMeansEveryFolderInItIsWritable) {
       return 2;
     } catch (const Error& e) {
       const std::string m = e.what();
-      return m.find("save: " + locked.string() + " cannot be replaced") != std::string::npos &&
-                     m.find("optimizer/deeper: Permission denied") != std::string::npos
+      if (m.find("save: " + locked.string() + " cannot be replaced, since this process cannot remove " +
+                 (locked / "optimizer" / "deeper").string()) == std::string::npos ||
+          m.find("Permission denied") == std::string::npos)
+        return 3;
+    }
+    if (!sticky_is_another_users) return 0;
+    try {  // every folder writable, but a sticky one holding another user's folder
+      model::check_removable(sticky, "save");
+      return 5;
+    } catch (const Error& e) {
+      return std::string(e.what()).find((sticky / "inner").string() + " (its folder is sticky") != std::string::npos
                  ? 0
-                 : 3;
+                 : 6;
     }
   };
   int outcome = 0;
   if (::geteuid() != 0) {
-    outcome = verdicts();
+    outcome = verdicts(false);
   } else {
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
-    if (child == 0) _exit(::setgid(65534) == 0 && ::setuid(65534) == 0 ? verdicts() : 4);
+    if (child == 0) _exit(::setgid(65534) == 0 && ::setuid(65534) == 0 ? verdicts(true) : 4);
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFEXITED(status));
     outcome = WEXITSTATUS(status);
   }
-  EXPECT_EQ(outcome, 0) << "1: a writable tree refused, 2: a read-only folder accepted, 3: the message, 4: setuid";
+  EXPECT_EQ(outcome, 0) << "1: a writable tree refused, 2: a read-only folder accepted, 3: the message, 4: setuid, "
+                            "5: another user's folder in a sticky one accepted, 6: the message";
   fs::permissions(locked / "optimizer" / "deeper", fs::perms::all);
 }
 

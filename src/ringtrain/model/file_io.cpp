@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
@@ -287,20 +288,47 @@ std::filesystem::path parent_of(const std::filesystem::path& p) {
 }  // namespace
 
 void check_removable(const std::filesystem::path& dir, const std::string& what) {
-  const auto check = [&](const std::filesystem::path& folder) {
-    if (::access(folder.c_str(), W_OK | X_OK) == 0) return;
-    const int err = errno;
-    throw Error(sys_message(cat(what, ": ", dir.string(), " cannot be replaced, since this process cannot remove what",
-                                " is in"),
-                            folder.string(), err) +
-                "; make it writable, or write elsewhere");
+  const uid_t me = ::geteuid();
+  const auto refuse = [&](const std::filesystem::path& at, const std::string& why) {
+    throw Error(cat(what, ": ", dir.string(), " cannot be replaced, since this process cannot remove ", at.string(),
+                    " (", why, "); make it removable, or write elsewhere"));
   };
-  check(dir);
+  const auto stat_of = [&](const std::filesystem::path& p) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0) refuse(p, std::strerror(errno));
+    return st;
+  };
+  // An entry of a sticky folder goes only by its owner, the folder's, or root.
+  const auto check_entry = [&](const std::filesystem::path& entry, const struct stat& folder) {
+    if (me == 0 || !(folder.st_mode & S_ISVTX) || folder.st_uid == me) return;
+    if (stat_of(entry).st_uid != me) refuse(entry, "its folder is sticky and neither is this user's");
+  };
+  const auto check_folder = [&](const std::filesystem::path& folder) {
+    if (::access(folder.c_str(), R_OK | W_OK | X_OK) != 0) refuse(folder, cat("its folder: ", std::strerror(errno)));
+    const struct stat st = stat_of(folder);
+    std::error_code ec;
+    for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(folder, ec))
+      check_entry(e.path(), st);
+    if (ec) refuse(folder, ec.message());
+  };
+  const std::filesystem::path parent = dir.parent_path().empty() ? std::filesystem::path(".") : dir.parent_path();
+  check_entry(dir, stat_of(parent));
+  check_folder(dir);
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != decltype(it)(); it.increment(ec))
-    if (it->symlink_status().type() == std::filesystem::file_type::directory) check(it->path());
-  if (ec) throw Error(cat(what, ": cannot read ", dir.string(), ": ", ec.message()));
+    if (it->symlink_status().type() == std::filesystem::file_type::directory) check_folder(it->path());
+  if (ec) refuse(dir, ec.message());
 }
+
+void create_marker(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) throw_sys_error("cannot create", path.string());
+  const int rc = ::fsync(fd), err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(sys_message("cannot sync", path.string(), err));
+}
+
+namespace {
 
 void move_in_moving_aside(const std::filesystem::path& staged, const std::filesystem::path& dest,
                           const std::filesystem::path& aside, const std::string& what) {
@@ -311,6 +339,19 @@ void move_in_moving_aside(const std::filesystem::path& staged, const std::filesy
   std::error_code ignored;
   std::filesystem::rename(aside, dest, ignored);
   throw Error(cat(what, ": cannot rename ", staged.string(), " to ", dest.string(), ": ", moved.message()));
+}
+
+}  // namespace
+
+std::filesystem::path replace_folder(const std::filesystem::path& staged, const std::filesystem::path& dest,
+                                     const std::filesystem::path& aside,
+                                     const std::function<void(const std::filesystem::path&)>& remove_leftover,
+                                     const std::string& what) {
+  if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) == 0) return staged;
+  std::error_code ec;
+  if (std::filesystem::symlink_status(aside, ec).type() != std::filesystem::file_type::not_found) remove_leftover(aside);
+  move_in_moving_aside(staged, dest, aside, what);
+  return aside;
 }
 
 StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, Remove remove)

@@ -63,16 +63,21 @@ class FolderLock {
   uint64_t device_ = 0, inode_ = 0;
 };
 
-// An error naming `what` unless this process may remove the folder `dir` and everything in it (every folder in it,
-// links not followed, writable and searchable): checked before a save replaces it, so that the new version is never
-// published beside an old one that cannot go.
+// An error naming `what` and the folder at fault unless this process may remove the folder `dir` and everything in
+// it, and rename `dir` in its parent: every folder in it (links not followed) readable, writable and searchable, and
+// where a folder is sticky (mode +t, as /tmp), its entries or the folder this process's own. Checked before a save
+// replaces `dir`, so that the new version is never published beside an old one that cannot go.
 void check_removable(const std::filesystem::path& dir, const std::string& what);
-
-// `dest` renamed to `aside`, then `staged` to `dest`; when that second rename fails, `dest` is renamed back and the
-// error names `what`. Replaces a folder where the file system has no atomic exchange, so that one whole version is
-// in place, or beside it, at every moment.
-void move_in_moving_aside(const std::filesystem::path& staged, const std::filesystem::path& dest,
-                          const std::filesystem::path& aside, const std::string& what);
+// An empty file made under its own name, or left as it is when there: a marker, which must be whole or absent (a
+// temporary name and a rename could leave a third state behind a kill).
+void create_marker(const std::filesystem::path& path);
+// The folder `staged` put in place of the folder `dest`: exchanged atomically (renameat2 RENAME_EXCHANGE), or, on a
+// file system without the exchange, with `dest` first moved to `aside` (a leftover there given to remove_leftover
+// first; `dest` moved back if `staged` cannot take its name). Returns where the replaced folder now is.
+std::filesystem::path replace_folder(const std::filesystem::path& staged, const std::filesystem::path& dest,
+                                     const std::filesystem::path& aside,
+                                     const std::function<void(const std::filesystem::path&)>& remove_leftover,
+                                     const std::string& what);
 
 // A folder written beside its destination and renamed into place (DIR.saving, DIR.exporting), held by its writer
 // with flock on the folder itself: a second writer of the same destination, in this process or another, is refused

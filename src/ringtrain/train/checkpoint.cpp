@@ -1,7 +1,5 @@
 #include "ringtrain/train/checkpoint.h"
 
-#include <fcntl.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -176,7 +174,7 @@ void check_removable_leftover(const fs::path& dir) {
 // Removes a folder of ours with its marker kept to the last, so that a kill at any point leaves a folder that
 // is_save_leftover accepts: marked, or empty.
 void remove_leftover(const fs::path& dir) {
-  model::write_file_atomic(dir / kSavingMarker, "");
+  model::create_marker(dir / kSavingMarker);
   for (const fs::directory_entry& e : fs::directory_iterator(dir))
     if (e.path().filename() != kSavingMarker) fs::remove_all(e.path());
   fs::remove(dir / kSavingMarker);
@@ -210,7 +208,7 @@ std::unique_ptr<model::StagingFolder> prepare_saving_dir(const fs::path& dest, c
     model::check_removable(dest, cat("checkpoint save ", dest.string()));
   }
   auto staging = std::make_unique<model::StagingFolder>(tmp, cat("checkpoint save ", dest.string()), remove_stale);
-  model::write_file_atomic(tmp / kSavingMarker, "");
+  model::create_marker(tmp / kSavingMarker);
   fs::create_directory(tmp / "optimizer");
   return staging;
 }
@@ -225,14 +223,11 @@ void publish(const fs::path& tmp, const fs::path& dest) {
     return;
   }
   check_replaceable(dest);
-  model::check_removable(dest, cat("checkpoint save ", dest.string()));
-  model::write_file_atomic(dest / kSavingMarker, "");  // the old one, wherever a kill leaves it, is a leftover of ours
-  fs::path replaced = tmp;
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) != 0) {
-    replaced = dest.parent_path() / (dest.filename().string() + ".old");
-    if (exists_no_follow(replaced)) remove_stale(replaced);
-    model::move_in_moving_aside(tmp, dest, replaced, cat("checkpoint save ", dest.string()));
-  }
+  const std::string what = cat("checkpoint save ", dest.string());
+  model::check_removable(dest, what);
+  model::create_marker(dest / kSavingMarker);  // the old one, wherever a kill leaves it, is a leftover of ours
+  const fs::path replaced =
+      model::replace_folder(tmp, dest, dest.parent_path() / (dest.filename().string() + ".old"), remove_stale, what);
   fs::remove(dest / kSavingMarker);
   try {
     remove_leftover(replaced);

@@ -574,11 +574,13 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
   const std::string what = cat("export ", dest.string());
   try {
     check_replaceable_export(dest, ExportFolder::Destination);
-    if (exists_no_follow(dest)) model::check_removable(dest, what);
-    check_replaceable_export(old, ExportFolder::Leftover);
+    if (exists_no_follow(dest)) {
+      model::check_removable(dest, what);
+      check_replaceable_export(old, ExportFolder::Leftover);
+    }
     model::StagingFolder staging(sibling(dest, ".exporting"), what, remove_export_leftover);
     const fs::path& tmp = staging.path();
-    model::write_file_atomic(tmp / kExportMarker, "");
+    model::create_marker(tmp / kExportMarker);
     model::write_config(tmp, config);
     model::write_safetensors(tmp / "model.safetensors",
                              model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
@@ -588,18 +590,17 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
         fs::remove(dest / kExportMarker);
         return;
       }
-      // The old folder, marked, steps aside, the new one takes its name, the old one goes; once the new one is in
-      // place the export has succeeded.
+      // The old folder, marked, is exchanged with the new one and then removed; once the new one is in place the
+      // export has succeeded.
       check_replaceable_export(dest, ExportFolder::Destination);
       model::check_removable(dest, what);
-      remove_export_leftover(old);
-      model::write_file_atomic(dest / kExportMarker, "");
-      model::move_in_moving_aside(tmp, dest, old, what);
+      model::create_marker(dest / kExportMarker);
+      const fs::path replaced = model::replace_folder(tmp, dest, old, remove_export_leftover, what);
       fs::remove(dest / kExportMarker);
       try {
-        remove_export_leftover(old);
+        remove_export_leftover(replaced);
       } catch (const std::exception& e) {
-        RT_LOG(Warn, "export ", dest.string(), ": exported, but the export it replaced, now ", old.string(),
+        RT_LOG(Warn, "export ", dest.string(), ": exported, but the export it replaced, now ", replaced.string(),
                ", could not be removed: ", e.what());
       }
     });
