@@ -311,8 +311,7 @@ void check_removable(const std::filesystem::path& dir, const std::string& what) 
       check_entry(e.path(), st);
     if (ec) refuse(folder, ec.message());
   };
-  const std::filesystem::path parent = dir.parent_path().empty() ? std::filesystem::path(".") : dir.parent_path();
-  check_entry(dir, stat_of(parent));
+  check_entry(dir, stat_of(parent_of(dir)));
   check_folder(dir);
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != decltype(it)(); it.increment(ec))
