@@ -507,7 +507,7 @@ TEST(PolicyWorker, AnExportBesideAnotherToTheSameFolderIsRefused) {
   comm::run_ranks(1, kTimeout, [&](comm::Communicator& world) {
     PolicyWorker w(tiny_config(1, 1), world);
     {
-      model::StagingFolder other(staging, "export (another worker)", [](const fs::path& p) { fs::remove_all(p); });
+      model::StagingFolder other(staging, ".ringtrain-exporting", "export (another worker)", [](const fs::path& p) { fs::remove_all(p); });
       std::ofstream(staging / "config.json") << "the other export's";
       try {
         w.export_hf(dir / "hf");

@@ -1,6 +1,7 @@
 // Errors: one exception type carrying a message that names what was wrong (file, key, shape).
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -25,6 +26,18 @@ std::string cat(Args&&... args) {
   std::ostringstream os;
   (os << ... << std::forward<Args>(args));
   return os.str();
+}
+
+// f(), with an error whose message does not start with `prefix` rethrown as Error("<context>: <message>"), so that
+// a file system's "cannot write X: ..." says which operation it came from.
+template <typename F>
+void with_context(const std::string& context, std::string_view prefix, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    if (std::string_view(e.what()).starts_with(prefix)) throw;
+    throw Error(context + ": " + e.what());
+  }
 }
 
 }  // namespace ringtrain

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/log.h"
 #include "ringtrain/core/sys_error.h"
 
 namespace ringtrain::model {
@@ -125,6 +126,11 @@ void sync_path(const std::filesystem::path& path) {
   ::close(fd);
   // Some file systems cannot sync a folder (EINVAL); the data itself was synced before the rename.
   if (rc != 0 && err != EINVAL) throw Error(sys_message("cannot sync", path.string(), err));
+}
+
+bool exists_no_follow(const std::filesystem::path& path) {
+  std::error_code ec;
+  return std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found && !ec;
 }
 
 std::filesystem::path temporary_sibling(const std::filesystem::path& path) {
@@ -340,28 +346,28 @@ void move_in_moving_aside(const std::filesystem::path& staged, const std::filesy
   throw Error(cat(what, ": cannot rename ", staged.string(), " to ", dest.string(), ": ", moved.message()));
 }
 
-}  // namespace
-
+// The folder `staged` put in place of the folder `dest`: exchanged atomically, or with `dest` first moved to `aside`
+// (a leftover there given to remove_leftover first). Returns where the replaced folder now is.
 std::filesystem::path replace_folder(const std::filesystem::path& staged, const std::filesystem::path& dest,
                                      const std::filesystem::path& aside,
                                      const std::function<void(const std::filesystem::path&)>& remove_leftover,
                                      const std::string& what) {
   if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) == 0) return staged;
-  std::error_code ec;
-  if (std::filesystem::symlink_status(aside, ec).type() != std::filesystem::file_type::not_found) remove_leftover(aside);
+  if (exists_no_follow(aside)) remove_leftover(aside);
   move_in_moving_aside(staged, dest, aside, what);
   return aside;
 }
 
-StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, Remove remove)
-    : path_(std::move(folder)), what_(std::move(what)), remove_(std::move(remove)) {
+}  // namespace
+
+StagingFolder::StagingFolder(std::filesystem::path folder, std::string marker, std::string what, Remove remove)
+    : path_(std::move(folder)), marker_(std::move(marker)), what_(std::move(what)), remove_(std::move(remove)) {
   const std::filesystem::path parent = parent_of(path_);
   std::error_code made;
   std::filesystem::create_directories(parent, made);
   if (made) throw Error(cat(what_, ": cannot make the folder ", parent.string(), ": ", made.message()));
   const ParentLock section(parent, what_);
-  std::error_code ec;
-  if (std::filesystem::symlink_status(path_, ec).type() != std::filesystem::file_type::not_found) {
+  if (exists_no_follow(path_)) {
     // A folder that its writer still holds is being written; one that nobody holds is a leftover.
     const int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
@@ -385,6 +391,14 @@ StagingFolder::StagingFolder(std::filesystem::path folder, std::string what, Rem
     ::close(fd_);
     throw Error(sys_message(cat(what_, ": cannot lock"), path_.string(), err));
   }
+  try {
+    create_marker(path_ / marker_);
+  } catch (...) {
+    ::close(fd_);
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+    throw;
+  }
 }
 
 StagingFolder::~StagingFolder() {
@@ -397,10 +411,26 @@ StagingFolder::~StagingFolder() {
   ::close(fd_);
 }
 
-void StagingFolder::publish(const std::function<void()>& put_in_place) {
+void StagingFolder::publish(const std::filesystem::path& dest, const std::filesystem::path& aside,
+                            const std::function<void(const std::filesystem::path&)>& check_replaceable) {
   const ParentLock section(parent_of(path_), what_);
-  put_in_place();
+  if (!exists_no_follow(dest)) {
+    std::filesystem::rename(path_, dest);
+    published_ = true;
+    std::filesystem::remove(dest / marker_);
+    return;
+  }
+  check_replaceable(dest);
+  check_removable(dest, what_);
+  create_marker(dest / marker_);
+  const std::filesystem::path replaced = replace_folder(path_, dest, aside, remove_, what_);
   published_ = true;
+  std::filesystem::remove(dest / marker_);
+  try {
+    remove_(replaced);
+  } catch (const std::exception& e) {
+    RT_LOG(Warn, what_, ": done, but what it replaced, now ", replaced.string(), ", could not be removed: ", e.what());
+  }
 }
 
 }  // namespace ringtrain::model

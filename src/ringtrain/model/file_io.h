@@ -41,6 +41,8 @@ using ByteSink = std::function<void(std::string_view)>;
 void write_file_atomic(const std::filesystem::path& path, const std::function<void(const ByteSink& sink)>& produce);
 // The same check on its own: an error unless `path` is absent or a regular file (symlinks are not followed).
 void check_replaceable(const std::filesystem::path& path);
+// Whether anything is at `path`, a link (even a dangling one) counted as itself, not followed.
+bool exists_no_follow(const std::filesystem::path& path);
 // fsync of a file or folder (after a rename, the folder's entry); errors name the path.
 void sync_path(const std::filesystem::path& path);
 // The name beside `path` that it is written under before the rename that puts it in place: hidden, marked with this
@@ -71,35 +73,34 @@ void check_removable(const std::filesystem::path& dir, const std::string& what);
 // An empty file made under its own name, or left as it is when there: a marker, which must be whole or absent (a
 // temporary name and a rename could leave a third state behind a kill).
 void create_marker(const std::filesystem::path& path);
-// The folder `staged` put in place of the folder `dest`: exchanged atomically (renameat2 RENAME_EXCHANGE), or, on a
-// file system without the exchange, with `dest` first moved to `aside` (a leftover there given to remove_leftover
-// first; `dest` moved back if `staged` cannot take its name). Returns where the replaced folder now is.
-std::filesystem::path replace_folder(const std::filesystem::path& staged, const std::filesystem::path& dest,
-                                     const std::filesystem::path& aside,
-                                     const std::function<void(const std::filesystem::path&)>& remove_leftover,
-                                     const std::string& what);
-
 // A folder written beside its destination and renamed into place (DIR.saving, DIR.exporting), held by its writer
 // with flock on the folder itself: a second writer of the same destination, in this process or another, is refused
 // (naming `what` and the folder) instead of removing the first one's files as a leftover. The preparation (leftover
 // removed, folder made) and the publication run with the parent folder locked, so that neither sees the other half
-// done. `remove` removes such a folder, or refuses to: a leftover that no writer holds (its writer was killed), and
-// this folder when it is given up before publish() returned (the write failed; best effort). The parent is made if
-// missing. On a file system without flock there is no exclusion.
+// done. The folder carries the empty file `marker` from its start, and a folder it replaces gets one before it moves,
+// so that such a folder is known as ours wherever a kill leaves it. `remove` removes a folder of ours, or refuses to:
+// a leftover that no writer holds (its writer was killed), the folder a publication replaced, and this folder when
+// it is given up unpublished (the write failed; best effort). The parent is made if missing. On a file system
+// without flock there is no exclusion.
 class StagingFolder {
  public:
   using Remove = std::function<void(const std::filesystem::path&)>;
-  StagingFolder(std::filesystem::path folder, std::string what, Remove remove);
+  StagingFolder(std::filesystem::path folder, std::string marker, std::string what, Remove remove);
   ~StagingFolder();
   StagingFolder(const StagingFolder&) = delete;
   StagingFolder& operator=(const StagingFolder&) = delete;
   const std::filesystem::path& path() const { return path_; }
-  // Runs put_in_place (the renames, and the removal of what the folder replaces) with the parent folder locked.
-  void publish(const std::function<void()>& put_in_place);
+  // Puts the folder in place of `dest`, with the parent folder locked: renamed to `dest` when nothing is there;
+  // otherwise `dest`, accepted by check_replaceable (which throws to refuse) and check_removable, is marked,
+  // exchanged with the folder atomically (renameat2 RENAME_EXCHANGE; where the file system cannot, moved to `aside`
+  // first, and back if the folder cannot take its name) and removed; a failure of that last removal is a warning,
+  // the new version being in place. The published folder loses its marker.
+  void publish(const std::filesystem::path& dest, const std::filesystem::path& aside,
+               const std::function<void(const std::filesystem::path&)>& check_replaceable);
 
  private:
   std::filesystem::path path_;
-  std::string what_;
+  std::string marker_, what_;
   Remove remove_;
   int fd_ = -1;  // the folder, locked
   bool published_ = false;

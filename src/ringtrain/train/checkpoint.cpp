@@ -13,7 +13,6 @@
 #include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/json.h"
-#include "ringtrain/core/log.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/params.h"
@@ -51,11 +50,6 @@ bool is_checkpoint_dir(const fs::path& p) {
   std::error_code ec;
   return fs::symlink_status(p, ec).type() == fs::file_type::directory &&
          fs::symlink_status(p / kStateFile, ec).type() == fs::file_type::regular;
-}
-
-bool exists_no_follow(const fs::path& p) {
-  std::error_code ec;
-  return fs::symlink_status(p, ec).type() != fs::file_type::not_found && !ec;
 }
 
 }  // namespace
@@ -203,38 +197,14 @@ void remove_stale(const fs::path& dir) {
 // DIR.saving made afresh and held for this save (a leftover of a save that died is removed; one that another save
 // is writing is refused). The marker goes in before anything else.
 std::unique_ptr<model::StagingFolder> prepare_saving_dir(const fs::path& dest, const fs::path& tmp) {
-  if (exists_no_follow(dest)) {
+  const std::string what = cat("checkpoint save ", dest.string());
+  if (model::exists_no_follow(dest)) {
     check_replaceable(dest);
-    model::check_removable(dest, cat("checkpoint save ", dest.string()));
+    model::check_removable(dest, what);
   }
-  auto staging = std::make_unique<model::StagingFolder>(tmp, cat("checkpoint save ", dest.string()), remove_stale);
-  model::create_marker(tmp / kSavingMarker);
+  auto staging = std::make_unique<model::StagingFolder>(tmp, kSavingMarker, what, remove_stale);
   fs::create_directory(tmp / "optimizer");
   return staging;
-}
-
-// DIR.saving becomes DIR; an existing checkpoint at DIR is exchanged atomically and then removed. Once the new one is
-// in place the save has succeeded: a replaced checkpoint that cannot be removed is a warning naming it (the next
-// save removes it, or says why it cannot).
-void publish(const fs::path& tmp, const fs::path& dest) {
-  if (!exists_no_follow(dest)) {
-    fs::rename(tmp, dest);
-    fs::remove(dest / kSavingMarker);
-    return;
-  }
-  check_replaceable(dest);
-  const std::string what = cat("checkpoint save ", dest.string());
-  model::check_removable(dest, what);
-  model::create_marker(dest / kSavingMarker);  // the old one, wherever a kill leaves it, is a leftover of ours
-  const fs::path replaced =
-      model::replace_folder(tmp, dest, dest.parent_path() / (dest.filename().string() + ".old"), remove_stale, what);
-  fs::remove(dest / kSavingMarker);
-  try {
-    remove_leftover(replaced);
-  } catch (const std::exception& e) {
-    RT_LOG(Warn, "checkpoint save ", dest.string(), ": saved, but the checkpoint it replaced, now ",
-           replaced.string(), ", could not be removed: ", e.what());
-  }
 }
 
 json read_json(const fs::path& path) { return parse_json(model::read_file(path), path.string()); }
@@ -360,15 +330,7 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
 
 // f, with the save named in an error that does not say what it came from (a file system's "cannot write X: ...").
 std::function<void()> naming_the_save(const fs::path& dir, std::function<void()> f) {
-  return [&dir, f = std::move(f)] {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      const std::string_view m = e.what();
-      if (m.starts_with("checkpoint")) throw;
-      throw Error(cat("checkpoint save ", dir.string(), ": ", m));
-    }
-  };
+  return [&dir, f = std::move(f)] { with_context(cat("checkpoint save ", dir.string()), "checkpoint", f); };
 }
 
 }  // namespace
@@ -425,7 +387,8 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
     }
     model::write_file_atomic(tmp / kStateFile, st.dump(2) + "\n");
     if (options.after_file) options.after_file(tmp / kStateFile);
-    staging->publish([&] { publish(tmp, dest); });
+    // DIR.saving becomes DIR, exchanged with a checkpoint there, which then goes (DIR.old where there is no exchange).
+    staging->publish(dest, dest.parent_path() / (dest.filename().string() + ".old"), check_replaceable);
   }));
   world.barrier();  // every rank returns with the checkpoint in place
 }

@@ -9,7 +9,6 @@
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
-#include "ringtrain/core/log.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/params.h"
 #include "ringtrain/worker/packing.h"
@@ -137,11 +136,6 @@ fs::path sibling(const fs::path& dir, const char* suffix) {
   fs::path d = dir.lexically_normal();
   if (!d.has_filename()) d = d.parent_path();
   return d.parent_path() / (d.filename().string() + suffix);
-}
-
-bool exists_no_follow(const fs::path& p) {
-  std::error_code ec;
-  return fs::symlink_status(p, ec).type() != fs::file_type::not_found && !ec;
 }
 
 }  // namespace
@@ -528,7 +522,7 @@ constexpr const char* kExportMarker = ".ringtrain-exporting";
 // leftover may also hold the temporary names its files were being written under.
 enum class ExportFolder : uint8_t { Destination, Leftover };
 void check_replaceable_export(const fs::path& p, ExportFolder kind) {
-  if (!exists_no_follow(p)) return;
+  if (!model::exists_no_follow(p)) return;
   const bool leftover = kind == ExportFolder::Leftover;
   const char* what = leftover ? "remove" : "replace";
   RT_CHECK(!fs::is_symlink(p), "export: ", p.string(), " is a symbolic link (to ", fs::read_symlink(p).string(),
@@ -552,7 +546,7 @@ void check_replaceable_export(const fs::path& p, ExportFolder kind) {
 // A leftover export folder (checked) removed with its marker kept to the last, so that a kill at any point leaves a
 // folder that is still a leftover: marked, or empty.
 void remove_export_leftover(const fs::path& p) {
-  if (!exists_no_follow(p)) return;
+  if (!model::exists_no_follow(p)) return;
   check_replaceable_export(p, ExportFolder::Leftover);
   std::error_code failed;
   for (const fs::directory_entry& e : fs::directory_iterator(p, failed))
@@ -572,42 +566,19 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
   if (!dest.has_filename()) dest = dest.parent_path();  // "out/" is the folder out, never what a link there points to
   const fs::path old = sibling(dest, ".replaced");
   const std::string what = cat("export ", dest.string());
-  try {
+  with_context(what, "export", [&] {
     check_replaceable_export(dest, ExportFolder::Destination);
-    if (exists_no_follow(dest)) {
+    if (model::exists_no_follow(dest)) {
       model::check_removable(dest, what);
       check_replaceable_export(old, ExportFolder::Leftover);
     }
-    model::StagingFolder staging(sibling(dest, ".exporting"), what, remove_export_leftover);
+    model::StagingFolder staging(sibling(dest, ".exporting"), kExportMarker, what, remove_export_leftover);
     const fs::path& tmp = staging.path();
-    model::create_marker(tmp / kExportMarker);
     model::write_config(tmp, config);
     model::write_safetensors(tmp / "model.safetensors",
                              model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
-    staging.publish([&] {
-      if (!exists_no_follow(dest)) {
-        fs::rename(tmp, dest);
-        fs::remove(dest / kExportMarker);
-        return;
-      }
-      // The old folder, marked, is exchanged with the new one and then removed; once the new one is in place the
-      // export has succeeded.
-      check_replaceable_export(dest, ExportFolder::Destination);
-      model::check_removable(dest, what);
-      model::create_marker(dest / kExportMarker);
-      const fs::path replaced = model::replace_folder(tmp, dest, old, remove_export_leftover, what);
-      fs::remove(dest / kExportMarker);
-      try {
-        remove_export_leftover(replaced);
-      } catch (const std::exception& e) {
-        RT_LOG(Warn, "export ", dest.string(), ": exported, but the export it replaced, now ", replaced.string(),
-               ", could not be removed: ", e.what());
-      }
-    });
-  } catch (const std::exception& e) {  // a file system's error ("cannot write X: ...") says what it came from
-    if (std::string_view(e.what()).starts_with("export")) throw;
-    throw Error(cat(what, ": ", e.what()));
-  }
+    staging.publish(dest, old, [](const fs::path& p) { check_replaceable_export(p, ExportFolder::Destination); });
+  });
 }
 
 void PolicyWorker::export_hf(const fs::path& dir) {

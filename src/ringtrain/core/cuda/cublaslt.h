@@ -1,6 +1,6 @@
-// cuBLASLt, loaded at its first use (dlopen) instead of linked. The library is over 500 MB: mapping it at start cost
-// every process ~0.75 s, a CPU-only run or a GPU test that skips included. Functions keep their cuBLASLt names less
-// the prefix: cublaslt().Matmul(...) is cublasLtMatmul(...).
+// cuBLASLt, loaded at its first use (dlopen), not at start: the library is over 500 MB, and mapping it costs a
+// process ~0.75 s, which a CPU-only run or a GPU test that skips should not pay. Functions keep their cuBLASLt names
+// less the prefix: cublaslt().Matmul(...) is cublasLtMatmul(...).
 #pragma once
 
 #include <cublasLt.h>
