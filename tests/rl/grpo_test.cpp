@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/params.h"
@@ -215,6 +216,49 @@ TEST(GrpoLoop, ResumedRunRepeatsTheUninterruptedSteps) {
   const auto started = run_small(worker::parse_config(small_config(fresh_dir("none"), 1, 1), "c.yaml"), true);
   ASSERT_EQ(started.size(), 1u);
   EXPECT_EQ(started[0].loss, full[0].loss);
+}
+
+// A stop asked on one rank while it samples: every rank stops at the same point (the sampling rank at its next token,
+// the other after its rollouts, where they agree), step 2 leaves no checkpoint, and --resume repeats the
+// uninterrupted run's steps 2 and 3 bitwise.
+TEST(GrpoLoop, AStopOnOneRankWhileSamplingStopsEveryRankAndResumeRepeatsTheSteps) {
+  const fs::path straight = fresh_dir("nostop"), stopped = fresh_dir("stopped");
+  const auto full = run_small(worker::parse_config(small_config(straight, 2, 3), "a.yaml"));
+  ASSERT_EQ(full.size(), 3u);
+
+  const worker::Config c = worker::parse_config(small_config(stopped, 2, 3), "b.yaml");
+  std::vector<rl::GrpoStepLog> before;
+  bool interrupted = false;
+  try {
+    comm::run_ranks(2, std::chrono::seconds(120), [&](comm::Communicator& world) {
+      StopRequest stop;  // each rank its own: the other rank learns of the stop only through the agreement
+      rl::GrpoOptions mine;
+      mine.progress = false;
+      mine.stop = &stop;
+      mine.on_step = [&](const rl::GrpoStepLog& l) {
+        if (world.rank() == 0) before.push_back(l);
+        if (world.rank() == 1) stop.request();  // step 2's sampling sees it before its first prefill
+      };
+      rl::run_grpo(c, world, mine);
+    });
+  } catch (const comm::Interrupted& e) {  // the ranks' own exception, not a failure wrapped with a rank's name
+    interrupted = true;
+    EXPECT_NE(std::string(e.what()).find("GRPO step 2 was interrupted"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(interrupted);
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0].loss, full[0].loss);
+  EXPECT_TRUE(fs::is_regular_file(stopped / "ck" / "step_1" / "trainer_state.json"));
+  EXPECT_FALSE(fs::exists(stopped / "ck" / "step_2"));
+
+  const auto rest = run_small(c, true);
+  ASSERT_EQ(rest.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(rest[i].step, full[i + 1].step);
+    EXPECT_EQ(rest[i].reward_mean, full[i + 1].reward_mean);
+    EXPECT_EQ(rest[i].loss, full[i + 1].loss);
+    EXPECT_EQ(rest[i].grad_norm, full[i + 1].grad_norm);
+  }
 }
 
 TEST(GrpoConfig, BadValuesNamedByKey) {

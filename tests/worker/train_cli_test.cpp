@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/params.h"
@@ -130,11 +131,12 @@ TEST(TrainCli, DpCpMeshGivesTheSingleRankLosses) {
   }
 }
 
-// Starts `ringtrain ARGS` in the background; returns its pid.
-pid_t spawn_cli(const std::string& args) {
+// Starts `ringtrain ARGS` in the background, its output to `log` (discarded when empty); returns its pid.
+pid_t spawn_cli(const std::string& args, const fs::path& log = {}) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    const std::string cmd = std::string("exec ") + RINGTRAIN_CLI + " " + args + " >/dev/null 2>&1";
+    const std::string to = log.empty() ? std::string("/dev/null") : log.string();
+    const std::string cmd = std::string("exec ") + RINGTRAIN_CLI + " " + args + " >" + to + " 2>&1";
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
@@ -194,6 +196,60 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   const model::ModelConfig m = model::load_config(hf);
   EXPECT_EQ(model::load_checkpoint_params(hf, m),
             model::load_checkpoint_params(dir.path / "full" / "ckpt" / "step_8", m));
+}
+
+// Ctrl-C during a run: the step in progress stops at its next microbatch on every rank (dp x cp = 2 x 2) having
+// changed nothing, the run says which step it stopped in and which checkpoint --resume continues from, and ends with
+// 130 (128 + SIGINT) by itself; its metrics are the uninterrupted run's first steps, and the resumed run writes the
+// rest of them bit for bit.
+TEST(TrainCli, CtrlCStopsBetweenMicrobatchesAndResumeRepeatsTheUninterruptedLosses) {
+  const Deadline test_deadline(240);
+  const uint64_t seed = testing::fresh_seed();
+  TempDir dir("rt_train_ctrl_c");
+  const fs::path data = dir.path / "data.jsonl";
+  write_data(data, "pg", 16, seed);
+  const std::string extra = "train.steps=8 policy.scheduler.total_steps=8 train.checkpoint_every=2";
+  const testing::CliResult full = run_cli(train_args("pg", data, dir.path / "full", 2, 2, extra));
+  ASSERT_EQ(full.code, 0) << full.output;
+  const auto want = losses(dir.path / "full" / "metrics");
+  ASSERT_EQ(want.size(), 8u);
+
+  const fs::path run = dir.path / "run", log = dir.path / "run.log";
+  const pid_t pid = spawn_cli(train_args("pg", data, run, 2, 2, extra), log);
+  ASSERT_GT(pid, 0);
+  const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(run / "ckpt" / "step_2" / "trainer_state.json") && std::chrono::steady_clock::now() < wait_until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  std::ifstream in(log);
+  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(fs::exists(run / "ckpt" / "step_8")) << "the run ended before the signal: nothing was stopped\n" << output;
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << " instead of stopping\n" << output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << output;
+  EXPECT_NE(output.find("ringtrain train: stopped by SIGINT"), std::string::npos) << output;
+
+  // "stopped in step N of 8, which changed nothing; N-1 steps done (N-1 in this run); --resume continues from
+  // .../step_K": the metrics hold steps 1 ... N-1, the uninterrupted run's values.
+  const std::string said = "ringtrain train: stopped in step ";
+  const size_t at = output.find(said);
+  ASSERT_NE(at, std::string::npos) << output;
+  const int64_t n = std::stoll(output.substr(at + said.size()));
+  const int64_t newest = (n - 1) / 2 * 2;
+  EXPECT_NE(output.find(cat(" of 8, which changed nothing; ", n - 1, " steps done (", n - 1, " in this run); --resume "
+                            "continues from ", (run / "ckpt" / cat("step_", newest)).string())),
+            std::string::npos) << output;
+  const auto partial = losses(run / "metrics");
+  ASSERT_EQ(static_cast<int64_t>(partial.size()), n - 1) << output;
+  for (const auto& [step, value] : partial) EXPECT_EQ(value, want.at(step)) << "step " << step;
+  EXPECT_FALSE(fs::exists(run / "ckpt" / cat("step_", n)));
+
+  const testing::CliResult resumed = run_cli(train_args("pg", data, run, 2, 2, extra) + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_EQ(losses(run / "metrics"), want);
+  const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(logged_steps(run / "metrics"), once);
 }
 
 // Two runs on one run's folders: the second is refused while the first lives, naming the first's process; the lock

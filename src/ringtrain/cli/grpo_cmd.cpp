@@ -13,6 +13,7 @@
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
 #include "ringtrain/cli/options.h"
+#include "ringtrain/cli/stop_on_signal.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -110,21 +111,24 @@ void add_grpo_command(CLI::App& app) {
                   static_cast<int>(c.parallel.dp), static_cast<int>(c.parallel.cp));
       std::fflush(stdout);
     };
-    if (c.device.is_cuda()) {
-      // One process per GPU: the sampler runs in each, on the host copy of its policy's weights.
-      const auto comm = nccl_from_environment(timeout);
-      lead = comm->rank() == 0;
-      if (lead) announce();
-      summary = rl::run_grpo(c, *comm, options);
-    } else {
-      announce();
-      worker::StartingWeights shared;  // one copy of the starting weights for all ranks of this process
-      options.starting_weights = &shared;
-      comm::run_ranks(world, timeout, [&](comm::Communicator& rank) {
-        rl::GrpoSummary mine = rl::run_grpo(c, rank, options);
-        if (rank.rank() == 0) summary = std::move(mine);
-      });
-    }
+    run_stoppable("grpo", [&](const StopRequest* stop) {
+      options.stop = stop;
+      if (c.device.is_cuda()) {
+        // One process per GPU: the sampler runs in each, on the host copy of its policy's weights.
+        const auto comm = nccl_from_environment(timeout);
+        lead = comm->rank() == 0;
+        if (lead) announce();
+        summary = rl::run_grpo(c, *comm, options);
+      } else {
+        announce();
+        worker::StartingWeights shared;  // one copy of the starting weights for all ranks of this process
+        options.starting_weights = &shared;
+        comm::run_ranks(world, timeout, [&](comm::Communicator& rank) {
+          rl::GrpoSummary mine = rl::run_grpo(c, rank, options);
+          if (rank.rank() == 0) summary = std::move(mine);
+        });
+      }
+    });
     if (!lead) return;
     std::printf("done: %zu GRPO steps in %.1f s (SFT warm-up %.1f s)\n", summary.steps.size(), summary.grpo_seconds,
                 summary.warmup_seconds);

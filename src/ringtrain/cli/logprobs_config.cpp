@@ -9,6 +9,7 @@
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
 #include "ringtrain/cli/options.h"
+#include "ringtrain/cli/stop_on_signal.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -36,20 +37,26 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
   const std::vector<worker::Sample> samples = worker::load_dataset(o.data, spec).samples;
   std::vector<std::vector<float>> results;
   worker::StartingWeights shared;  // CPU ranks: one copy of the starting weights, read in place by ranks that score
+  const StopRequest* stop = nullptr;
   const auto score = [&](comm::Communicator& comm) {
-    worker::PolicyWorker w(c, comm, &shared);
+    worker::PolicyWorker w(c, comm, &shared, stop);
     if (!o.checkpoint.empty()) w.load(o.checkpoint);
     worker::LogprobResult r = o.reference ? w.get_reference_logprobs(samples) : w.get_logprobs(samples);
     if (comm.rank() == 0) results = std::move(r.logprobs);
   };
   const auto timeout = std::chrono::seconds(o.timeout_s);
-  if (c.device.is_cuda()) {
-    const auto comm = nccl_from_environment(timeout);
-    score(*comm);
-    if (comm->rank() != 0) return std::nullopt;
-  } else {
-    comm::run_ranks(world, timeout, score);
-  }
+  bool lead = true;
+  run_stoppable("logprobs", [&](const StopRequest* signalled) {  // stopped: nothing is written
+    stop = signalled;
+    if (c.device.is_cuda()) {
+      const auto comm = nccl_from_environment(timeout);
+      score(*comm);
+      lead = comm->rank() == 0;
+    } else {
+      comm::run_ranks(world, timeout, score);
+    }
+  });
+  if (!lead) return std::nullopt;
   return results;
 }
 

@@ -9,6 +9,7 @@
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
 #include "ringtrain/cli/options.h"
+#include "ringtrain/cli/stop_on_signal.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
@@ -67,14 +68,17 @@ void add_train_command(CLI::App& app) {
     RT_CHECK(!c.train.data.empty(), "train.data: no data file given");
     const worker::Dataset data = worker::load_dataset(c.train.data, worker::data_spec(c, m));
     const auto timeout = std::chrono::seconds(o->timeout_s);
-    if (c.device.is_cuda()) {
-      const auto comm = nccl_from_environment(timeout);
-      worker::run_training(c, *comm, data, ro);
-    } else {
-      worker::StartingWeights shared;  // one copy of the reference weights for all ranks of this process
-      ro.starting_weights = &shared;
-      comm::run_ranks(world, timeout, [&](comm::Communicator& comm) { worker::run_training(c, comm, data, ro); });
-    }
+    run_stoppable("train", [&](const StopRequest* stop) {
+      ro.stop = stop;
+      if (c.device.is_cuda()) {
+        const auto comm = nccl_from_environment(timeout);
+        worker::run_training(c, *comm, data, ro);
+      } else {
+        worker::StartingWeights shared;  // one copy of the reference weights for all ranks of this process
+        ro.starting_weights = &shared;
+        comm::run_ranks(world, timeout, [&](comm::Communicator& comm) { worker::run_training(c, comm, data, ro); });
+      }
+    });
   });
 }
 

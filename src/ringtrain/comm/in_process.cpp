@@ -22,6 +22,8 @@
 #include <mutex>
 #include <thread>
 
+#include "ringtrain/comm/agreed.h"
+
 namespace ringtrain::comm {
 namespace {
 
@@ -564,6 +566,8 @@ void run_ranks(int world, std::chrono::milliseconds timeout, const std::function
   if (root == world) return;
   try {
     std::rethrow_exception(errors[root]);
+  } catch (const Interrupted&) {  // the same on every rank: the caller tells a stop from a failure by its type
+    throw;
   } catch (const CommError& e) {
     throw CommError(cat("rank ", root, ": ", e.what()));
   } catch (const std::bad_alloc&) {

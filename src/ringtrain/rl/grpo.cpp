@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/rl/prompt_file.h"
 #include "ringtrain/worker/metrics.h"
@@ -47,7 +48,7 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
   w.train.steps = config.grpo.sft_warmup_steps;
   if (config.grpo.sft_warmup_lr > 0) w.policy.optimizer.lr = config.grpo.sft_warmup_lr;
   w.policy.scheduler = worker::SchedulerConfig{};
-  worker::PolicyWorker policy_worker(w, world, options.starting_weights);
+  worker::PolicyWorker policy_worker(w, world, options.starting_weights, options.stop);
   const bool lead = world.rank() == 0;
   const int64_t batch = config.policy.train_global_batch_size, steps = w.train.steps;
   std::unique_ptr<worker::ProgressLine> progress;
@@ -56,24 +57,34 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
                  static_cast<long long>(steps), static_cast<long long>(batch), w.policy.optimizer.lr);
     progress = std::make_unique<worker::ProgressLine>(steps);
   }
-  for (int64_t step = 0; step < steps; ++step) {
-    std::vector<worker::Sample> samples;
-    int64_t tokens = 0;
-    for (int64_t i = 0; i < batch; ++i) {
-      const Example ex = prompts.example(kWarmupIndexBase + static_cast<uint64_t>(step * batch + i));
-      const std::vector<int32_t> answer = tok.encode_answer(ex.answer);
-      const int64_t answer_tokens = static_cast<int64_t>(answer.size());
-      samples.push_back(sft_sample(checked_prompt(tok, ex, answer_tokens, "SFT warm-up", config), answer));
-      tokens += samples.back().length();
+  int64_t step = 0;
+  try {
+    for (; step < steps; ++step) {
+      std::vector<worker::Sample> samples;
+      int64_t tokens = 0;
+      for (int64_t i = 0; i < batch; ++i) {
+        const Example ex = prompts.example(kWarmupIndexBase + static_cast<uint64_t>(step * batch + i));
+        const std::vector<int32_t> answer = tok.encode_answer(ex.answer);
+        const int64_t answer_tokens = static_cast<int64_t>(answer.size());
+        samples.push_back(sft_sample(checked_prompt(tok, ex, answer_tokens, "SFT warm-up", config), answer));
+        tokens += samples.back().length();
+      }
+      const worker::TrainResult r = policy_worker.train(samples);
+      if (metrics) {
+        metrics->write(step + 1, {{"warmup/loss", r.step.loss},
+                                  {"warmup/grad_norm", r.step.grad_norm},
+                                  {"warmup/lr", r.step.lr},
+                                  {"warmup/tokens_per_second", static_cast<double>(tokens) / r.seconds}});
+      }
+      if (progress) progress->update(step + 1, tokens, r.step.loss, "SFT warm-up");
     }
-    const worker::TrainResult r = policy_worker.train(samples);
-    if (metrics) {
-      metrics->write(step + 1, {{"warmup/loss", r.step.loss},
-                                {"warmup/grad_norm", r.step.grad_norm},
-                                {"warmup/lr", r.step.lr},
-                                {"warmup/tokens_per_second", static_cast<double>(tokens) / r.seconds}});
-    }
-    if (progress) progress->update(step + 1, tokens, r.step.loss, "SFT warm-up");
+  } catch (const comm::Interrupted&) {
+    if (progress) progress->finish();
+    if (lead)
+      std::fprintf(stderr, "ringtrain grpo: stopped in SFT warm-up step %lld of %lld, which changed nothing; %s\n",
+                   static_cast<long long>(step + 1), static_cast<long long>(steps),
+                   worker::resume_hint(config.train.checkpoint_dir).c_str());
+    throw;
   }
   if (progress) progress->finish();
   policy_worker.export_hf(out);
@@ -257,7 +268,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   }
 
   const auto t_start = Clock::now();
-  worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights);
+  worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights, options.stop);
   // What fixes the rollouts of step s (prompts and sampling seeds): recorded in each checkpoint, so that a resumed run
   // continues the same sequence or is refused.
   const std::string rollout_order = cat("grpo seed ", config.train.seed, ", prompts ", g.prompts, ", ",
@@ -281,6 +292,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
 
   model::SamplerOptions so;
   so.attention_backends = config.attention_backends;
+  so.stop = options.stop;
   model::Sampler sampler(policy_worker.policy(), so);
   model::SamplingParams sp;
   sp.temperature = g.temperature, sp.top_p = g.top_p, sp.top_k = g.top_k, sp.max_new_tokens = g.max_new_tokens;
@@ -296,95 +308,113 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
                  static_cast<long long>(G), g.reward.c_str());
     progress = std::make_unique<worker::ProgressLine>(config.train.steps);
   }
-  for (int64_t step = start; step < config.train.steps; ++step) {
-    const auto t0 = Clock::now();
-    std::vector<Example> examples;
-    std::vector<std::vector<int32_t>> rollout_prompts;
-    std::vector<uint64_t> sample_ids;
-    for (int64_t i = 0; i < P; ++i) {
-      const uint64_t index = static_cast<uint64_t>(step * P + i);
-      examples.push_back(prompts.example(index));
-      const std::vector<int32_t> p = checked_prompt(tok, examples.back(), g.max_new_tokens,
-                                                          cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
-      for (int64_t k = 0; k < G; ++k) {
-        rollout_prompts.push_back(p);
-        sample_ids.push_back(index * static_cast<uint64_t>(G) + static_cast<uint64_t>(k));
+  int64_t step = start;
+  try {
+    for (; step < config.train.steps; ++step) {
+      const auto t0 = Clock::now();
+      std::vector<Example> examples;
+      std::vector<std::vector<int32_t>> rollout_prompts;
+      std::vector<uint64_t> sample_ids;
+      for (int64_t i = 0; i < P; ++i) {
+        const uint64_t index = static_cast<uint64_t>(step * P + i);
+        examples.push_back(prompts.example(index));
+        const std::vector<int32_t> p = checked_prompt(tok, examples.back(), g.max_new_tokens,
+                                                            cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
+        for (int64_t k = 0; k < G; ++k) {
+          rollout_prompts.push_back(p);
+          sample_ids.push_back(index * static_cast<uint64_t>(G) + static_cast<uint64_t>(k));
+        }
       }
-    }
-    const std::vector<model::Generation> gens = sampler.generate(rollout_prompts, sp, sample_ids);
-    const double t_generate = seconds_since(t0);
+      // Each rank samples by itself, so a stop seen by its sampler is agreed before the collective calls that follow.
+      std::vector<model::Generation> gens;
+      bool stopped = false;
+      try {
+        gens = sampler.generate(rollout_prompts, sp, sample_ids);
+      } catch (const comm::Interrupted&) {
+        stopped = true;
+      }
+      comm::agree_to_stop(world, options.stop, stopped, cat("GRPO step ", step + 1));
+      const double t_generate = seconds_since(t0);
 
-    std::vector<double> rewards, exact, lengths;
-    for (size_t i = 0; i < gens.size(); ++i) {
-      const std::string& answer = examples[i / static_cast<size_t>(G)].answer;
-      rewards.push_back(reward(tok, answer, gens[i].tokens, mode));
-      exact.push_back(reward(tok, answer, gens[i].tokens, RewardMode::Exact));
-      lengths.push_back(static_cast<double>(gens[i].tokens.size()));
-    }
-    const GroupAdvantages adv = group_advantages(rewards, G);
-    std::vector<worker::Sample> samples;
-    int64_t tokens = 0;
-    for (size_t i = 0; i < gens.size(); ++i) {
-      samples.push_back(rollout_sample(rollout_prompts[i], gens[i], adv.advantages[i]));
-      tokens += samples.back().length();
-    }
+      std::vector<double> rewards, exact, lengths;
+      for (size_t i = 0; i < gens.size(); ++i) {
+        const std::string& answer = examples[i / static_cast<size_t>(G)].answer;
+        rewards.push_back(reward(tok, answer, gens[i].tokens, mode));
+        exact.push_back(reward(tok, answer, gens[i].tokens, RewardMode::Exact));
+        lengths.push_back(static_cast<double>(gens[i].tokens.size()));
+      }
+      const GroupAdvantages adv = group_advantages(rewards, G);
+      std::vector<worker::Sample> samples;
+      int64_t tokens = 0;
+      for (size_t i = 0; i < gens.size(); ++i) {
+        samples.push_back(rollout_sample(rollout_prompts[i], gens[i], adv.advantages[i]));
+        tokens += samples.back().length();
+      }
 
-    const auto t1 = Clock::now();
-    worker::LogprobResult prev = policy_worker.get_logprobs(samples);
-    worker::LogprobResult ref = policy_worker.get_reference_logprobs(samples);
-    const double kl_to_reference = mean_k3_kl(samples, prev, ref);
-    for (size_t i = 0; i < samples.size(); ++i) {
-      samples[i].prev_logprobs = std::move(prev.logprobs[i]);
-      samples[i].reference_logprobs = std::move(ref.logprobs[i]);
-    }
-    const double t_logprobs = seconds_since(t1);
-    const worker::TrainResult r = policy_worker.train(samples);
-    const double t_step = seconds_since(t0);
+      const auto t1 = Clock::now();
+      worker::LogprobResult prev = policy_worker.get_logprobs(samples);
+      worker::LogprobResult ref = policy_worker.get_reference_logprobs(samples);
+      const double kl_to_reference = mean_k3_kl(samples, prev, ref);
+      for (size_t i = 0; i < samples.size(); ++i) {
+        samples[i].prev_logprobs = std::move(prev.logprobs[i]);
+        samples[i].reference_logprobs = std::move(ref.logprobs[i]);
+      }
+      const double t_logprobs = seconds_since(t1);
+      const worker::TrainResult r = policy_worker.train(samples);
+      const double t_step = seconds_since(t0);
 
-    GrpoStepLog log;
-    log.step = step + 1;
-    log.reward_mean = mean_of(rewards);
-    log.exact_match = mean_of(exact);
-    log.loss = r.step.loss;
-    log.grad_norm = r.step.grad_norm;
-    double var = 0;
-    for (double x : rewards) var += (x - log.reward_mean) * (x - log.reward_mean);
-    if (metrics) {
-      worker::Scalars s = {
-          {"reward/mean", log.reward_mean},
-          {"reward/std", std::sqrt(var / static_cast<double>(rewards.size()))},
-          {"reward/exact_match", log.exact_match},
-          {"reward/uniform_group_fraction", static_cast<double>(adv.uniform_groups) / static_cast<double>(P)},
-          {"response/length_mean", mean_of(lengths)},
-          {"response/length_max", *std::max_element(lengths.begin(), lengths.end())},
-          {"kl_to_reference", kl_to_reference},
-          {"loss", r.step.loss},
-          {"grad_norm", r.step.grad_norm},
-          {"lr", r.step.lr},
-      };
-      for (const train::Metric& m : r.step.metrics) s.emplace_back(m.name, m.value);
-      s.emplace_back("skipped", r.step.skipped ? 1.0 : 0.0);
-      s.emplace_back("tokens_per_second", static_cast<double>(tokens) / t_step);
-      s.emplace_back("time/generate", t_generate);
-      s.emplace_back("time/logprobs", t_logprobs);
-      s.emplace_back("time/train", r.seconds);
-      metrics->write(warm + step + 1, s);
+      GrpoStepLog log;
+      log.step = step + 1;
+      log.reward_mean = mean_of(rewards);
+      log.exact_match = mean_of(exact);
+      log.loss = r.step.loss;
+      log.grad_norm = r.step.grad_norm;
+      double var = 0;
+      for (double x : rewards) var += (x - log.reward_mean) * (x - log.reward_mean);
+      if (metrics) {
+        worker::Scalars s = {
+            {"reward/mean", log.reward_mean},
+            {"reward/std", std::sqrt(var / static_cast<double>(rewards.size()))},
+            {"reward/exact_match", log.exact_match},
+            {"reward/uniform_group_fraction", static_cast<double>(adv.uniform_groups) / static_cast<double>(P)},
+            {"response/length_mean", mean_of(lengths)},
+            {"response/length_max", *std::max_element(lengths.begin(), lengths.end())},
+            {"kl_to_reference", kl_to_reference},
+            {"loss", r.step.loss},
+            {"grad_norm", r.step.grad_norm},
+            {"lr", r.step.lr},
+        };
+        for (const train::Metric& m : r.step.metrics) s.emplace_back(m.name, m.value);
+        s.emplace_back("skipped", r.step.skipped ? 1.0 : 0.0);
+        s.emplace_back("tokens_per_second", static_cast<double>(tokens) / t_step);
+        s.emplace_back("time/generate", t_generate);
+        s.emplace_back("time/logprobs", t_logprobs);
+        s.emplace_back("time/train", r.seconds);
+        metrics->write(warm + step + 1, s);
+      }
+      if (progress) {
+        char note[64];
+        std::snprintf(note, sizeof note, "reward %.3f | exact %.3f", log.reward_mean, log.exact_match);
+        progress->update(step + 1, tokens, r.step.loss, note);
+      }
+      const bool last = step + 1 == config.train.steps;
+      const int64_t every = config.train.checkpoint_every;
+      if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
+        train::TrainingProgress position;
+        position.index = step + 1;
+        position.rng = rollout_order;
+        policy_worker.save(root / cat("step_", step + 1), position);
+      }
+      summary.steps.push_back(log);
+      if (options.on_step) options.on_step(log);
     }
-    if (progress) {
-      char note[64];
-      std::snprintf(note, sizeof note, "reward %.3f | exact %.3f", log.reward_mean, log.exact_match);
-      progress->update(step + 1, tokens, r.step.loss, note);
-    }
-    const bool last = step + 1 == config.train.steps;
-    const int64_t every = config.train.checkpoint_every;
-    if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
-      train::TrainingProgress position;
-      position.index = step + 1;
-      position.rng = rollout_order;
-      policy_worker.save(root / cat("step_", step + 1), position);
-    }
-    summary.steps.push_back(log);
-    if (options.on_step) options.on_step(log);
+  } catch (const comm::Interrupted&) {
+    if (progress) progress->finish();
+    if (lead)
+      std::fprintf(stderr, "ringtrain grpo: stopped in GRPO step %lld of %lld, which changed nothing; %s\n",
+                   static_cast<long long>(step + 1), static_cast<long long>(config.train.steps),
+                   worker::resume_hint(root).c_str());
+    throw;
   }
   if (progress) progress->finish();
   summary.grpo_seconds = seconds_since(t_start);

@@ -76,6 +76,9 @@ struct GrpoOptions {
   // Shared by the ranks of this process (one copy of each starting weights); null: each rank loads its own.
   worker::StartingWeights* starting_weights = nullptr;
   bool progress = true;  // the progress line on stderr (rank 0)
+  // When requested (on any rank), the run stops at its next safe point (between sampled tokens or microbatches, every
+  // rank together) with comm::Interrupted, the step in progress having changed nothing; the lead says where. Not owned.
+  const StopRequest* stop = nullptr;
   // Called on every rank after each GRPO step.
   std::function<void(const GrpoStepLog&)> on_step;
 };

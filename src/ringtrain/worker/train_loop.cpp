@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/train/checkpoint.h"
@@ -68,6 +69,17 @@ std::optional<fs::path> newest_checkpoint(const fs::path& dir) {
     if (step > best_step) best_step = step, best = e.path();
   }
   return best;
+}
+
+std::string resume_hint(const fs::path& dir) {
+  if (dir.empty()) return "train.checkpoint_dir is not set: a new run starts from the beginning";
+  try {
+    const std::optional<fs::path> newest = newest_checkpoint(dir);
+    return newest ? cat("--resume continues from ", newest->string())
+                  : cat("no checkpoint in ", dir.string(), " yet: --resume starts from the beginning");
+  } catch (const std::exception& e) {  // said beside the stop it explains, not in its place
+    return cat("the newest checkpoint cannot be named: ", e.what());
+  }
 }
 
 void prepare_checkpoint_dir(const fs::path& dir) {
@@ -129,7 +141,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   check_fresh_run(c, o);
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
   const RunFolderLocks locks = lead ? lock_run_folders(c) : RunFolderLocks{};
-  PolicyWorker worker(c, world, o.starting_weights);
+  PolicyWorker worker(c, world, o.starting_weights, o.stop);
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());
   const fs::path ckpt_dir = c.train.checkpoint_dir;
@@ -175,34 +187,43 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   };
 
   const int64_t start = step;
-  for (; step < total; ++step) {
-    std::vector<Sample> batch;
-    for (int64_t u : schedule.step_units(step)) {
-      if (data.pairs) {
-        batch.push_back(data.samples[static_cast<size_t>(2 * u)]);
-        batch.push_back(data.samples[static_cast<size_t>(2 * u + 1)]);
-      } else {
-        batch.push_back(data.samples[static_cast<size_t>(u)]);
+  try {
+    for (; step < total; ++step) {
+      std::vector<Sample> batch;
+      for (int64_t u : schedule.step_units(step)) {
+        if (data.pairs) {
+          batch.push_back(data.samples[static_cast<size_t>(2 * u)]);
+          batch.push_back(data.samples[static_cast<size_t>(2 * u + 1)]);
+        } else {
+          batch.push_back(data.samples[static_cast<size_t>(u)]);
+        }
       }
+      const TrainResult r = worker.train(batch);
+      int64_t tokens = 0;
+      for (const Sample& s : batch) tokens += s.length();
+      if (metrics) {
+        Scalars values = {{"loss", r.step.loss},
+                          {"grad_norm", r.step.grad_norm},
+                          {"lr", r.step.lr},
+                          {"valid_tokens", r.step.valid_tokens},
+                          {"tokens_per_second", r.tokens_per_second},
+                          {"step_seconds", r.seconds},
+                          {"skipped", r.step.skipped ? 1.0 : 0.0}};
+        for (const train::Metric& m : r.step.metrics) values.emplace_back(m.name, m.value);
+        metrics->write(step + 1, values);
+      }
+      if (progress) progress->update(step + 1, tokens, r.step.loss);
+      const bool last = step + 1 == total;
+      if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0)))
+        checkpoint(step + 1);
     }
-    const TrainResult r = worker.train(batch);
-    int64_t tokens = 0;
-    for (const Sample& s : batch) tokens += s.length();
-    if (metrics) {
-      Scalars values = {{"loss", r.step.loss},
-                        {"grad_norm", r.step.grad_norm},
-                        {"lr", r.step.lr},
-                        {"valid_tokens", r.step.valid_tokens},
-                        {"tokens_per_second", r.tokens_per_second},
-                        {"step_seconds", r.seconds},
-                        {"skipped", r.step.skipped ? 1.0 : 0.0}};
-      for (const train::Metric& m : r.step.metrics) values.emplace_back(m.name, m.value);
-      metrics->write(step + 1, values);
-    }
-    if (progress) progress->update(step + 1, tokens, r.step.loss);
-    const bool last = step + 1 == total;
-    if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0)))
-      checkpoint(step + 1);
+  } catch (const comm::Interrupted&) {
+    if (progress) progress->finish();
+    if (lead)
+      std::fprintf(stderr, "ringtrain train: stopped in step %lld of %lld, which changed nothing; %lld steps done (%lld "
+                   "in this run); %s\n", static_cast<long long>(step + 1), static_cast<long long>(total),
+                   static_cast<long long>(step), static_cast<long long>(step - start), resume_hint(ckpt_dir).c_str());
+    throw;
   }
   if (progress) progress->finish();
   // train.steps beyond the data's epochs is cut to them (total_train_steps): said, so that a run of fewer steps than

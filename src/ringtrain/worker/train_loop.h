@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ringtrain/comm/communicator.h"
+#include "ringtrain/core/stop_request.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/worker/config.h"
 #include "ringtrain/worker/data.h"
@@ -31,6 +33,9 @@ struct TrainRunOptions {
   bool overwrite_metrics = false;
   // Shared by the ranks of this process (one copy of the starting weights); null: each rank loads its own.
   StartingWeights* starting_weights = nullptr;
+  // When requested (on any rank), the step in progress stops at its next microbatch, having changed nothing, and
+  // run_training throws comm::Interrupted on every rank after the lead says where the run stopped. Not owned.
+  const StopRequest* stop = nullptr;
 };
 
 // What a fresh run (neither resume nor overwrite) that finds an earlier run's files is told to do.
@@ -53,6 +58,10 @@ int64_t total_train_steps(const Config& c, int64_t units);
 // complete checkpoint (a directory holding trainer_state.json) is an error: a save that did not finish leaves
 // step_N.saving, never step_N.
 std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::path& dir);
+
+// What continues a run that stopped with `dir` as its train.checkpoint_dir: "--resume continues from DIR/step_N", or
+// why nothing does. Never throws for a folder it cannot read: it says so instead.
+std::string resume_hint(const std::filesystem::path& dir);
 
 // train.checkpoint_dir made (or found) before any weight is loaded or step taken: an error names the key when it
 // is not a directory or cannot be created, or the folder when a leftover step_N.saving or step_N.old there is not

@@ -1,0 +1,30 @@
+// Ctrl-C (SIGINT) and SIGTERM (a scheduler's stop, or `ringtrain launch` stopping its ranks) during a training or
+// scoring command. The first one asks the run to stop at its next safe point: between microbatches or sampled tokens,
+// every rank together (comm/agreed.h), so that no step is half applied and the run can say where it stopped and
+// which checkpoint resumes it. A second one ends the process at once, as the signal's default action would.
+#pragma once
+
+#include <functional>
+
+#include "ringtrain/core/stop_request.h"
+
+namespace ringtrain::cli {
+
+// Holds SIGINT and SIGTERM while it lives (one at a time in a process); the previous handlers come back after it.
+class StopOnSignal {
+ public:
+  StopOnSignal();
+  ~StopOnSignal();
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+  const StopRequest* request() const;
+  int signal() const;  // the first signal received, 0 while none came
+};
+
+// Runs `work` with a StopOnSignal installed and its request passed in. When the run stops at a signal
+// (comm::Interrupted), `command` says so and the program ends with 128 + the signal's number, as a shell reports a
+// process the signal ended; the run itself has said where it stopped.
+void run_stoppable(const char* command, const std::function<void(const StopRequest*)>& work);
+
+}  // namespace ringtrain::cli
