@@ -150,6 +150,32 @@ TEST(Launch, SignalToTheLauncherStopsTheRanks) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
+// Ranks that take SIGTERM as a request to stop get stop_grace to do so; ranks that ignore it are killed after it, or
+// at once on a second signal to the launcher.
+TEST(Launch, RanksThatIgnoreTheStopAreKilledAfterTheStopGraceOrAtASecondSignal) {
+  const std::vector<std::string> deaf = {"sh", "-c", "trap '' TERM; sleep 60"};
+  for (const bool twice : {false, true}) {
+    LaunchOptions o;
+    o.nproc = 2;
+    o.stop_grace = twice ? std::chrono::milliseconds(600000) : std::chrono::milliseconds(1000);
+    std::thread killer([twice] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ::kill(::getpid(), SIGINT);
+      if (!twice) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ::kill(::getpid(), SIGINT);
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    const int code = launch_local(o, deaf);
+    killer.join();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(code, 128 + SIGINT) << "twice " << twice;
+    // Not before the grace (once), well before the minute the ranks would sleep.
+    if (!twice) EXPECT_GE(took, std::chrono::milliseconds(1400));
+    EXPECT_LT(took, std::chrono::seconds(15)) << "twice " << twice;
+  }
+}
+
 TEST(Launch, MissingProgramIsReported) {
   LaunchOptions o;
   o.nproc = 2;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -250,6 +251,67 @@ TEST(TrainCli, CtrlCStopsBetweenMicrobatchesAndResumeRepeatsTheUninterruptedLoss
   EXPECT_EQ(losses(run / "metrics"), want);
   const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};
   EXPECT_EQ(logged_steps(run / "metrics"), once);
+}
+
+// Whether `sig` waits in the process-wide pending set of process `pid` (/proc/PID/status ShdPnd), i.e. no thread
+// of it has taken the signal yet.
+bool signal_pending(pid_t pid, int sig) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("ShdPnd:")) return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+  return false;
+}
+
+// The first signal asks for a stop; a repeat within two seconds is the same request (torchrun forwards a signal to
+// ranks that the terminal's Ctrl-C already reached) and the run still stops by itself; a signal after that ends the
+// process at once, by its default action.
+TEST(TrainCli, ASignalRepeatedAtOnceStillStopsTheRunButALaterOneEndsIt) {
+  const Deadline test_deadline(240);
+  TempDir dir("rt_train_two_signals");
+  // Rows of 400-600 tokens: a microbatch takes long enough (about 0.1 s) for the run to be held before it stops.
+  const fs::path data = dir.path / "data.jsonl";
+  {
+    std::mt19937_64 rng(testing::fresh_seed());
+    std::ofstream out(data);
+    for (int i = 0; i < 8; ++i) {
+      const size_t len = 400 + rng() % 200;
+      std::vector<int> mask(len, 1);
+      mask[0] = 0;
+      out << nlohmann::json{{"input_ids", random_ids(rng, len)}, {"token_mask", mask}}.dump() << "\n";
+    }
+  }
+  const std::string extra = "train.steps=100000 policy.scheduler.total_steps=100000 train.checkpoint_every=1 "
+                            "policy.max_total_sequence_length=600";
+  // Returns the exit status of a run that got `signal` once its first step was done (its first checkpoint exists).
+  const auto run_and = [&](const std::string& name, const std::function<void(pid_t)>& signal) {
+    const fs::path run = dir.path / name;
+    const pid_t pid = spawn_cli(train_args("sft", data, run, 2, 1, extra), dir.path / (name + ".log"));
+    EXPECT_GT(pid, 0);
+    const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fs::exists(run / "ckpt" / "step_1" / "trainer_state.json") && std::chrono::steady_clock::now() < wait_until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    signal(pid);
+    int status = 0;
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+    return status;
+  };
+  const int repeated = run_and("repeated", [](pid_t pid) {
+    ::kill(pid, SIGINT);
+    ::kill(pid, SIGTERM);
+  });
+  EXPECT_TRUE(WIFEXITED(repeated) && WEXITSTATUS(repeated) == 128 + SIGINT) << "status " << repeated;
+  // The run is held (SIGSTOP) as soon as a thread of it has taken the SIGINT, in the microbatch it then finishes
+  // before it stops, so that the SIGTERM reaches it 2.5 s after the SIGINT whatever its speed.
+  const int later = run_and("later", [](pid_t pid) {
+    ::kill(pid, SIGINT);
+    while (signal_pending(pid, SIGINT)) {
+    }
+    ::kill(pid, SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    ::kill(pid, SIGTERM);
+    ::kill(pid, SIGCONT);
+  });
+  EXPECT_TRUE(WIFSIGNALED(later) && WTERMSIG(later) == SIGTERM) << "status " << later;
 }
 
 // Two runs on one run's folders: the second is refused while the first lives, naming the first's process; the lock

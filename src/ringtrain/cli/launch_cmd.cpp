@@ -8,7 +8,7 @@ namespace ringtrain::cli {
 void add_launch_command(CLI::App& app) {
   struct Opts {
     comm::LaunchOptions launch;
-    int grace_ms = 5000;
+    int grace_ms = 5000, stop_grace_ms = 30000;
     std::vector<std::string> command;
   };
   auto o = std::make_shared<Opts>();
@@ -19,9 +19,15 @@ void add_launch_command(CLI::App& app) {
   add_bounded(*cmd, "--grace-ms", o->grace_ms, "after a rank fails: ms between SIGTERM and SIGKILL of the others", 0,
               3600 * 1000)
       ->capture_default_str();
+  add_bounded(*cmd, "--stop-grace-ms", o->stop_grace_ms,
+              "after Ctrl-C or SIGTERM: ms the ranks get to stop at their next microbatch before SIGKILL (a second "
+              "signal kills them at once)",
+              0, 3600 * 1000)
+      ->capture_default_str();
   cmd->add_option("command", o->command, "the command to run, after --")->required();
   cmd->callback([o] {
     o->launch.grace = std::chrono::milliseconds(o->grace_ms);
+    o->launch.stop_grace = std::chrono::milliseconds(o->stop_grace_ms);
     if (int code = comm::launch_local(o->launch, o->command); code != 0) throw Exit{code};
   });
 }

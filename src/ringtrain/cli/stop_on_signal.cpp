@@ -1,8 +1,10 @@
 #include "ringtrain/cli/stop_on_signal.h"
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>  // sigabbrev_np
+#include <ctime>
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/comm/agreed.h"
@@ -11,14 +13,36 @@
 namespace ringtrain::cli {
 namespace {
 
+// A repeat this soon after the first signal is the same request delivered twice: a terminal's Ctrl-C reaches every
+// process of torchrun's group, and torchrun then forwards a signal of its own to each.
+constexpr int64_t kRepeatWindowNs = 2'000'000'000;
+
 StopRequest g_request;
-volatile std::sig_atomic_t g_signal = 0;
+// Threads of a process take signals concurrently, so the first signal is the one whose time lands in g_first_ns.
+std::atomic<int64_t> g_first_ns{0};
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
+              "a signal handler uses them");
 bool g_installed = false;
 struct sigaction g_old_int {}, g_old_term {};
 
+int64_t monotonic_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
 void on_signal(int sig) {
-  if (g_signal == 0) g_signal = sig;
-  g_request.request();
+  const int64_t now = monotonic_ns();
+  int64_t first = 0;
+  if (g_first_ns.compare_exchange_strong(first, now)) {
+    g_signal.store(sig);
+    g_request.request();  // after g_signal, which the run reads once it has stopped
+    return;
+  }
+  if (now - first < kRepeatWindowNs) return;
+  ::signal(sig, SIG_DFL);  // the default action ends the process, as if nothing had caught the signal
+  ::raise(sig);
 }
 
 }  // namespace
@@ -26,11 +50,13 @@ void on_signal(int sig) {
 StopOnSignal::StopOnSignal() {
   RT_CHECK(!g_installed, "StopOnSignal: one at a time");
   g_request.clear();
-  g_signal = 0;
+  g_signal.store(0);
+  g_first_ns.store(0);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;  // the second signal takes the default action: the process ends at once
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
   ::sigaction(SIGINT, &sa, &g_old_int);
   ::sigaction(SIGTERM, &sa, &g_old_term);
   g_installed = true;
@@ -44,7 +70,7 @@ StopOnSignal::~StopOnSignal() {
 
 const StopRequest* StopOnSignal::request() const { return &g_request; }
 
-int StopOnSignal::signal() const { return g_signal; }
+int StopOnSignal::signal() const { return g_signal.load(); }
 
 void run_stoppable(const char* command, const std::function<void(const StopRequest*)>& work) {
   StopOnSignal stop;

@@ -1,7 +1,9 @@
 // Ctrl-C (SIGINT) and SIGTERM (a scheduler's stop, or `ringtrain launch` stopping its ranks) during a training or
 // scoring command. The first one asks the run to stop at its next safe point: between microbatches or sampled tokens,
 // every rank together (comm/agreed.h), so that no step is half applied and the run can say where it stopped and
-// which checkpoint resumes it. A second one ends the process at once, as the signal's default action would.
+// which checkpoint resumes it. One more, two seconds or more after the first, ends the process at once, as the
+// signal's default action would; a repeat within those two seconds is the same request delivered twice (torchrun
+// forwards a signal to ranks that the terminal's Ctrl-C already reached).
 #pragma once
 
 #include <functional>

@@ -51,8 +51,11 @@ pid_t spawn(const LaunchOptions& o, int rank, const std::vector<std::string>& ar
 
 // Set by SIGTERM/SIGINT/SIGHUP while ranks run: the launcher then stops them (each rank is its own process group,
 // so a signal to the launcher alone would leave them running).
-volatile sig_atomic_t g_stop_signal = 0;
-void on_stop_signal(int sig) { g_stop_signal = sig; }
+volatile sig_atomic_t g_stop_signal = 0, g_stop_signals = 0;
+void on_stop_signal(int sig) {
+  if (g_stop_signal == 0) g_stop_signal = sig;
+  if (g_stop_signals < 2) g_stop_signals = g_stop_signals + 1;
+}
 
 int exit_code(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -86,6 +89,7 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGHUP, &sa, &old_hup);
   g_stop_signal = 0;
+  g_stop_signals = 0;
   std::vector<pid_t> pids;
   for (int r = 0; r < o.nproc; ++r) {
     const pid_t pid = spawn(o, r, argv);
@@ -99,24 +103,25 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
     pids.push_back(pid);
   }
   int result = 0, running = o.nproc;
-  bool terminating = false;
+  bool terminating = false, signalled = false, killed = false;
   auto kill_after = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid == 0) {
-      if (g_stop_signal && !terminating) {
-        std::fprintf(stderr, "ringtrain launch: signal %d; stopping the ranks\n", static_cast<int>(g_stop_signal));
-        result = 128 + g_stop_signal;
-        terminating = true;
+      if (g_stop_signal && !signalled) {
+        std::fprintf(stderr, "ringtrain launch: signal %d; stopping the ranks (a second signal kills them at once)\n",
+                     static_cast<int>(g_stop_signal));
+        if (!terminating) result = 128 + g_stop_signal;
+        terminating = signalled = true;
         for (pid_t p : pids)
           if (p > 0) ::kill(-p, SIGTERM);
-        kill_after = std::chrono::steady_clock::now() + o.grace;
+        kill_after = std::min(kill_after, std::chrono::steady_clock::now() + o.stop_grace);
       }
-      if (terminating && std::chrono::steady_clock::now() >= kill_after) {
+      if (!killed && ((terminating && std::chrono::steady_clock::now() >= kill_after) || g_stop_signals >= 2)) {
         for (pid_t p : pids)
           if (p > 0) ::kill(-p, SIGKILL);
-        kill_after = std::chrono::steady_clock::time_point::max();
+        killed = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;

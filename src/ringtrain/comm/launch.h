@@ -13,6 +13,10 @@ struct LaunchOptions {
   int master_port = 29500;
   // After one rank fails, how long the others get between SIGTERM and SIGKILL.
   std::chrono::milliseconds grace{5000};
+  // After SIGINT, SIGTERM or SIGHUP to the launcher, how long the ranks get between SIGTERM and SIGKILL: ringtrain's
+  // training and scoring commands take the SIGTERM as a request to stop at their next microbatch, every rank together.
+  // A second signal to the launcher kills them at once.
+  std::chrono::milliseconds stop_grace{30000};
 };
 
 // Runs argv (argv[0] looked up in PATH) nproc times with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
