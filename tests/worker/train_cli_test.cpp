@@ -132,10 +132,12 @@ TEST(TrainCli, DpCpMeshGivesTheSingleRankLosses) {
   }
 }
 
-// Starts `ringtrain ARGS` in the background, its output to `log` (discarded when empty); returns its pid.
-pid_t spawn_cli(const std::string& args, const fs::path& log = {}) {
+// Starts `ringtrain ARGS` in the background, its output to `log` (discarded when empty), SIGINT ignored from the
+// start with `ignore_sigint` (as `nohup` or a script's background job would have it); returns its pid.
+pid_t spawn_cli(const std::string& args, const fs::path& log = {}, bool ignore_sigint = false) {
   const pid_t pid = ::fork();
   if (pid == 0) {
+    if (ignore_sigint) ::signal(SIGINT, SIG_IGN);
     const std::string to = log.empty() ? std::string("/dev/null") : log.string();
     const std::string cmd = std::string("exec ") + RINGTRAIN_CLI + " " + args + " >" + to + " 2>&1";
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -226,7 +228,8 @@ TEST(TrainCli, CtrlCStopsBetweenMicrobatchesAndResumeRepeatsTheUninterruptedLoss
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   std::ifstream in(log);
   const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_FALSE(fs::exists(run / "ckpt" / "step_8")) << "the run ended before the signal: nothing was stopped\n" << output;
+  ASSERT_FALSE(fs::exists(run / "ckpt" / "step_8")) << "the run ended before the signal: nothing was stopped\n"
+                                                    << output;
   ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << " instead of stopping\n" << output;
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << output;
   EXPECT_NE(output.find("ringtrain train: stopped by SIGINT"), std::string::npos) << output;
@@ -282,27 +285,57 @@ TEST(TrainCli, ASignalRepeatedAtOnceStillStopsTheRunButALaterOneEndsIt) {
   }
   const std::string extra = "train.steps=100000 policy.scheduler.total_steps=100000 train.checkpoint_every=1 "
                             "policy.max_total_sequence_length=600";
-  // Returns the exit status of a run that got `signal` once its first step was done (its first checkpoint exists).
-  const auto run_and = [&](const std::string& name, const std::function<void(pid_t)>& signal) {
+  // Returns the exit status of a run that got `signal` once its first step was done (its first metrics are written).
+  const auto run_and = [&](const std::string& name, const std::string& more, bool ignore_sigint,
+                           const std::function<void(pid_t)>& signal) {
     const fs::path run = dir.path / name;
-    const pid_t pid = spawn_cli(train_args("sft", data, run, 2, 1, extra), dir.path / (name + ".log"));
+    const pid_t pid =
+        spawn_cli(train_args("sft", data, run, 2, 1, extra + " " + more), dir.path / (name + ".log"), ignore_sigint);
     EXPECT_GT(pid, 0);
     const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!fs::exists(run / "ckpt" / "step_1" / "trainer_state.json") && std::chrono::steady_clock::now() < wait_until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    signal(pid);
+    const fs::path metrics = run / "metrics" / "metrics.jsonl";
+    std::error_code ec;
     int status = 0;
+    while (!(fs::file_size(metrics, ec) > 0 && !ec) && std::chrono::steady_clock::now() < wait_until) {
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        ADD_FAILURE() << name << " ended before its first step";
+        return status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    signal(pid);
     EXPECT_EQ(::waitpid(pid, &status, 0), pid);
     return status;
   };
-  const int repeated = run_and("repeated", [](pid_t pid) {
+  const auto log_of = [&](const std::string& name) {
+    std::ifstream in(dir.path / (name + ".log"));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  // Without train.checkpoint_dir: the stop says that nothing continues the run, and what running it again needs.
+  const int repeated = run_and("repeated", "train.checkpoint_dir= train.checkpoint_every=0", false, [](pid_t pid) {
     ::kill(pid, SIGINT);
     ::kill(pid, SIGTERM);
   });
-  EXPECT_TRUE(WIFEXITED(repeated) && WEXITSTATUS(repeated) == 128 + SIGINT) << "status " << repeated;
+  // Both come at once: either may be the one taken first, the other the repeat.
+  EXPECT_TRUE(WIFEXITED(repeated) &&
+              (WEXITSTATUS(repeated) == 128 + SIGINT || WEXITSTATUS(repeated) == 128 + SIGTERM))
+      << "status " << repeated;
+  EXPECT_NE(log_of("repeated").find("train.checkpoint_dir is not set, so no checkpoint continues this run; running it "
+                                    "again needs --overwrite-metrics (train.metrics_dir = " +
+                                    (dir.path / "repeated" / "metrics").string() + " holds this run's metrics)"),
+            std::string::npos) << log_of("repeated");
+  // A run started with SIGINT ignored keeps ignoring it; SIGTERM still stops it.
+  const int ignored = run_and("ignored", "", true, [](pid_t pid) {
+    ::kill(pid, SIGINT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    int status = 0;
+    EXPECT_EQ(::waitpid(pid, &status, WNOHANG), 0) << "a SIGINT the run was started ignoring ended it";
+    ::kill(pid, SIGTERM);
+  });
+  EXPECT_TRUE(WIFEXITED(ignored) && WEXITSTATUS(ignored) == 128 + SIGTERM) << "status " << ignored;
   // The run is held (SIGSTOP) as soon as a thread of it has taken the SIGINT, in the microbatch it then finishes
   // before it stops, so that the SIGTERM reaches it 2.5 s after the SIGINT whatever its speed.
-  const int later = run_and("later", [](pid_t pid) {
+  const int later = run_and("later", "", false, [](pid_t pid) {
     ::kill(pid, SIGINT);
     while (signal_pending(pid, SIGINT)) {
     }

@@ -57,8 +57,11 @@ StopOnSignal::StopOnSignal() {
   sigemptyset(&sa.sa_mask);
   sigaddset(&sa.sa_mask, SIGINT);
   sigaddset(&sa.sa_mask, SIGTERM);
-  ::sigaction(SIGINT, &sa, &g_old_int);
-  ::sigaction(SIGTERM, &sa, &g_old_term);
+  // A signal that the process was started ignoring (`nohup`, a background job of a script) stays ignored.
+  ::sigaction(SIGINT, nullptr, &g_old_int);
+  ::sigaction(SIGTERM, nullptr, &g_old_term);
+  if (g_old_int.sa_handler != SIG_IGN) ::sigaction(SIGINT, &sa, nullptr);
+  if (g_old_term.sa_handler != SIG_IGN) ::sigaction(SIGTERM, &sa, nullptr);
   g_installed = true;
 }
 

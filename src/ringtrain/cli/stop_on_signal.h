@@ -12,7 +12,9 @@
 
 namespace ringtrain::cli {
 
-// Holds SIGINT and SIGTERM while it lives (one at a time in a process); the previous handlers come back after it.
+// Holds SIGINT and SIGTERM while it lives (one at a time in a process), except one the process was started ignoring;
+// the previous handlers come back after it. Before it (config and data checks), a signal ends the process at once:
+// nothing has been written then.
 class StopOnSignal {
  public:
   StopOnSignal();

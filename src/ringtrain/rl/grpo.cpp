@@ -83,7 +83,7 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
     if (lead)
       std::fprintf(stderr, "ringtrain grpo: stopped in SFT warm-up step %lld of %lld, which changed nothing; %s\n",
                    static_cast<long long>(step + 1), static_cast<long long>(steps),
-                   worker::resume_hint(config.train.checkpoint_dir).c_str());
+                   worker::resume_hint(config).c_str());
     throw;
   }
   if (progress) progress->finish();
@@ -413,7 +413,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     if (lead)
       std::fprintf(stderr, "ringtrain grpo: stopped in GRPO step %lld of %lld, which changed nothing; %s\n",
                    static_cast<long long>(step + 1), static_cast<long long>(config.train.steps),
-                   worker::resume_hint(root).c_str());
+                   worker::resume_hint(config).c_str());
     throw;
   }
   if (progress) progress->finish();

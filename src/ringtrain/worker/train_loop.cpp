@@ -71,8 +71,13 @@ std::optional<fs::path> newest_checkpoint(const fs::path& dir) {
   return best;
 }
 
-std::string resume_hint(const fs::path& dir) {
-  if (dir.empty()) return "train.checkpoint_dir is not set: a new run starts from the beginning";
+std::string resume_hint(const Config& c) {
+  const fs::path dir = c.train.checkpoint_dir;
+  if (dir.empty())
+    return cat("train.checkpoint_dir is not set, so no checkpoint continues this run",
+               c.train.metrics_dir.empty() ? std::string()
+                                           : cat("; running it again needs --overwrite-metrics (train.metrics_dir = ",
+                                                 c.train.metrics_dir, " holds this run's metrics)"));
   try {
     const std::optional<fs::path> newest = newest_checkpoint(dir);
     return newest ? cat("--resume continues from ", newest->string())
@@ -222,7 +227,8 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
     if (lead)
       std::fprintf(stderr, "ringtrain train: stopped in step %lld of %lld, which changed nothing; %lld steps done (%lld "
                    "in this run); %s\n", static_cast<long long>(step + 1), static_cast<long long>(total),
-                   static_cast<long long>(step), static_cast<long long>(step - start), resume_hint(ckpt_dir).c_str());
+                   static_cast<long long>(step), static_cast<long long>(step - start),
+                   resume_hint(c).c_str());
     throw;
   }
   if (progress) progress->finish();

@@ -59,9 +59,9 @@ int64_t total_train_steps(const Config& c, int64_t units);
 // step_N.saving, never step_N.
 std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::path& dir);
 
-// What continues a run that stopped with `dir` as its train.checkpoint_dir: "--resume continues from DIR/step_N", or
-// why nothing does. Never throws for a folder it cannot read: it says so instead.
-std::string resume_hint(const std::filesystem::path& dir);
+// What continues a run of config `c` that stopped: "--resume continues from DIR/step_N", or why nothing does and
+// what a new run needs. Never throws for a folder it cannot read: it says so instead.
+std::string resume_hint(const Config& c);
 
 // train.checkpoint_dir made (or found) before any weight is loaded or step taken: an error names the key when it
 // is not a directory or cannot be created, or the folder when a leftover step_N.saving or step_N.old there is not
