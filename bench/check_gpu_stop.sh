@@ -4,6 +4,7 @@
 # the launcher ending with 130 and the run naming the step it stopped in and the checkpoint --resume continues from.
 # Usage: bench/check_gpu_stop.sh BIN_DIR (the folder holding the ringtrain program). Exit 0 when all of that holds.
 set -u
+set -m  # the run in a process group of its own: a script's background job would otherwise ignore SIGINT
 bin=${1:?usage: bench/check_gpu_stop.sh BIN_DIR}/ringtrain
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT

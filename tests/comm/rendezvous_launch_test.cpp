@@ -176,6 +176,25 @@ TEST(Launch, RanksThatIgnoreTheStopAreKilledAfterTheStopGraceOrAtASecondSignal) 
   }
 }
 
+// `nohup ringtrain launch ...`: a SIGHUP the launcher was started ignoring leaves the ranks running.
+TEST(Launch, ASignalTheLauncherWasStartedIgnoringStaysIgnored) {
+  struct sigaction ignore {}, before {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGHUP, &ignore, &before);
+  LaunchOptions o;
+  o.nproc = 2;
+  std::thread hangup([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::kill(::getpid(), SIGHUP);
+  });
+  const int code = launch_local(o, {"sh", "-c", "sleep 1"});
+  hangup.join();
+  struct sigaction after {};
+  ::sigaction(SIGHUP, &before, &after);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(after.sa_handler, SIG_IGN) << "the launcher left a handler of its own in place";
+}
+
 TEST(Launch, MissingProgramIsReported) {
   LaunchOptions o;
   o.nproc = 2;

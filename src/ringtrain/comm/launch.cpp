@@ -71,6 +71,12 @@ void kill_and_reap(const std::vector<pid_t>& pids) {
     }
 }
 
+// A signal the launcher was started ignoring stays ignored (`nohup ringtrain launch ...` must outlive its terminal).
+void take_unless_ignored(int sig, const struct sigaction& sa, struct sigaction& old) {
+  ::sigaction(sig, nullptr, &old);
+  if (old.sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
+}
+
 void restore_handlers(const struct sigaction& term, const struct sigaction& intr, const struct sigaction& hup) {
   ::sigaction(SIGTERM, &term, nullptr);
   ::sigaction(SIGINT, &intr, nullptr);
@@ -85,9 +91,9 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
   RT_CHECK(!argv.empty(), "launch: no command given (usage: ringtrain launch --nproc N -- COMMAND ...)");
   struct sigaction sa {}, old_term {}, old_int {}, old_hup {};
   sa.sa_handler = on_stop_signal;
-  ::sigaction(SIGTERM, &sa, &old_term);
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGHUP, &sa, &old_hup);
+  take_unless_ignored(SIGTERM, sa, old_term);
+  take_unless_ignored(SIGINT, sa, old_int);
+  take_unless_ignored(SIGHUP, sa, old_hup);
   g_stop_signal = 0;
   g_stop_signals = 0;
   std::vector<pid_t> pids;

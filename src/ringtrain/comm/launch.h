@@ -15,7 +15,7 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{5000};
   // After SIGINT, SIGTERM or SIGHUP to the launcher, how long the ranks get between SIGTERM and SIGKILL: ringtrain's
   // training and scoring commands take the SIGTERM as a request to stop at their next microbatch, every rank together.
-  // A second signal to the launcher kills them at once.
+  // A second signal to the launcher kills them at once. A signal the launcher was started ignoring stays ignored.
   std::chrono::milliseconds stop_grace{30000};
 };
 
