@@ -219,14 +219,15 @@ TEST(GrpoLoop, ResumedRunRepeatsTheUninterruptedSteps) {
 }
 
 // A stop asked on one rank while it samples: every rank stops at the same point (the sampling rank at its next token,
-// the other after its rollouts, where they agree), step 2 leaves no checkpoint, and --resume repeats the
-// uninterrupted run's steps 2 and 3 bitwise.
+// the other after its rollouts, where they agree), the finished step 1 is saved although train.checkpoint_every = 2
+// (train.checkpoint_on_stop), step 2 leaves nothing, and --resume repeats the uninterrupted run's steps 2 and 3
+// bitwise.
 TEST(GrpoLoop, AStopOnOneRankWhileSamplingStopsEveryRankAndResumeRepeatsTheSteps) {
   const fs::path straight = fresh_dir("nostop"), stopped = fresh_dir("stopped");
   const auto full = run_small(worker::parse_config(small_config(straight, 2, 3), "a.yaml"));
   ASSERT_EQ(full.size(), 3u);
 
-  const worker::Config c = worker::parse_config(small_config(stopped, 2, 3), "b.yaml");
+  const worker::Config c = worker::parse_config(small_config(stopped, 2, 3), "b.yaml", {"train.checkpoint_every=2"});
   std::vector<rl::GrpoStepLog> before;
   bool interrupted = false;
   try {

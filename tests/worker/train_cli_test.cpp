@@ -202,9 +202,10 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
 }
 
 // Ctrl-C during a run: the step in progress stops at its next microbatch on every rank (dp x cp = 2 x 2) having
-// changed nothing, the run says which step it stopped in and which checkpoint --resume continues from, and ends with
-// 130 (128 + SIGINT) by itself; its metrics are the uninterrupted run's first steps, and the resumed run writes the
-// rest of them bit for bit.
+// changed nothing, the run saves the steps it finished (train.checkpoint_on_stop, on by default; off, the newest
+// checkpoint is the last of train.checkpoint_every's), says which step it stopped in and which checkpoint --resume
+// continues from, and ends with 130 (128 + SIGINT) by itself; its metrics are the uninterrupted run's first steps,
+// and the resumed run writes the rest of them bit for bit.
 TEST(TrainCli, CtrlCStopsBetweenMicrobatchesAndResumeRepeatsTheUninterruptedLosses) {
   const Deadline test_deadline(240);
   const uint64_t seed = testing::fresh_seed();
@@ -217,43 +218,52 @@ TEST(TrainCli, CtrlCStopsBetweenMicrobatchesAndResumeRepeatsTheUninterruptedLoss
   const auto want = losses(dir.path / "full" / "metrics");
   ASSERT_EQ(want.size(), 8u);
 
-  const fs::path run = dir.path / "run", log = dir.path / "run.log";
-  const pid_t pid = spawn_cli(train_args("pg", data, run, 2, 2, extra), log);
-  ASSERT_GT(pid, 0);
-  const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(run / "ckpt" / "step_2" / "trainer_state.json") && std::chrono::steady_clock::now() < wait_until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ::kill(pid, SIGINT);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  std::ifstream in(log);
-  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_FALSE(fs::exists(run / "ckpt" / "step_8")) << "the run ended before the signal: nothing was stopped\n"
-                                                    << output;
-  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << " instead of stopping\n" << output;
-  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << output;
-  EXPECT_NE(output.find("ringtrain train: stopped by SIGINT"), std::string::npos) << output;
+  for (const bool save_on_stop : {true, false}) {
+    SCOPED_TRACE(save_on_stop ? "train.checkpoint_on_stop=true" : "train.checkpoint_on_stop=false");
+    const std::string args = train_args("pg", data, dir.path / (save_on_stop ? "save" : "nosave"), 2, 2, extra) +
+                             (save_on_stop ? "" : " train.checkpoint_on_stop=false");
+    const fs::path run = dir.path / (save_on_stop ? "save" : "nosave"), log = run.string() + ".log";
+    const pid_t pid = spawn_cli(args, log);
+    ASSERT_GT(pid, 0);
+    const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fs::exists(run / "ckpt" / "step_2" / "trainer_state.json") && std::chrono::steady_clock::now() < wait_until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ::kill(pid, SIGINT);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    std::ifstream in(log);
+    const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(fs::exists(run / "ckpt" / "step_8")) << "the run ended before the signal: nothing was stopped\n"
+                                                      << output;
+    ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << " instead of stopping\n" << output;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << output;
+    EXPECT_NE(output.find("ringtrain train: stopped by SIGINT"), std::string::npos) << output;
 
-  // "stopped in step N of 8, which changed nothing; N-1 steps done (N-1 in this run); --resume continues from
-  // .../step_K": the metrics hold steps 1 ... N-1, the uninterrupted run's values.
-  const std::string said = "ringtrain train: stopped in step ";
-  const size_t at = output.find(said);
-  ASSERT_NE(at, std::string::npos) << output;
-  const int64_t n = std::stoll(output.substr(at + said.size()));
-  const int64_t newest = (n - 1) / 2 * 2;
-  EXPECT_NE(output.find(cat(" of 8, which changed nothing; ", n - 1, " steps done (", n - 1, " in this run); --resume "
-                            "continues from ", (run / "ckpt" / cat("step_", newest)).string())),
-            std::string::npos) << output;
-  const auto partial = losses(run / "metrics");
-  ASSERT_EQ(static_cast<int64_t>(partial.size()), n - 1) << output;
-  for (const auto& [step, value] : partial) EXPECT_EQ(value, want.at(step)) << "step " << step;
-  EXPECT_FALSE(fs::exists(run / "ckpt" / cat("step_", n)));
+    // "stopped in step N of 8, which changed nothing; N-1 steps done (N-1 in this run); --resume continues from
+    // .../step_K": the metrics hold steps 1 ... N-1, the uninterrupted run's values.
+    const std::string said = "ringtrain train: stopped in step ";
+    const size_t at = output.find(said);
+    ASSERT_NE(at, std::string::npos) << output;
+    const int64_t n = std::stoll(output.substr(at + said.size()));
+    const int64_t newest = save_on_stop ? n - 1 : (n - 1) / 2 * 2;
+    EXPECT_NE(output.find(cat(" of 8, which changed nothing; ", n - 1, " steps done (", n - 1, " in this run); "
+                              "--resume continues from ", (run / "ckpt" / cat("step_", newest)).string())),
+              std::string::npos) << output;
+    EXPECT_TRUE(fs::is_regular_file(run / "ckpt" / cat("step_", newest) / "trainer_state.json"));
+    EXPECT_EQ(fs::exists(run / "ckpt" / cat("step_", n - 1)), save_on_stop || (n - 1) % 2 == 0);
+    EXPECT_FALSE(fs::exists(run / "ckpt" / cat("step_", n)));
+    const auto partial = losses(run / "metrics");
+    ASSERT_EQ(static_cast<int64_t>(partial.size()), n - 1) << output;
+    for (const auto& [step, value] : partial) EXPECT_EQ(value, want.at(step)) << "step " << step;
 
-  const testing::CliResult resumed = run_cli(train_args("pg", data, run, 2, 2, extra) + " --resume");
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
-  EXPECT_EQ(losses(run / "metrics"), want);
-  const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};
-  EXPECT_EQ(logged_steps(run / "metrics"), once);
+    const testing::CliResult resumed = run_cli(args + " --resume");
+    ASSERT_EQ(resumed.code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find(cat("resuming from ", (run / "ckpt" / cat("step_", newest)).string())),
+              std::string::npos) << resumed.output;
+    EXPECT_EQ(losses(run / "metrics"), want);
+    const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};
+    EXPECT_EQ(logged_steps(run / "metrics"), once);
+  }
 }
 
 // Whether `sig` waits in the process-wide pending set of process `pid` (/proc/PID/status ShdPnd), i.e. no thread

@@ -308,6 +308,14 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
                  static_cast<long long>(G), g.reward.c_str());
     progress = std::make_unique<worker::ProgressLine>(config.train.steps);
   }
+  int64_t saved = start;  // the GRPO steps of the newest checkpoint (or of none: 0)
+  const auto checkpoint = [&](int64_t done) {
+    train::TrainingProgress position;
+    position.index = done;
+    position.rng = rollout_order;
+    policy_worker.save(root / cat("step_", done), position);
+    saved = done;
+  };
   int64_t step = start;
   try {
     for (; step < config.train.steps; ++step) {
@@ -400,16 +408,23 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
       const bool last = step + 1 == config.train.steps;
       const int64_t every = config.train.checkpoint_every;
       if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
-        train::TrainingProgress position;
-        position.index = step + 1;
-        position.rng = rollout_order;
-        policy_worker.save(root / cat("step_", step + 1), position);
+        checkpoint(step + 1);
       }
       summary.steps.push_back(log);
       if (options.on_step) options.on_step(log);
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
+    // Every rank stopped here together, so the save (a collective) can run; the stopped step changed nothing.
+    if (config.train.checkpoint_on_stop && !root.empty() && step > saved) {
+      try {
+        checkpoint(step);
+      } catch (const std::exception& e) {  // the stop is still what ends the run; the failed save is said beside it
+        if (lead)
+          std::fprintf(stderr, "ringtrain grpo: the checkpoint of the %lld finished GRPO steps was not saved: %s\n",
+                       static_cast<long long>(step), e.what());
+      }
+    }
     if (lead)
       std::fprintf(stderr, "ringtrain grpo: stopped in GRPO step %lld of %lld, which changed nothing; %s\n",
                    static_cast<long long>(step + 1), static_cast<long long>(config.train.steps),

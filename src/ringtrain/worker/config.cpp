@@ -422,6 +422,9 @@ const std::vector<Field>& schema() {
     f.push_back(int_field(
         "train.checkpoint_every", "optimizer steps between checkpoints; 0 = at the end only",
         [](auto& c) -> auto& { return c.train.checkpoint_every; }, 0, std::numeric_limits<int32_t>::max()));
+    f.push_back(bool_field(
+        "train.checkpoint_on_stop", "a run that Ctrl-C or SIGTERM stops saves its finished steps before it ends",
+        [](auto& c) -> auto& { return c.train.checkpoint_on_stop; }));
     f.push_back(string_field(
         "train.metrics_dir", "metrics.jsonl and TensorBoard events; empty = none",
         [](auto& c) -> auto& { return c.train.metrics_dir; }));

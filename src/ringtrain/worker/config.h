@@ -115,6 +115,7 @@ struct TrainConfig {
   std::string data;              // JSONL rows (data.h) or a .safetensors batch file
   std::string checkpoint_dir;    // empty = no checkpoints
   int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = only at the end
+  bool checkpoint_on_stop = true;  // a run stopped by a signal saves its finished steps first (with checkpoint_dir)
   std::string metrics_dir;       // metrics.jsonl and TensorBoard events; empty = none
   uint64_t seed = 0;
   bool operator==(const TrainConfig&) const = default;

@@ -192,6 +192,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   };
 
   const int64_t start = step;
+  int64_t saved = step;  // the steps of the newest checkpoint (or of none: 0)
   try {
     for (; step < total; ++step) {
       std::vector<Sample> batch;
@@ -219,11 +220,23 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       }
       if (progress) progress->update(step + 1, tokens, r.step.loss);
       const bool last = step + 1 == total;
-      if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0)))
+      if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0))) {
         checkpoint(step + 1);
+        saved = step + 1;
+      }
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
+    // Every rank stopped here together, so the save (a collective) can run; the stopped step changed nothing.
+    if (c.train.checkpoint_on_stop && !ckpt_dir.empty() && step > saved) {
+      try {
+        checkpoint(step);
+      } catch (const std::exception& e) {  // the stop is still what ends the run; the failed save is said beside it
+        if (lead)
+          std::fprintf(stderr, "ringtrain train: the checkpoint of the %lld finished steps was not saved: %s\n",
+                       static_cast<long long>(step), e.what());
+      }
+    }
     if (lead)
       std::fprintf(stderr, "ringtrain train: stopped in step %lld of %lld, which changed nothing; %lld steps done (%lld "
                    "in this run); %s\n", static_cast<long long>(step + 1), static_cast<long long>(total),
