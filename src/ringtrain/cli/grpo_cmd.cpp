@@ -93,7 +93,8 @@ void add_grpo_command(CLI::App& app) {
         std::fprintf(stderr, "ringtrain grpo: device cuda cannot run here: %s\n", why.c_str());
         throw Exit{2};
       }
-      if (!inside_ranks(world)) throw Exit{relaunch_self(world)};
+      if (!inside_ranks(world))
+        throw Exit{relaunch_self(world, {}, saving_stop_grace(std::chrono::seconds(o->timeout_s)))};
     }
     c.validate_against(worker::resolve_model_config(c.policy));
     rl::GrpoOptions options;

@@ -23,7 +23,7 @@ bool inside_ranks(int world) {
   return true;
 }
 
-int relaunch_self(int world, const std::vector<std::string>& extra_args) {
+int relaunch_self(int world, const std::vector<std::string>& extra_args, std::chrono::milliseconds stop_grace) {
   std::ifstream f("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> argv;
   for (std::string arg; std::getline(f, arg, '\0');) argv.push_back(arg);
@@ -33,8 +33,11 @@ int relaunch_self(int world, const std::vector<std::string>& extra_args) {
   comm::LaunchOptions o;
   o.nproc = world;
   o.master_port = 29500 + static_cast<int>(std::random_device{}() % 10000);  // no clash with a job next door
+  o.stop_grace = stop_grace;
   return comm::launch_local(o, argv);
 }
+
+std::chrono::milliseconds saving_stop_grace(std::chrono::seconds timeout) { return timeout + std::chrono::minutes(1); }
 
 std::unique_ptr<comm::Communicator> nccl_from_environment(std::chrono::milliseconds timeout) {
   return comm::make_gpu_communicator(comm::rank_info_from_environment(), timeout);

@@ -8,14 +8,19 @@
 #include <vector>
 
 #include "ringtrain/comm/communicator.h"
+#include "ringtrain/comm/launch.h"
 
 namespace ringtrain::cli {
 
 // True when this process is one of `world` ranks (rank variables present with that world size).
 bool inside_ranks(int world);
 // Runs this process's own command line again as `world` local ranks (ringtrain launch), with `extra_args` appended
-// (e.g. a seed every rank must share), and returns their exit code.
-int relaunch_self(int world, const std::vector<std::string>& extra_args = {});
+// (e.g. a seed every rank must share), and returns their exit code. stop_grace: after Ctrl-C, how long the ranks get
+// to stop by themselves (comm::LaunchOptions::stop_grace); a run that saves its finished steps then needs longer.
+int relaunch_self(int world, const std::vector<std::string>& extra_args = {},
+                  std::chrono::milliseconds stop_grace = comm::LaunchOptions{}.stop_grace);
+// The stop grace of a run that saves at a stop: as long as its ranks wait for one another (--timeout), and a minute.
+std::chrono::milliseconds saving_stop_grace(std::chrono::seconds timeout);
 // This rank's GPU communicator (GPU = local rank); a clear error when the build has none.
 std::unique_ptr<comm::Communicator> nccl_from_environment(std::chrono::milliseconds timeout);
 // Ends the command with exit code 2 and the reason unless this node has `gpus` usable GPUs (and, for more than one,
