@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ctrl-C to `ringtrain train` on a GPU (PERF.md row S): the run relaunches itself through `ringtrain launch`; SIGINT to
 # that launcher 0.3 s after the step-20 checkpoint must stop the rank at its next microbatch (the launcher's SIGTERM),
-# the launcher ending with 130 and the run naming the step it stopped in and the checkpoint --resume continues from.
+# the launcher ending with 130, the run saving the steps it finished and naming the step it stopped in and that
+# checkpoint as the one --resume continues from.
 # Usage: bench/check_gpu_stop.sh BIN_DIR (the folder holding the ringtrain program). Exit 0 when all of that holds.
 set -u
 set -m  # the run in a process group of its own: a script's background job would otherwise ignore SIGINT
@@ -28,4 +29,4 @@ tail -5 "$d/log"
 records=$(wc -l <"$d/m/metrics.jsonl")
 echo "launcher exit $rc; metrics records $records; checkpoints: $(ls "$d/ck" | tr '\n' ' ')"
 [ "$rc" = 130 ] && grep -q "stopped in step $((records + 1)) of 100000, which changed nothing" "$d/log" &&
-  grep -q -- "--resume continues from $d/ck/step_" "$d/log"
+  grep -q -- "--resume continues from $d/ck/step_$records\$" "$d/log"  # train.checkpoint_on_stop saved them all
