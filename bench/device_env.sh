@@ -5,6 +5,8 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 py_pkg() { python3 -c "import nvidia.$1 as m; print(m.__path__[0])" 2>/dev/null || true; }
 export LD_LIBRARY_PATH=$(py_pkg cudnn)/lib:$(py_pkg nccl)/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# The test programs run the ringtrain program of BIN_DIR (`bin`), not the build folder's path compiled into them.
+if [ -n "${bin:-}" ]; then export RINGTRAIN_CLI=$(realpath "$bin")/ringtrain; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,memory.used --format=csv,noheader
 gpus=$(nvidia-smi -L | wc -l)
 status=0

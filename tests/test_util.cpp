@@ -97,10 +97,15 @@ double max_ragged_diff(const std::vector<std::vector<float>>& a, const std::vect
   return m;
 }
 
+std::string cli_program() {
+  const char* given = std::getenv("RINGTRAIN_CLI");
+  return given && *given ? given : RINGTRAIN_CLI;
+}
+
 CliResult run_cli(const std::string& args, const std::string& pipe_in) {
   CliResult r;
   const std::string feed = pipe_in.empty() ? "" : "cat '" + pipe_in + "' | ";
-  FILE* pipe = popen((feed + RINGTRAIN_CLI + " " + args + " 2>&1").c_str(), "r");
+  FILE* pipe = popen((feed + cli_program() + " " + args + " 2>&1").c_str(), "r");
   if (!pipe) return r;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, n);

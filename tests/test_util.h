@@ -49,7 +49,10 @@ struct TempDir {
   std::filesystem::path path;
 };
 
-// Runs the ringtrain program (RINGTRAIN_CLI) with `args` through the shell; stdout and stderr together.
+// The ringtrain program the tests run: $RINGTRAIN_CLI when set (binaries carried to another machine, where the build
+// folder's path does not exist), else the one this build made.
+std::string cli_program();
+// Runs the ringtrain program (cli_program()) with `args` through the shell; stdout and stderr together.
 struct CliResult {
   int code = -1;  // the exit status; -1 when it did not exit normally
   std::string output;

@@ -93,7 +93,7 @@ TEST(LogprobsCli, MatchesTransformersAndReportsBadLines) {
   }
   for (int cp : {1, 2}) {
     const std::filesystem::path out = dir / cat("out", cp, ".jsonl");
-    const std::string cmd = cat(RINGTRAIN_CLI, " logprobs --model ", testing::model_fixture_dir("llama") / "checkpoint",
+    const std::string cmd = cat(testing::cli_program(), " logprobs --model ", testing::model_fixture_dir("llama") / "checkpoint",
                                 " --data ", dir / "data.jsonl", " --cp ", cp, " --chunk 5 --out ", out);
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::ifstream in(out);
@@ -111,7 +111,7 @@ TEST(LogprobsCli, MatchesTransformersAndReportsBadLines) {
     std::ofstream data(dir / "bad.jsonl");
     data << json{{"input_ids", seqs[0]}}.dump() << "\n{\"input_ids\": [1, 2\n";
   }
-  const std::string bad = cat(RINGTRAIN_CLI, " logprobs --model ", testing::model_fixture_dir("llama") / "checkpoint",
+  const std::string bad = cat(testing::cli_program(), " logprobs --model ", testing::model_fixture_dir("llama") / "checkpoint",
                               " --data ", dir / "bad.jsonl", " 2>", dir / "err.txt");
   EXPECT_NE(std::system(bad.c_str()), 0);
   const std::string err = model::read_file(dir / "err.txt");

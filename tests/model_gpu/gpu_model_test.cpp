@@ -494,7 +494,7 @@ TEST(GpuLogprobsCli, MatchesTransformers) {
 #endif
   for (int cp : cps) {
     const std::filesystem::path out = dir / cat("out", cp, ".jsonl");
-    const std::string cmd = cat(RINGTRAIN_CLI, " logprobs --device cuda --model ",
+    const std::string cmd = cat(testing::cli_program(), " logprobs --device cuda --model ",
                                 testing::model_fixture_dir("llama") / "checkpoint", " --data ", dir / "data.jsonl",
                                 " --cp ", cp, " --chunk 5 --out ", out);
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

@@ -139,7 +139,7 @@ pid_t spawn_cli(const std::string& args, const fs::path& log = {}, bool ignore_s
   if (pid == 0) {
     if (ignore_sigint) ::signal(SIGINT, SIG_IGN);
     const std::string to = log.empty() ? std::string("/dev/null") : log.string();
-    const std::string cmd = std::string("exec ") + RINGTRAIN_CLI + " " + args + " >" + to + " 2>&1";
+    const std::string cmd = "exec " + testing::cli_program() + " " + args + " >" + to + " 2>&1";
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
