@@ -80,10 +80,10 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
-    if (lead)
-      std::fprintf(stderr, "ringtrain grpo: stopped in SFT warm-up step %lld of %lld, which changed nothing; %s\n",
-                   static_cast<long long>(step + 1), static_cast<long long>(steps),
-                   worker::resume_hint(config).c_str());
+    // The warm-up's steps are no GRPO checkpoint's: nothing is saved, and --resume runs the warm-up again.
+    worker::save_at_stop_and_report(
+        config, lead, "grpo", cat("stopped in SFT warm-up step ", step + 1, " of ", steps, ", which changed nothing"), 0,
+        0, {});
     throw;
   }
   if (progress) progress->finish();
@@ -415,20 +415,9 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
-    // Every rank stopped here together, so the save (a collective) can run; the stopped step changed nothing.
-    if (config.train.checkpoint_on_stop && !root.empty() && step > saved) {
-      try {
-        checkpoint(step);
-      } catch (const std::exception& e) {  // the stop is still what ends the run; the failed save is said beside it
-        if (lead)
-          std::fprintf(stderr, "ringtrain grpo: the checkpoint of the %lld finished GRPO steps was not saved: %s\n",
-                       static_cast<long long>(step), e.what());
-      }
-    }
-    if (lead)
-      std::fprintf(stderr, "ringtrain grpo: stopped in GRPO step %lld of %lld, which changed nothing; %s\n",
-                   static_cast<long long>(step + 1), static_cast<long long>(config.train.steps),
-                   worker::resume_hint(config).c_str());
+    worker::save_at_stop_and_report(
+        config, lead, "grpo", cat("stopped in GRPO step ", step + 1, " of ", config.train.steps, ", which changed nothing"),
+        step, saved, checkpoint);
     throw;
   }
   if (progress) progress->finish();

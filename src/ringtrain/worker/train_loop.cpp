@@ -87,6 +87,20 @@ std::string resume_hint(const Config& c) {
   }
 }
 
+void save_at_stop_and_report(const Config& c, bool lead, const std::string& command, const std::string& stopped_in,
+                             int64_t done, int64_t saved, const std::function<void(int64_t)>& save) {
+  if (c.train.checkpoint_on_stop && !c.train.checkpoint_dir.empty() && done > saved) {
+    try {
+      save(done);
+    } catch (const std::exception& e) {
+      if (lead)
+        std::fprintf(stderr, "ringtrain %s: the checkpoint of the %lld finished steps was not saved: %s\n",
+                     command.c_str(), static_cast<long long>(done), e.what());
+    }
+  }
+  if (lead) std::fprintf(stderr, "ringtrain %s: %s; %s\n", command.c_str(), stopped_in.c_str(), resume_hint(c).c_str());
+}
+
 void prepare_checkpoint_dir(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -227,21 +241,10 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
-    // Every rank stopped here together, so the save (a collective) can run; the stopped step changed nothing.
-    if (c.train.checkpoint_on_stop && !ckpt_dir.empty() && step > saved) {
-      try {
-        checkpoint(step);
-      } catch (const std::exception& e) {  // the stop is still what ends the run; the failed save is said beside it
-        if (lead)
-          std::fprintf(stderr, "ringtrain train: the checkpoint of the %lld finished steps was not saved: %s\n",
-                       static_cast<long long>(step), e.what());
-      }
-    }
-    if (lead)
-      std::fprintf(stderr, "ringtrain train: stopped in step %lld of %lld, which changed nothing; %lld steps done (%lld "
-                   "in this run); %s\n", static_cast<long long>(step + 1), static_cast<long long>(total),
-                   static_cast<long long>(step), static_cast<long long>(step - start),
-                   resume_hint(c).c_str());
+    save_at_stop_and_report(c, lead, "train",
+                            cat("stopped in step ", step + 1, " of ", total, ", which changed nothing; ", step,
+                                " steps done (", step - start, " in this run)"),
+                            step, saved, checkpoint);
     throw;
   }
   if (progress) progress->finish();

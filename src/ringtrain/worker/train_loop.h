@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,13 @@ std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::pa
 // What continues a run of config `c` that stopped: "--resume continues from DIR/step_N", or why nothing does and
 // what a new run needs. Never throws for a folder it cannot read: it says so instead.
 std::string resume_hint(const Config& c);
+
+// The end of a run of config `c` that stopped at a signal after `done` finished steps, `saved` of them in its newest
+// checkpoint. On every rank (the stop was agreed, so the collective save can run): save(done) when
+// train.checkpoint_on_stop asks for it and `done` > `saved`; a failed save is said, not thrown, since the stop is
+// what ends the run. Then the lead says "ringtrain COMMAND: STOPPED_IN; " and what continues the run (resume_hint).
+void save_at_stop_and_report(const Config& c, bool lead, const std::string& command, const std::string& stopped_in,
+                             int64_t done, int64_t saved, const std::function<void(int64_t)>& save);
 
 // train.checkpoint_dir made (or found) before any weight is loaded or step taken: an error names the key when it
 // is not a directory or cannot be created, or the folder when a leftover step_N.saving or step_N.old there is not
