@@ -146,21 +146,35 @@ pid_t spawn_cli(const std::string& args, const fs::path& log = {}, bool ignore_s
   return pid;
 }
 
+// An 8-step clipped-PG run (a checkpoint every 2 steps) on fresh data and its uninterrupted losses, `want`: the
+// reference of the kill and stop tests. args(FOLDER) runs it again with its folders under FOLDER.
+struct EightSteps {
+  EightSteps(const std::string& name, int dp_, int cp_) : dir(name), dp(dp_), cp(cp_) {
+    write_data(data, "pg", 16, testing::fresh_seed());
+    const testing::CliResult full = run_cli(args(dir.path / "full"));
+    EXPECT_EQ(full.code, 0) << full.output;
+    want = losses(dir.path / "full" / "metrics");
+  }
+  std::string args(const fs::path& folder) const {
+    return train_args("pg", data, folder, dp, cp,
+                      "train.steps=8 policy.scheduler.total_steps=8 train.checkpoint_every=2");
+  }
+  TempDir dir;
+  int dp, cp;
+  fs::path data = dir.path / "data.jsonl";
+  std::map<int64_t, double> want;
+};
+
 TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   const Deadline test_deadline(240);
-  const uint64_t seed = testing::fresh_seed();
-  TempDir dir("rt_train_resume");
-  const fs::path data = dir.path / "data.jsonl";
-  write_data(data, "pg", 16, seed);
-  const std::string extra = "train.steps=8 policy.scheduler.total_steps=8 train.checkpoint_every=2";
-  const testing::CliResult full = run_cli(train_args("pg", data, dir.path / "full", 2, 1, extra));
-  ASSERT_EQ(full.code, 0) << full.output;
-  const auto want = losses(dir.path / "full" / "metrics");
+  const EightSteps run("rt_train_resume", 2, 1);
+  const TempDir& dir = run.dir;
+  const auto& want = run.want;
   ASSERT_EQ(want.size(), 8u);
 
   // SIGKILL as soon as the first checkpoint is complete: the run dies somewhere after step 2 (in a step or a save).
   const fs::path killed = dir.path / "killed";
-  const pid_t pid = spawn_cli(train_args("pg", data, killed, 2, 1, extra));
+  const pid_t pid = spawn_cli(run.args(killed));
   ASSERT_GT(pid, 0);
   const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!fs::exists(killed / "ckpt" / "step_2" / "trainer_state.json") &&
@@ -173,15 +187,15 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   ASSERT_FALSE(fs::exists(killed / "ckpt" / "step_8")) << "the run ended before the kill: nothing was resumed";
 
   // Without --resume the killed run's folders are refused, naming what is there.
-  const testing::CliResult fresh = run_cli(train_args("pg", data, killed, 2, 1, extra));
+  const testing::CliResult fresh = run_cli(run.args(killed));
   EXPECT_NE(fresh.code, 0);
   EXPECT_NE(fresh.output.find((killed / "metrics" / "metrics.jsonl").string() + " holds the metrics of an earlier run"),
             std::string::npos) << fresh.output;
-  const testing::CliResult overwrite = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --overwrite-metrics");
+  const testing::CliResult overwrite = run_cli(run.args(killed) + " --overwrite-metrics");
   EXPECT_NE(overwrite.code, 0);
   EXPECT_NE(overwrite.output.find("is a checkpoint of an earlier run"), std::string::npos) << overwrite.output;
 
-  const testing::CliResult resumed = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --resume");
+  const testing::CliResult resumed = run_cli(run.args(killed) + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_EQ(losses(killed / "metrics"), want);  // bit for bit, every step
   // Each step once: the steps the killed run wrote after its checkpoint were dropped, not repeated.
@@ -189,7 +203,7 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   EXPECT_EQ(logged_steps(killed / "metrics"), once);
 
   // A resumed run that has nothing left to do, then export of the last checkpoint.
-  const testing::CliResult again = run_cli(train_args("pg", data, killed, 2, 1, extra) + " --resume");
+  const testing::CliResult again = run_cli(run.args(killed) + " --resume");
   ASSERT_EQ(again.code, 0) << again.output;
   EXPECT_EQ(losses(killed / "metrics"), want);
   EXPECT_EQ(logged_steps(killed / "metrics"), once);
@@ -208,21 +222,13 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
 // and the resumed run writes the rest of them bit for bit.
 TEST(TrainCli, CtrlCStopsBetweenMicrobatchesAndResumeRepeatsTheUninterruptedLosses) {
   const Deadline test_deadline(240);
-  const uint64_t seed = testing::fresh_seed();
-  TempDir dir("rt_train_ctrl_c");
-  const fs::path data = dir.path / "data.jsonl";
-  write_data(data, "pg", 16, seed);
-  const std::string extra = "train.steps=8 policy.scheduler.total_steps=8 train.checkpoint_every=2";
-  const testing::CliResult full = run_cli(train_args("pg", data, dir.path / "full", 2, 2, extra));
-  ASSERT_EQ(full.code, 0) << full.output;
-  const auto want = losses(dir.path / "full" / "metrics");
-  ASSERT_EQ(want.size(), 8u);
+  const EightSteps eight("rt_train_ctrl_c", 2, 2);
+  ASSERT_EQ(eight.want.size(), 8u);
 
   for (const bool save_on_stop : {true, false}) {
     SCOPED_TRACE(save_on_stop ? "train.checkpoint_on_stop=true" : "train.checkpoint_on_stop=false");
-    const std::string args = train_args("pg", data, dir.path / (save_on_stop ? "save" : "nosave"), 2, 2, extra) +
-                             (save_on_stop ? "" : " train.checkpoint_on_stop=false");
-    const fs::path run = dir.path / (save_on_stop ? "save" : "nosave"), log = run.string() + ".log";
+    const fs::path run = eight.dir.path / (save_on_stop ? "save" : "nosave"), log = run.string() + ".log";
+    const std::string args = eight.args(run) + (save_on_stop ? "" : " train.checkpoint_on_stop=false");
     const pid_t pid = spawn_cli(args, log);
     ASSERT_GT(pid, 0);
     const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -254,13 +260,13 @@ TEST(TrainCli, CtrlCStopsBetweenMicrobatchesAndResumeRepeatsTheUninterruptedLoss
     EXPECT_FALSE(fs::exists(run / "ckpt" / cat("step_", n)));
     const auto partial = losses(run / "metrics");
     ASSERT_EQ(static_cast<int64_t>(partial.size()), n - 1) << output;
-    for (const auto& [step, value] : partial) EXPECT_EQ(value, want.at(step)) << "step " << step;
+    for (const auto& [step, value] : partial) EXPECT_EQ(value, eight.want.at(step)) << "step " << step;
 
     const testing::CliResult resumed = run_cli(args + " --resume");
     ASSERT_EQ(resumed.code, 0) << resumed.output;
     EXPECT_NE(resumed.output.find(cat("resuming from ", (run / "ckpt" / cat("step_", newest)).string())),
               std::string::npos) << resumed.output;
-    EXPECT_EQ(losses(run / "metrics"), want);
+    EXPECT_EQ(losses(run / "metrics"), eight.want);
     const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};
     EXPECT_EQ(logged_steps(run / "metrics"), once);
   }

@@ -81,9 +81,8 @@ void sft_warmup(const worker::Config& config, comm::Communicator& world, const P
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
     // The warm-up's steps are no GRPO checkpoint's: nothing is saved, and --resume runs the warm-up again.
-    worker::save_at_stop_and_report(
-        config, lead, "grpo", cat("stopped in SFT warm-up step ", step + 1, " of ", steps, ", which changed nothing"), 0,
-        0, {});
+    const std::string where = cat("stopped in SFT warm-up step ", step + 1, " of ", steps, ", which changed nothing");
+    worker::save_at_stop_and_report(config, lead, "grpo", where, 0, 0, {});
     throw;
   }
   if (progress) progress->finish();
@@ -415,9 +414,9 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
-    worker::save_at_stop_and_report(
-        config, lead, "grpo", cat("stopped in GRPO step ", step + 1, " of ", config.train.steps, ", which changed nothing"),
-        step, saved, checkpoint);
+    const std::string where =
+        cat("stopped in GRPO step ", step + 1, " of ", config.train.steps, ", which changed nothing");
+    worker::save_at_stop_and_report(config, lead, "grpo", where, step, saved, checkpoint);
     throw;
   }
   if (progress) progress->finish();
