@@ -37,8 +37,7 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
   const std::vector<worker::Sample> samples = worker::load_dataset(o.data, spec).samples;
   std::vector<std::vector<float>> results;
   worker::StartingWeights shared;  // CPU ranks: one copy of the starting weights, read in place by ranks that score
-  const StopRequest* stop = nullptr;
-  const auto score = [&](comm::Communicator& comm) {
+  const auto score = [&](comm::Communicator& comm, const StopRequest* stop) {
     worker::PolicyWorker w(c, comm, &shared, stop);
     if (!o.checkpoint.empty()) w.load(o.checkpoint);
     worker::LogprobResult r = o.reference ? w.get_reference_logprobs(samples) : w.get_logprobs(samples);
@@ -46,14 +45,13 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
   };
   const auto timeout = std::chrono::seconds(o.timeout_s);
   bool lead = true;
-  run_stoppable("logprobs", [&](const StopRequest* signalled) {  // stopped: nothing is written
-    stop = signalled;
+  run_stoppable("logprobs", [&](const StopRequest* stop) {  // stopped: nothing is written
     if (c.device.is_cuda()) {
       const auto comm = nccl_from_environment(timeout);
-      score(*comm);
+      score(*comm, stop);
       lead = comm->rank() == 0;
     } else {
-      comm::run_ranks(world, timeout, score);
+      comm::run_ranks(world, timeout, [&](comm::Communicator& comm) { score(comm, stop); });
     }
   });
   if (!lead) return std::nullopt;

@@ -85,8 +85,7 @@ void run_stoppable(const char* command, const std::function<void(const StopReque
     const char* name = sig != 0 ? sigabbrev_np(sig) : nullptr;
     std::fprintf(stderr, "ringtrain %s: stopped by %s\n", command,
                  name ? cat("SIG", name).c_str() : "a signal to another rank");
-    if (sig == 0) throw Exit{128 + SIGTERM};
-    throw Exit{128 + sig};
+    throw Exit{128 + (sig != 0 ? sig : SIGTERM)};
   }
 }
 
