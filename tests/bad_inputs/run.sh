@@ -253,6 +253,8 @@ expect_error config-cp-two-overrides 'sets the same setting as the override of p
 { cat run.yaml; printf -- '---\nbogus: 1\n'; } > two_docs.yaml
 expect_error config-two-documents 'two_docs.yaml: 2 YAML documents' "$bin" config two_docs.yaml
 expect_error config-negative-device "unknown device 'cuda:-1'" "$bin" config run.yaml device=cuda:-1
+expect_error config-checkpoint-on-stop-not-bool "train.checkpoint_on_stop = 'maybe': expected true or false" \
+  "$bin" config run.yaml train.checkpoint_on_stop=maybe
 expect_error train-timeout-zero '--timeout: Value 0 not in range 1 to 604800' "$bin" train --config run.yaml --timeout 0
 expect_error grpo-timeout-negative '--timeout: Value -1 not in range 1 to 604800' "$bin" grpo --config run.yaml --timeout -1
 expect_error config-backend-twice 'attention.backends\[1\] = math: listed twice' "$bin" config run.yaml \
@@ -405,6 +407,8 @@ expect_error launch-nproc-huge '--nproc: Value 100000 not in range 1 to 1024' "$
 expect_error launch-rank-exit-code 'rank 1 failed \(exit code 2\)' \
   sh -c "'$bin' launch --nproc 2 --grace-ms 200 -- sh -c 'if [ \$RANK = 1 ]; then exit 2; fi; sleep 30'; rc=\$?; [ \$rc = 2 ] && exit 3; exit 0"
 expect_error launch-missing-command "cannot run 'no-such-command-rt'" "$bin" launch --nproc 2 -- no-such-command-rt
+expect_error launch-negative-stop-grace '--stop-grace-ms: Value -5 not in range 0 to 3600000' \
+  "$bin" launch --nproc 1 --stop-grace-ms -5 -- true
 
 # A launcher killed with SIGKILL leaves no rank running (each rank's parent-death signal).
 cases=$((cases + 1))
