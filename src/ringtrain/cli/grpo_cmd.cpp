@@ -112,7 +112,8 @@ void add_grpo_command(CLI::App& app) {
                   static_cast<int>(c.parallel.dp), static_cast<int>(c.parallel.cp));
       std::fflush(stdout);
     };
-    run_stoppable("grpo", [&](const StopRequest* stop) {
+    const char* then = worker::saves_at_stop(c) ? "saves the GRPO steps it finished" : "ends without saving";
+    run_stoppable("grpo", then, [&](const StopRequest* stop) {
       options.stop = stop;
       if (c.device.is_cuda()) {
         // One process per GPU: the sampler runs in each, on the host copy of its policy's weights.

@@ -45,7 +45,7 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
   };
   const auto timeout = std::chrono::seconds(o.timeout_s);
   bool lead = true;
-  run_stoppable("logprobs", [&](const StopRequest* stop) {  // stopped: nothing is written
+  run_stoppable("logprobs", "ends without writing", [&](const StopRequest* stop) {  // stopped: nothing is written
     if (c.device.is_cuda()) {
       const auto comm = nccl_from_environment(timeout);
       score(*comm, stop);

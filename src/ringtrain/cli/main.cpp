@@ -1,5 +1,6 @@
 // ringtrain: the command-line entry point.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -48,6 +49,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const ringtrain::cli::Exit& e) {
+    if (e.signal != 0) {
+      std::fflush(nullptr);
+      std::raise(e.signal);  // returns only when the signal is ignored
+    }
     return e.code;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringtrain: error: %s\n", e.what());

@@ -3,8 +3,12 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>  // sigabbrev_np
 #include <ctime>
+#include <string>
+
+#include <unistd.h>
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/comm/agreed.h"
@@ -24,6 +28,15 @@ std::atomic<int> g_signal{0};
 static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
               "a signal handler uses them");
 bool g_installed = false;
+std::string g_announcement;  // written by the constructor before the handler is installed, read by the handler only
+
+void say(const char* text) {
+  for (size_t left = std::strlen(text); left > 0;) {  // write(2) is async-signal-safe; stdio is not
+    const ssize_t n = ::write(STDERR_FILENO, text, left);
+    if (n <= 0) return;
+    text += n, left -= static_cast<size_t>(n);
+  }
+}
 struct sigaction g_old_int {}, g_old_term {};
 
 int64_t monotonic_ns() {
@@ -38,6 +51,10 @@ void on_signal(int sig) {
   if (g_first_ns.compare_exchange_strong(first, now)) {
     g_signal.store(sig);
     g_request.request();  // after g_signal, which the run reads once it has stopped
+    if (!g_announcement.empty()) {
+      say(sig == SIGINT ? "\nSIGINT: " : "\nSIGTERM: ");
+      say(g_announcement.c_str());
+    }
     return;
   }
   if (now - first < kRepeatWindowNs) return;
@@ -47,8 +64,10 @@ void on_signal(int sig) {
 
 }  // namespace
 
-StopOnSignal::StopOnSignal() {
+StopOnSignal::StopOnSignal(std::string announcement) {
   RT_CHECK(!g_installed, "StopOnSignal: one at a time");
+  const char* rank = std::getenv("RANK");  // the other ranks of a multi-process run stay quiet
+  g_announcement = !rank || std::string(rank) == "0" ? std::move(announcement) : std::string();
   g_request.clear();
   g_signal.store(0);
   g_first_ns.store(0);
@@ -75,17 +94,23 @@ const StopRequest* StopOnSignal::request() const { return &g_request; }
 
 int StopOnSignal::signal() const { return g_signal.load(); }
 
-void run_stoppable(const char* command, const std::function<void(const StopRequest*)>& work) {
-  StopOnSignal stop;
+void run_stoppable(const char* command, const char* then, const std::function<void(const StopRequest*)>& work) {
+  StopOnSignal stop(cat("ringtrain ", command, " stops at its next microbatch, every rank together, then ", then,
+                        "; another signal 2 s or more from now ends it at once\n"));
+  const auto signal_name = [](int sig) { return cat("SIG", sigabbrev_np(sig) ? sigabbrev_np(sig) : "?"); };
   try {
     work(stop.request());
   } catch (const comm::Interrupted&) {
-    // A rank may stop because another one saw the signal; it then names none of its own.
+    // A rank may stop because another one saw the signal; it then has none of its own to end by.
     const int sig = stop.signal();
-    const char* name = sig != 0 ? sigabbrev_np(sig) : nullptr;
     std::fprintf(stderr, "ringtrain %s: stopped by %s\n", command,
-                 name ? cat("SIG", name).c_str() : "a signal to another rank");
-    throw Exit{128 + (sig != 0 ? sig : SIGTERM)};
+                 sig != 0 ? signal_name(sig).c_str() : "a signal to another rank");
+    throw Exit{128 + (sig != 0 ? sig : SIGTERM), sig};
+  }
+  if (const int sig = stop.signal(); sig != 0) {
+    std::fprintf(stderr, "ringtrain %s: %s came after the last point where the run could stop: the run is complete\n",
+                 command, signal_name(sig).c_str());
+    throw Exit{128 + sig, sig};
   }
 }
 

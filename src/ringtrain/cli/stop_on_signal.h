@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "ringtrain/core/stop_request.h"
 
@@ -17,7 +18,9 @@ namespace ringtrain::cli {
 // nothing has been written then.
 class StopOnSignal {
  public:
-  StopOnSignal();
+  // `announcement`: said on stderr at once when the first signal comes (by rank 0 of a multi-process run), since the
+  // stop itself may take a while: the microbatch in progress, then a save.
+  explicit StopOnSignal(std::string announcement);
   ~StopOnSignal();
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;
@@ -26,9 +29,10 @@ class StopOnSignal {
   int signal() const;  // the first signal received, 0 while none came
 };
 
-// Runs `work` with a StopOnSignal installed and its request passed in. When the run stops at a signal
-// (comm::Interrupted), `command` says so and the program ends with 128 + the signal's number, as a shell reports a
-// process the signal ended; the run itself has said where it stopped.
-void run_stoppable(const char* command, const std::function<void(const StopRequest*)>& work);
+// Runs `work` with a StopOnSignal installed and its request passed in; `then` says what the run does once stopped
+// (e.g. "saves the steps it finished"). When the run stops at a signal (comm::Interrupted), or the signal came too late
+// to stop it, `command` says so and the program ends by that signal (Exit::signal; 128 + its number where it cannot);
+// the run itself has said where it stopped.
+void run_stoppable(const char* command, const char* then, const std::function<void(const StopRequest*)>& work);
 
 }  // namespace ringtrain::cli

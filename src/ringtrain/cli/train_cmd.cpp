@@ -69,7 +69,8 @@ void add_train_command(CLI::App& app) {
     RT_CHECK(!c.train.data.empty(), "train.data: no data file given");
     const worker::Dataset data = worker::load_dataset(c.train.data, worker::data_spec(c, m));
     const auto timeout = std::chrono::seconds(o->timeout_s);
-    run_stoppable("train", [&](const StopRequest* stop) {
+    const char* then = worker::saves_at_stop(c) ? "saves the steps it finished" : "ends without saving";
+    run_stoppable("train", then, [&](const StopRequest* stop) {
       ro.stop = stop;
       if (c.device.is_cuda()) {
         const auto comm = nccl_from_environment(timeout);

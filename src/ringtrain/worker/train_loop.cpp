@@ -87,9 +87,11 @@ std::string resume_hint(const Config& c) {
   }
 }
 
+bool saves_at_stop(const Config& c) { return c.train.checkpoint_on_stop && !c.train.checkpoint_dir.empty(); }
+
 void save_at_stop_and_report(const Config& c, bool lead, const std::string& command, const std::string& stopped_in,
                              int64_t done, int64_t saved, const std::function<void(int64_t)>& save) {
-  if (c.train.checkpoint_on_stop && !c.train.checkpoint_dir.empty() && done > saved) {
+  if (saves_at_stop(c) && done > saved) {
     try {
       save(done);
     } catch (const std::exception& e) {

@@ -64,9 +64,13 @@ std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::pa
 // what a new run needs. Never throws for a folder it cannot read: it says so instead.
 std::string resume_hint(const Config& c);
 
+// Whether a run of config `c` that a signal stops saves its finished steps first (train.checkpoint_on_stop, with a
+// train.checkpoint_dir to save them in).
+bool saves_at_stop(const Config& c);
+
 // The end of a run of config `c` that stopped at a signal after `done` finished steps, `saved` of them in its newest
-// checkpoint. On every rank (the stop was agreed, so the collective save can run): save(done) when
-// train.checkpoint_on_stop asks for it and `done` > `saved`; a failed save is said, not thrown, since the stop is
+// checkpoint. On every rank (the stop was agreed, so the collective save can run): save(done) when saves_at_stop(c)
+// and `done` > `saved`; a failed save is said, not thrown, since the stop is
 // what ends the run. Then the lead says "ringtrain COMMAND: STOPPED_IN; " and what continues the run (resume_hint).
 void save_at_stop_and_report(const Config& c, bool lead, const std::string& command, const std::string& stopped_in,
                              int64_t done, int64_t saved, const std::function<void(int64_t)>& save);
