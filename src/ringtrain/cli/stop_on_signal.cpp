@@ -28,6 +28,7 @@ std::atomic<int> g_signal{0};
 static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
               "a signal handler uses them");
 bool g_installed = false;
+struct sigaction g_old_int {}, g_old_term {};
 std::string g_announcement;  // written by the constructor before the handler is installed, read by the handler only
 
 void say(const char* text) {
@@ -37,7 +38,6 @@ void say(const char* text) {
     text += n, left -= static_cast<size_t>(n);
   }
 }
-struct sigaction g_old_int {}, g_old_term {};
 
 int64_t monotonic_ns() {
   timespec t{};
