@@ -584,6 +584,30 @@ TEST_F(Checkpoint, FolderLockRefusesASecondHolderAndNests) {
                {"train.checkpoint_dir = ", "not a directory"});
 }
 
+// A staging folder that a writer holds is not removed as a leftover; one that nobody holds (a killed writer's) is.
+TEST_F(Checkpoint, RemoveUnlessHeldSparesAFolderBeingWritten) {
+  const auto staging = dir_ / "step_3.saving";
+  std::vector<std::filesystem::path> removed;
+  const auto remove = [&](const std::filesystem::path& p) {
+    removed.push_back(p);
+    std::filesystem::remove_all(p);
+  };
+  {
+    model::StagingFolder held(staging, ".marker", "test save", remove);
+    model::write_file_atomic(staging / "shard", "bytes");
+    EXPECT_FALSE(model::remove_unless_held(staging, "test cleanup", remove));
+    EXPECT_TRUE(std::filesystem::is_regular_file(staging / "shard"));
+    EXPECT_TRUE(removed.empty());
+  }
+  // The holder's destructor removed it (a failed write leaves nothing); a killed writer leaves the folder, unheld.
+  std::filesystem::create_directories(staging);
+  model::write_file_atomic(staging / "shard", "bytes");
+  removed.clear();
+  EXPECT_TRUE(model::remove_unless_held(staging, "test cleanup", remove));
+  EXPECT_FALSE(std::filesystem::exists(staging));
+  EXPECT_EQ(removed, std::vector<std::filesystem::path>{staging});
+}
+
 TEST(ModelConfigLimitsHostile, SizesAreBoundedAndFloatsFinite) {
   json j = model::config_to_json(testing::tiny_config(model::Arch::Llama));
   auto with = [&](const char* key, json v) {

@@ -195,8 +195,18 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   EXPECT_NE(overwrite.code, 0);
   EXPECT_NE(overwrite.output.find("is a checkpoint of an earlier run"), std::string::npos) << overwrite.output;
 
+  // Leftovers of saves that died (ours: marked, or empty) are removed by the resumed run, which says so.
+  fs::create_directories(killed / "ckpt" / "step_7.saving");
+  model::write_file_atomic(killed / "ckpt" / "step_7.saving" / ".ringtrain-saving", "");
+  model::write_file_atomic(killed / "ckpt" / "step_7.saving" / "optimizer.rank0.safetensors", "partial");
+  fs::create_directories(killed / "ckpt" / "step_1.old");
   const testing::CliResult resumed = run_cli(run.args(killed) + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("ringtrain train: removed " + (killed / "ckpt" / "step_7.saving").string() +
+                                ", left by a save that did not finish"),
+            std::string::npos) << resumed.output;
+  for (const fs::directory_entry& e : fs::directory_iterator(killed / "ckpt"))
+    EXPECT_FALSE(e.path().extension() == ".saving" || e.path().extension() == ".old") << e.path();
   EXPECT_EQ(losses(killed / "metrics"), want);  // bit for bit, every step
   // Each step once: the steps the killed run wrote after its checkpoint were dropped, not repeated.
   const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};

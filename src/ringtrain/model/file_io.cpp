@@ -360,6 +360,34 @@ std::filesystem::path replace_folder(const std::filesystem::path& staged, const 
 
 }  // namespace
 
+namespace {
+
+// remove_unless_held with the parent folder's lock already taken.
+bool remove_unless_held_locked(const std::filesystem::path& path, const StagingFolder::Remove& remove) {
+  // A folder that its writer still holds is being written; one that nobody holds is a leftover.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    ::close(fd);
+    return false;
+  }
+  try {
+    remove(path);
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    throw;
+  }
+  if (fd >= 0) ::close(fd);
+  return true;
+}
+
+}  // namespace
+
+bool remove_unless_held(const std::filesystem::path& path, const std::string& what,
+                        const StagingFolder::Remove& remove) {
+  const ParentLock section(parent_of(path), what);
+  return remove_unless_held_locked(path, remove);
+}
+
 StagingFolder::StagingFolder(std::filesystem::path folder, std::string marker, std::string what, Remove remove)
     : path_(std::move(folder)), marker_(std::move(marker)), what_(std::move(what)), remove_(std::move(remove)) {
   const std::filesystem::path parent = parent_of(path_);
@@ -367,22 +395,9 @@ StagingFolder::StagingFolder(std::filesystem::path folder, std::string marker, s
   std::filesystem::create_directories(parent, made);
   if (made) throw Error(cat(what_, ": cannot make the folder ", parent.string(), ": ", made.message()));
   const ParentLock section(parent, what_);
-  if (exists_no_follow(path_)) {
-    // A folder that its writer still holds is being written; one that nobody holds is a leftover.
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-      ::close(fd);
-      throw Error(cat(what_, ": another save or export to the same folder is writing ", path_.string(),
-                      " (in this process or another); wait for it to end, or choose another folder"));
-    }
-    try {
-      remove_(path_);
-    } catch (...) {
-      if (fd >= 0) ::close(fd);
-      throw;
-    }
-    if (fd >= 0) ::close(fd);
-  }
+  if (exists_no_follow(path_) && !remove_unless_held_locked(path_, remove_))
+    throw Error(cat(what_, ": another save or export to the same folder is writing ", path_.string(),
+                    " (in this process or another); wait for it to end, or choose another folder"));
   if (::mkdir(path_.c_str(), 0755) != 0) throw_sys_error(cat(what_, ": cannot make"), path_.string());
   fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd_ < 0) throw_sys_error(cat(what_, ": cannot open"), path_.string());

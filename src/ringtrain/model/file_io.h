@@ -106,4 +106,10 @@ class StagingFolder {
   bool published_ = false;
 };
 
+// Removes `path` (a staging folder left by a save or export that died) with `remove`, unless a StagingFolder in this
+// process or another still holds it; returns whether it did. Under the parent folder's lock, as StagingFolder's own
+// steps are. `what` names the operation in errors.
+bool remove_unless_held(const std::filesystem::path& path, const std::string& what,
+                        const StagingFolder::Remove& remove);
+
 }  // namespace ringtrain::model

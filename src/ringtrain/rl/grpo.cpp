@@ -268,6 +268,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
 
   const auto t_start = Clock::now();
   worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights, options.stop);
+  if (lead) worker::remove_save_leftovers(config, "grpo");  // every rank has checked the folder by now
   // What fixes the rollouts of step s (prompts and sampling seeds): recorded in each checkpoint, so that a resumed run
   // continues the same sequence or is refused.
   const std::string rollout_order = cat("grpo seed ", config.train.seed, ", prompts ", g.prompts, ", ",

@@ -340,6 +340,17 @@ void check_save_leftover(const fs::path& path) {
   if (name.ends_with(".saving") || name.ends_with(".old")) check_removable_leftover(path);
 }
 
+std::vector<fs::path> remove_save_leftovers(const fs::path& dir) {
+  std::vector<fs::path> leftovers, removed;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if ((name.ends_with(".saving") || name.ends_with(".old")) && is_save_leftover(e.path())) leftovers.push_back(e.path());
+  }
+  for (const fs::path& p : leftovers)
+    if (model::remove_unless_held(p, cat("checkpoint: removing ", p.string()), remove_stale)) removed.push_back(p);
+  return removed;
+}
+
 void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const TrainingProgress& progress,
                               const CheckpointOptions& options) {
   comm::Communicator& world = trainer.mesh().world();

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "ringtrain/train/trainer.h"
 
@@ -49,6 +50,10 @@ void save_training_checkpoint(const std::filesystem::path& dir, Trainer& trainer
 // A save's leftover beside its checkpoint (DIR.saving of a save that died, DIR.old of an exchange that died), which a
 // later save of DIR would remove: an error naming it when it is not ours to remove. Other names pass.
 void check_save_leftover(const std::filesystem::path& path);
+// Removes the leftovers of saves that died from folder `dir` (each X.saving or X.old that is ours and that no save
+// is writing now); returns what it removed. A run calls it once it holds its checkpoint folder, so that a kill late
+// in a large save does not leave gigabytes until that step is saved again.
+std::vector<std::filesystem::path> remove_save_leftovers(const std::filesystem::path& dir);
 // Collective; the trainer's policy must have the checkpoint's model. Restores the weights (from the master
 // shards), the optimizer state, the step counters and the schedule; returns the data position and RNG state.
 // Errors name the file and the mismatch (missing or truncated file, another model, a piece out of range, an

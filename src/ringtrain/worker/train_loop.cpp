@@ -87,6 +87,13 @@ std::string resume_hint(const Config& c) {
   }
 }
 
+void remove_save_leftovers(const Config& c, const std::string& command) {
+  if (c.train.checkpoint_dir.empty()) return;
+  for (const fs::path& p : train::remove_save_leftovers(c.train.checkpoint_dir))
+    std::fprintf(stderr, "ringtrain %s: removed %s, left by a save that did not finish\n", command.c_str(),
+                 p.string().c_str());
+}
+
 bool saves_at_stop(const Config& c) { return c.train.checkpoint_on_stop && !c.train.checkpoint_dir.empty(); }
 
 void save_at_stop_and_report(const Config& c, bool lead, const std::string& command, const std::string& stopped_in,
@@ -163,6 +170,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
   const RunFolderLocks locks = lead ? lock_run_folders(c) : RunFolderLocks{};
   PolicyWorker worker(c, world, o.starting_weights, o.stop);
+  if (lead) remove_save_leftovers(c, "train");  // after the worker's collective start: every rank checked the folder
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());
   const fs::path ckpt_dir = c.train.checkpoint_dir;

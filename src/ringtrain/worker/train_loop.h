@@ -64,6 +64,11 @@ std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::pa
 // what a new run needs. Never throws for a folder it cannot read: it says so instead.
 std::string resume_hint(const Config& c);
 
+// The leftovers of saves that died in train.checkpoint_dir removed (train::remove_save_leftovers), each said on stderr
+// as `ringtrain COMMAND: removed ...`. By the lead rank, holding the run's folders (lock_run_folders), once every rank
+// has passed prepare_checkpoint_dir's checks of them.
+void remove_save_leftovers(const Config& c, const std::string& command);
+
 // Whether a run of config `c` that a signal stops saves its finished steps first (train.checkpoint_on_stop, with a
 // train.checkpoint_dir to save them in).
 bool saves_at_stop(const Config& c);
