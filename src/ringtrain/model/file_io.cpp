@@ -358,10 +358,6 @@ std::filesystem::path replace_folder(const std::filesystem::path& staged, const 
   return aside;
 }
 
-}  // namespace
-
-namespace {
-
 // remove_unless_held with the parent folder's lock already taken.
 bool remove_unless_held_locked(const std::filesystem::path& path, const StagingFolder::Remove& remove) {
   // A folder that its writer still holds is being written; one that nobody holds is a leftover.

@@ -407,9 +407,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
       }
       const bool last = step + 1 == config.train.steps;
       const int64_t every = config.train.checkpoint_every;
-      if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) {
-        checkpoint(step + 1);
-      }
+      if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) checkpoint(step + 1);
       summary.steps.push_back(log);
       if (options.on_step) options.on_step(log);
     }

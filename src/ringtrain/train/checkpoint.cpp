@@ -333,19 +333,22 @@ std::function<void()> naming_the_save(const fs::path& dir, std::function<void()>
   return [&dir, f = std::move(f)] { with_context(cat("checkpoint save ", dir.string()), "checkpoint", f); };
 }
 
+// A name that a save's leftover has: DIR.saving, or DIR.old.
+bool has_leftover_name(const fs::path& path) {
+  const std::string name = path.filename().string();
+  return name.ends_with(".saving") || name.ends_with(".old");
+}
+
 }  // namespace
 
 void check_save_leftover(const fs::path& path) {
-  const std::string name = path.filename().string();
-  if (name.ends_with(".saving") || name.ends_with(".old")) check_removable_leftover(path);
+  if (has_leftover_name(path)) check_removable_leftover(path);
 }
 
 std::vector<fs::path> remove_save_leftovers(const fs::path& dir) {
   std::vector<fs::path> leftovers, removed;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if ((name.ends_with(".saving") || name.ends_with(".old")) && is_save_leftover(e.path())) leftovers.push_back(e.path());
-  }
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    if (has_leftover_name(e.path()) && is_save_leftover(e.path())) leftovers.push_back(e.path());
   for (const fs::path& p : leftovers)
     if (model::remove_unless_held(p, cat("checkpoint: removing ", p.string()), remove_stale)) removed.push_back(p);
   return removed;

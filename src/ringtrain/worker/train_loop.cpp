@@ -207,16 +207,17 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
                                               metrics_start(o.resume, o.overwrite_metrics, step));
   if (lead && o.progress) progress = std::make_unique<ProgressLine>(total);
 
+  int64_t saved = step;  // the steps of the newest checkpoint (or of none: 0)
   const auto checkpoint = [&](int64_t done) {
     train::TrainingProgress p;
     p.epoch = done / schedule.steps_per_epoch();
     p.index = done % schedule.steps_per_epoch() * c.policy.train_global_batch_size;
     p.rng = order;
     worker.save(ckpt_dir / cat(kStepPrefix, done), p);
+    saved = done;
   };
 
   const int64_t start = step;
-  int64_t saved = step;  // the steps of the newest checkpoint (or of none: 0)
   try {
     for (; step < total; ++step) {
       std::vector<Sample> batch;
@@ -244,10 +245,8 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       }
       if (progress) progress->update(step + 1, tokens, r.step.loss);
       const bool last = step + 1 == total;
-      if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0))) {
+      if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0)))
         checkpoint(step + 1);
-        saved = step + 1;
-      }
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
