@@ -1,6 +1,9 @@
 // Context-parallel attention (ring, all-gather and all-to-all) against the single-rank fp64 math reference on the unsharded
 // sequence: O, LSE, dQ, dK, dV for cp 1..8, causal and not, MHA/GQA/MQA, head dims 32/64/128, lengths that need
 // padding (whole chunks of padding included), with the CPU flash and math backends as the per-block backend.
+// Sliding windows (all-gather and all-to-all; the ring at cp = 1) against the fp64 math backend without a mask, the
+// window written out as a dense -inf bias by Hugging Face's rule (window_reference.h): windows of one key, inside a
+// chunk, across chunk boundaries, spanning several chunks, and covering the sequence.
 #include <gtest/gtest.h>
 
 #include "ringtrain/attention/cpu/cpu_backends.h"
@@ -8,6 +11,7 @@
 #include "ringtrain/check/attention_check.h"
 #include "root_list_guard.h"
 #include "test_util.h"
+#include "window_reference.h"
 
 namespace ringtrain {
 namespace {
@@ -23,13 +27,17 @@ struct Case {
   BackendId block_backend;
   DType dtype = DType::F32;
   bool keep_kv = true;  // the ring backward starts on the forward's last block, or fetches it
+  int64_t window = 0;
 };
 
 std::string case_name(const Case& c) {
   const char* heads = c.heads_kv == c.heads_q ? "mha" : (c.heads_kv == 1 ? "mqa" : "gqa");
   return cat("cp", c.cp, "_", cp::cp_comm_name(c.comm), c.causal ? "_causal_" : "_full_", heads, "_d", c.head_dim,
-             "_S", c.seq, "_B", c.batch, "_", attention::backend_name(c.block_backend), "_", dtype_name(c.dtype), c.keep_kv ? "" : "_fetch");
+             "_S", c.seq, "_B", c.batch, "_", attention::backend_name(c.block_backend), "_", dtype_name(c.dtype), c.keep_kv ? "" : "_fetch",
+             c.window > 0 ? cat("_w", c.window) : std::string());
 }
+
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
 std::vector<Case> cases() {
   std::vector<Case> out;
@@ -69,16 +77,58 @@ std::vector<Case> cases() {
     }
   out.push_back({8, CpComm::AllToAll, true, 1, 10, 8, 8, 32, BackendId::Flash});  // whole chunks of padding
   out.push_back({4, CpComm::AllToAll, true, 1, 90, 8, 4, 64, BackendId::Flash, DType::BF16});
+  // Sliding windows, by the chunk length c = ceil(S / 2cp): one key, inside a chunk, a chunk and a bit, several
+  // chunks, and longer than the sequence (no mask left), on lengths with and without padding.
+  int m = 0;
+  for (int cp : {1, 2, 3, 4, 8})
+    for (CpComm comm : {CpComm::AllGather, CpComm::AllToAll}) {
+      const int64_t seq = m % 2 == 0 ? 2 * cp * 6 : 2 * cp * 5 + 3, c = (seq + 2 * cp - 1) / (2 * cp);
+      for (int64_t w : {int64_t{1}, c - 2, c + 3, 3 * c + 1, seq + 5}) {
+        const int64_t hq = comm == CpComm::AllToAll ? 2 * cp : 4, hkv = comm == CpComm::AllToAll ? cp : 2;
+        out.push_back({cp, comm, true, 1 + m % 2, seq, hq, hkv, m % 3 == 2 ? 64 : 32,
+                       m % 2 ? BackendId::Math : BackendId::Flash, DType::F32, true, w});
+        ++m;
+      }
+    }
+  out.push_back({1, CpComm::Ring, true, 1, 29, 4, 2, 32, BackendId::Flash, DType::F32, true, 6});
+  out.push_back({3, CpComm::AllGather, true, 1, 90, 4, 2, 64, BackendId::Flash, DType::BF16, true, 20});
+  out.push_back({2, CpComm::AllToAll, true, 1, 90, 4, 2, 64, BackendId::Flash, DType::BF16, true, 20});
   return out;
+}
+
+// The fp64 math backend over the whole sequence with no mask and the window (causal, top-left) as a dense bias.
+check::AttnResults bias_window_reference(const check::AttnProblem& prob, const check::AttnInputs& in) {
+  struct Fp64Accumulation {
+    bool saved = attention::cpu::math_fp64();
+    Fp64Accumulation() { attention::cpu::set_math_fp64(true); }
+    ~Fp64Accumulation() { attention::cpu::set_math_fp64(saved); }
+  } fp64;
+  const attention::Backend& math = *attention::find_backend(BackendId::Math, DeviceKind::CPU);
+  attention::AttnParams p = attention::params_for(in.q, in.k, attention::MaskType::None);
+  p.has_bias = true;
+  const Tensor bias = testing::window_bias(attention::MaskType::CausalTopLeft, prob.window, prob.seq, prob.seq);
+  const int64_t b = prob.batch, s = prob.seq, hq = prob.heads_q, hkv = prob.heads_kv, d = prob.head_dim;
+  check::AttnResults r{Tensor::empty({b, s, hq, d}, DType::F64), Tensor::empty({b, hq, s}, DType::F32),
+                       Tensor::empty({b, s, hq, d}, DType::F64), Tensor::empty({b, s, hkv, d}, DType::F64),
+                       Tensor::empty({b, s, hkv, d}, DType::F64)};
+  attention::AttnForwardArgs f;
+  f.q = in.q, f.k = in.k, f.v = in.v, f.o = r.o, f.lse = r.lse, f.bias = bias;
+  math.forward(p, f);
+  attention::AttnBackwardArgs g;
+  g.q = in.q, g.k = in.k, g.v = in.v, g.o = r.o, g.dout = in.dout, g.lse = r.lse, g.bias = bias;
+  g.dq = r.dq, g.dk = r.dk, g.dv = r.dv;
+  math.backward(p, g);
+  return r;
 }
 
 class CpParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CpParity, MatchesTheSingleRankReference) {
   const Case& c = GetParam();
-  const check::AttnProblem prob{c.batch, c.seq, c.heads_q, c.heads_kv, c.head_dim, c.causal, c.dtype};
+  const check::AttnProblem prob{c.batch, c.seq, c.heads_q, c.heads_kv, c.head_dim, c.causal, c.dtype, c.window};
   const check::AttnInputs in = check::random_inputs(prob, testing::fresh_seed());
-  const check::AttnResults ref = check::reference_attention(prob, in);
+  const check::AttnResults ref =
+      c.window > 0 ? bias_window_reference(prob, in) : check::reference_attention(prob, in);
 
   testing::RootListGuard guard;
   attention::set_root_backends({c.block_backend}, "test");

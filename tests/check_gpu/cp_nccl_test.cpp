@@ -1,6 +1,6 @@
 // Context parallelism on two GPUs through NCCL: for every GPU backend, ring, all-gather and all-to-all, causal and
-// not, GQA, lengths that need padding and one long sequence, CP attention equals the single-GPU result of the same
-// backend on the same inputs (O, LSE, dQ, dK, dV within the bf16 bar). Also the narrowing rule on the GPU: with a
+// not, GQA, lengths that need padding and one long sequence, sliding windows (all-gather and all-to-all), CP attention
+// equals the single-GPU result of the same backend on the same inputs (O, LSE, dQ, dK, dV within the bf16 bar). Also the narrowing rule on the GPU: with a
 // model scope listing all four backends inside CP, only CP-capable implementations run.
 // The parent tests start this program on two ranks (launch_local); the CpRank tests run inside those ranks.
 #include <gtest/gtest.h>
@@ -47,6 +47,7 @@ struct Case {
   bool causal;
   int64_t seq, heads_q, heads_kv;
   bool keep_kv = true;  // ring: the backward starts on the forward's last KV block, or fetches it
+  int64_t window = 0;
 };
 
 // bf16: both sides round fp32 results of the same products to 8 mantissa bits, in another order; 1e-2 relative
@@ -67,6 +68,11 @@ TEST(CpRank, EveryGpuBackendMatchesOneGpu) {
       for (bool causal : {true, false}) cases.push_back({b, c, causal, seq, 8, 2});
     }
     cases.push_back({b, CpComm::Ring, true, 4099, 8, 2, /*keep_kv=*/false});
+    // Windows inside a chunk (1025 rows here) and across chunks. cuDNN takes a window only top-left with Sq <= Skv,
+    // which all-to-all's whole-sequence call is and all-gather's bottom-right blocks are not.
+    for (CpComm c : {CpComm::AllGather, CpComm::AllToAll})
+      for (int64_t w : {700, 2500})
+        if (b != BackendId::Cudnn || c == CpComm::AllToAll) cases.push_back({b, c, true, 4099, 8, 2, true, w});
   }
   ASSERT_FALSE(cases.empty()) << "no GPU backend is declared CP-capable";
   for (BackendId b : {BackendId::Flash, BackendId::Cudnn, BackendId::Efficient}) {
@@ -77,13 +83,14 @@ TEST(CpRank, EveryGpuBackendMatchesOneGpu) {
   for (const Case& c : cases) {
     attention::set_root_backends({c.backend}, "test");
     DeviceRunOptions opt;
-    opt.prob = {1, c.seq, c.heads_q, c.heads_kv, 128, c.causal, DType::BF16};
+    opt.prob = {1, c.seq, c.heads_q, c.heads_kv, 128, c.causal, DType::BF16, c.window};
     opt.config.comm = c.comm;
     opt.seed = seed + c.seq;
     opt.keep_kv = c.keep_kv;
     const DeviceRunResult r = run_cp_on_device(*comm, opt);
     const std::string what = cat(attention::backend_name(c.backend), " ", cp_comm_name(c.comm), c.causal ? " causal" : "",
-                                 " S=", c.seq, c.keep_kv ? "" : " (fetch)");
+                                 " S=", c.seq, c.keep_kv ? "" : " (fetch)",
+                                 c.window > 0 ? cat(" window=", c.window) : std::string());
     if (comm->rank() == 0)
       std::printf("%s: O %.2e LSE %.2e dQ %.2e dK %.2e dV %.2e\n", what.c_str(), r.err_o, r.err_lse, r.err_dq, r.err_dk,
                   r.err_dv);

@@ -1,5 +1,6 @@
 // CP attention refuses what it cannot do with a clear message: all-to-all with heads not divisible by cp, a local
-// shard of the wrong length, packed sequences, an additive bias and a sliding window through the dense entry points.
+// shard of the wrong length, packed sequences and an additive bias through the dense entry points, and a sliding
+// window in ring attention over several ranks.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -67,11 +68,34 @@ TEST(CpArguments, PackedAndWrongLengthsAreRejectedClearly) {
   p.has_bias = false;
   a.bias = {};
   p.window = 4;
-  const std::string window = cp_forward_error(p, a, 10);
-  EXPECT_NE(window.find("a sliding window (cpu fp32 B=1 Hq=2 Hkv=2 D=32 Sq=10 Skv=10 mask=causal_top_left window=4) "
-                        "is not supported under context parallelism"),
-            std::string::npos)
-      << window;
+  EXPECT_EQ(cp_forward_error(p, a, 10), "");  // one rank: the ring's own block is the whole sequence
+}
+
+TEST(CpArguments, RingAttentionOverSeveralRanksRefusesASlidingWindow) {
+  for (CpComm comm : {CpComm::Ring, CpComm::AllGather, CpComm::AllToAll}) {
+    std::string error;
+    try {
+      comm::run_ranks(2, std::chrono::milliseconds(5000), [&](comm::Communicator& c) {
+        const Tensor q = Tensor::zeros({1, 6, 2, 32}, DType::F32);
+        const Tensor o = Tensor::empty({1, 6, 2, 32}, DType::F32), lse = Tensor::empty({1, 2, 6}, DType::F32);
+        attention::AttnParams p = attention::params_for(q, q, attention::MaskType::CausalTopLeft);
+        p.window = 4;
+        cp::CpConfig cfg;
+        cfg.comm = comm;
+        cp::attention_forward(c, cfg, p, {q, q, q, o, lse}, 12);
+      });
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (comm != CpComm::Ring) {
+      EXPECT_EQ(error, "") << cp::cp_comm_name(comm);
+      continue;
+    }
+    for (const char* part : {"ring attention forward: a sliding window (cpu fp32 B=1 Hq=2 Hkv=2 D=32 Sq=6 Skv=6 "
+                             "mask=causal_top_left window=4) is not supported by ring attention",
+                             "parallel.cp_comm or --cp-comm = allgather or a2a"})
+      EXPECT_NE(error.find(part), std::string::npos) << error;
+  }
 }
 
 }  // namespace

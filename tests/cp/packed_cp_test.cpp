@@ -1,6 +1,7 @@
 // Packed documents under context parallelism: each document zigzag-sharded on its own, every CP algorithm per
 // document, against the single-rank fp64 math reference on the whole packed batch (THD with cu_seqlens, so no token
-// may see another document). fp32: accumulation-order differences only, 1e-5 relative.
+// may see another document), sliding windows included (all-gather and all-to-all). fp32: accumulation-order
+// differences only, 1e-5 relative.
 #include <gtest/gtest.h>
 
 #include <tuple>
@@ -31,11 +32,11 @@ struct Packed {
   }
 };
 
-// (cp, comm, causal, heads_q, heads_kv)
-class PackedCp : public ::testing::TestWithParam<std::tuple<int, CpComm, bool, int, int>> {};
+// (cp, comm, causal, heads_q, heads_kv, sliding window or 0)
+class PackedCp : public ::testing::TestWithParam<std::tuple<int, CpComm, bool, int, int, int>> {};
 
 TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
-  const auto [cp, comm_kind, causal, hq, hkv] = GetParam();
+  const auto [cp, comm_kind, causal, hq, hkv, window] = GetParam();
   const std::vector<int64_t> lens = {7, 1, 33, 20, 12};
   const int64_t d = 32;
   int64_t total = 0;
@@ -55,6 +56,7 @@ TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
   p.seqlen_q = p.seqlen_kv = 33;
   p.mask = causal ? attention::MaskType::CausalTopLeft : attention::MaskType::None;
   p.packed = true;
+  p.window = window;
   const auto& math = *attention::find_backend(BackendId::Math, DeviceKind::CPU);
   math.forward(p, {g.q, g.k, g.v, g.o, g.lse, cu, cu});
   math.backward(p, {g.q, g.k, g.v, g.o, g.dout, g.lse, g.dq, g.dk, g.dv, false, cu, cu});
@@ -94,10 +96,11 @@ TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Docs, PackedCp,
-    ::testing::Values(std::tuple{2, CpComm::Ring, true, 4, 2}, std::tuple{2, CpComm::Ring, false, 4, 1},
-                      std::tuple{3, CpComm::Ring, true, 4, 2}, std::tuple{4, CpComm::AllGather, true, 4, 2},
-                      std::tuple{3, CpComm::AllGather, false, 2, 2}, std::tuple{2, CpComm::AllToAll, true, 4, 2},
-                      std::tuple{4, CpComm::AllToAll, false, 8, 4}));
+    ::testing::Values(std::tuple{2, CpComm::Ring, true, 4, 2, 0}, std::tuple{2, CpComm::Ring, false, 4, 1, 0},
+                      std::tuple{3, CpComm::Ring, true, 4, 2, 0}, std::tuple{4, CpComm::AllGather, true, 4, 2, 0},
+                      std::tuple{3, CpComm::AllGather, false, 2, 2, 0}, std::tuple{2, CpComm::AllToAll, true, 4, 2, 0},
+                      std::tuple{4, CpComm::AllToAll, false, 8, 4, 0}, std::tuple{3, CpComm::AllGather, true, 4, 2, 5},
+                      std::tuple{4, CpComm::AllGather, true, 4, 1, 1}, std::tuple{2, CpComm::AllToAll, true, 4, 2, 9}));
 
 }  // namespace
 }  // namespace ringtrain

@@ -21,12 +21,20 @@ using Clock = std::chrono::steady_clock;
 
 std::string AttnProblem::describe() const {
   return cat(dtype_name(dtype), " B=", batch, " S=", seq, " Hq=", heads_q, " Hkv=", heads_kv, " D=", head_dim,
-             causal ? " causal" : " non-causal");
+             causal ? " causal" : " non-causal", window > 0 ? cat(" window=", window) : std::string());
+}
+
+AttnParams AttnProblem::params(const TensorView& q, const TensorView& k) const {
+  AttnParams p = attention::params_for(q, k, mask());
+  p.window = window;
+  return p;
 }
 
 double AttnProblem::forward_flops() const {
-  const double f = 4.0 * batch * heads_q * static_cast<double>(seq) * seq * head_dim;
-  return causal ? f / 2 : f;
+  const double per_pair = 4.0 * batch * heads_q * head_dim, s = static_cast<double>(seq);
+  if (!causal) return per_pair * s * s;
+  if (window > 0 && window < seq) return per_pair * (s * window - 0.5 * window * window);
+  return per_pair * s * s / 2;
 }
 
 AttnBuffers::AttnBuffers(const AttnProblem& p, int64_t len, Device dev)
@@ -138,7 +146,7 @@ AttnResults math_attention(const AttnProblem& p, const AttnInputs& in, DType out
   const MathFp64Scope accumulation(out == DType::F64);
   const attention::Backend* math = attention::find_backend(attention::BackendId::Math, DeviceKind::CPU);
   RT_CHECK(math, "the CPU math backend is missing from the registry");
-  const AttnParams params = attention::params_for(in.q, in.k, p.mask());
+  const AttnParams params = p.params(in.q, in.k);
   AttnResults r = host_results(p, out);
   attention::AttnForwardArgs fa;
   fa.q = in.q, fa.k = in.k, fa.v = in.v, fa.o = r.o, fa.lse = r.lse;
@@ -180,7 +188,7 @@ AttnResults attention_on_device(const AttnProblem& p, const AttnInputs& in, Devi
   copy(b.v, in.v);
   copy(b.dout, in.dout);
   b.poison_outputs();
-  const AttnParams params = attention::params_for(b.q, b.k, p.mask());
+  const AttnParams params = p.params(b.q, b.k);
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(1);
   AttnResults r = host_results(p, p.dtype);
   synchronize(dev);
@@ -211,7 +219,7 @@ AttnResults cp_attention_on_ranks(const AttnProblem& p, const AttnInputs& in, co
     cp::shard(in.dout, 1, l, local.dout);
     local.poison_outputs();
 
-    const AttnParams params = attention::params_for(local.q, local.k, p.mask());
+    const AttnParams params = p.params(local.q, local.k);
     std::optional<attention::BackendScope> model;
     if (!opt.model_scope.empty()) model.emplace("model", opt.model_scope);
     c.barrier();

@@ -19,10 +19,14 @@ struct AttnProblem {
   int64_t batch = 1, seq = 0, heads_q = 1, heads_kv = 1, head_dim = 64;
   bool causal = true;
   DType dtype = DType::F32;
+  int64_t window = 0;  // sliding window in keys (AttnParams::window; causal only), 0: none
   std::string describe() const;
   attention::MaskType mask() const { return causal ? attention::MaskType::CausalTopLeft : attention::MaskType::None; }
-  // 4*B*Hq*S*S*D for the forward, halved when causal (as bench/compare_torch.py counts it); a training step's
-  // forward+backward counts 3.5 times that.
+  // The params of a call on (q, k) of this problem: its mask and window.
+  attention::AttnParams params(const TensorView& q, const TensorView& k) const;
+  // 4*B*Hq*S*S*D for the forward, halved when causal (as bench/compare_torch.py counts it); with a window w < S,
+  // 4*B*Hq*(S*w - w*w/2)*D, the same approximation of the keys seen; a training step's forward+backward counts 3.5
+  // times that.
   double forward_flops() const;
 };
 

@@ -48,7 +48,8 @@ void add_attention_check_command(CLI::App& app) {
   o->shape.add_to(*cmd, AttnShapeOptions::kDevice | AttnShapeOptions::kCp | AttnShapeOptions::kCpComm |
                             AttnShapeOptions::kBatch |
                             AttnShapeOptions::kSeq | AttnShapeOptions::kHeads | AttnShapeOptions::kHeadDim |
-                            AttnShapeOptions::kCausal | AttnShapeOptions::kDtype | AttnShapeOptions::kBackends);
+                            AttnShapeOptions::kCausal | AttnShapeOptions::kWindow | AttnShapeOptions::kDtype |
+                            AttnShapeOptions::kBackends);
   // The last --seed wins: the GPU ranks are started with the seed appended (gpu_cp_attention_check).
   cmd->add_option("--seed", o->seed, "random seed (default: a fresh one, printed)")
       ->check(seed_check())

@@ -16,8 +16,8 @@ void add_backends_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("backends", "Explain the attention backend selection for a call");
   o->add_to(*cmd, AttnShapeOptions::kDevice | AttnShapeOptions::kDtype | AttnShapeOptions::kBatch |
                       AttnShapeOptions::kHeads | AttnShapeOptions::kHeadDim | AttnShapeOptions::kSeq |
-                      AttnShapeOptions::kKvSeq | AttnShapeOptions::kCausal | AttnShapeOptions::kMask |
-                      AttnShapeOptions::kCp | AttnShapeOptions::kBackends);
+                      AttnShapeOptions::kKvSeq | AttnShapeOptions::kCausal | AttnShapeOptions::kWindow |
+                      AttnShapeOptions::kMask | AttnShapeOptions::kCp | AttnShapeOptions::kBackends);
   cmd->callback([o] {
     using namespace attention;
     const RootBackends root(o->backends, "--backends");

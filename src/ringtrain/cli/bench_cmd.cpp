@@ -83,7 +83,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = bench->add_subcommand("attention", "Time attention backends on one GPU (forward, forward+backward)");
   o->shape.add_to(*cmd, AttnShapeOptions::kBackends | AttnShapeOptions::kSeqList | AttnShapeOptions::kBatch |
                             AttnShapeOptions::kHeads | AttnShapeOptions::kHeadDim | AttnShapeOptions::kCausal |
-                            AttnShapeOptions::kDtype);
+                            AttnShapeOptions::kWindow | AttnShapeOptions::kDtype);
   add_bounded(*cmd, "--iters", o->iters, "timed iterations (median reported)", 1, kMaxIters)->capture_default_str();
   add_bounded(*cmd, "--warmup", o->warmup, "untimed iterations first", 0, kMaxIters)->capture_default_str();
   cmd->add_option("--json", o->json, "also write the results to this JSON file");

@@ -62,7 +62,8 @@ void add_bench_cp_command(CLI::App& app) {
   CLI::App* cmd = bench->add_subcommand("cp", "Time context-parallel attention on several GPUs (forward+backward)");
   o->shape.add_to(*cmd, AttnShapeOptions::kCp | AttnShapeOptions::kSeqList | AttnShapeOptions::kBackends |
                             AttnShapeOptions::kCpComm | AttnShapeOptions::kBatch | AttnShapeOptions::kHeads |
-                            AttnShapeOptions::kHeadDim | AttnShapeOptions::kDtype | AttnShapeOptions::kCausal);
+                            AttnShapeOptions::kHeadDim | AttnShapeOptions::kDtype | AttnShapeOptions::kCausal |
+                            AttnShapeOptions::kWindow);
   add_bounded(*cmd, "--iters", o->iters, "timed iterations (median reported)", 1, kMaxIters)->capture_default_str();
   add_bounded(*cmd, "--warmup", o->warmup, "untimed iterations first", 0, kMaxIters)->capture_default_str();
   cmd->add_flag("--check", o->check, "also compare with the single-GPU result (parity)");

@@ -81,6 +81,10 @@ void AttnShapeOptions::add_to(CLI::App& cmd, unsigned fields) {
         ->check(parser_check("MASK", [](const std::string& s) { attention::parse_mask(s); }));
     cmd.add_flag("--packed", packed, "packed sequences (THD with cu_seqlens)");
   }
+  if (fields & kWindow)
+    add_bounded(cmd, "--window", window, "sliding window: a query sees its W most recent keys (causal only; 0: none)",
+                int64_t{0}, kMaxSeq)
+        ->capture_default_str();
   if (fields & kCp) add_bounded(cmd, "--cp", cp, "context-parallel size (ranks)", 1, kMaxRanks)->capture_default_str();
   if (fields & kCpComm) {
     cmd.add_option("--cp-comm,--comm", cp_comm, "ring, allgather or a2a (heads divisible by cp)")
@@ -106,7 +110,10 @@ check::AttnProblem AttnShapeOptions::problem(int64_t seq_len) const {
   // The largest tensor of the problem is q (or dO, O, dQ): batch * seq * heads * head_dim elements.
   checked_mul(checked_mul(checked_mul(batch, seq_len, "--batch * --seq"), heads, "--batch * --seq * --heads"),
               head_dim, "--batch * --seq * --heads * --head-dim");
-  return check::AttnProblem{batch, seq_len, heads, hkv, head_dim, causal, parsed_dtype()};
+  RT_CHECK(window == 0 || parsed_mask() != attention::MaskType::None, "--window ", window,
+           " needs a causal mask (--causal)");
+  return check::AttnProblem{batch, seq_len, heads, hkv, head_dim, parsed_mask() != attention::MaskType::None,
+                            parsed_dtype(), window};
 }
 
 attention::AttnParams AttnShapeOptions::params(int64_t seq_len) const {
@@ -123,6 +130,7 @@ attention::AttnParams AttnShapeOptions::params(int64_t seq_len) const {
   checked_mul(checked_mul(batch, p.seqlen_kv, "--batch * --kv-seq"), heads, "--batch * --kv-seq * --heads");
   p.mask = parsed_mask();
   p.packed = packed;
+  p.window = window;
   return p;
 }
 

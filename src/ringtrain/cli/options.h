@@ -61,9 +61,11 @@ struct AttnShapeOptions {
     kCp = 1u << 10,
     kCpComm = 1u << 11,  // --cp-comm (alias --comm)
     kBackends = 1u << 12,
+    kWindow = 1u << 13,  // --window (sliding window; causal masks only)
   };
   std::string device = "cpu", dtype = "fp32", mask, cp_comm = "ring", backends;
   int64_t batch = 1, seq = 4096, kv_seq = 0, heads = 8, kv_heads = 0, head_dim = 64;  // 0: as --seq / --heads
+  int64_t window = 0;                                                                   // 0: none
   std::vector<int64_t> seqs;
   bool causal = false, packed = false;
   int cp = 1;
@@ -75,8 +77,8 @@ struct AttnShapeOptions {
   DType parsed_dtype() const { return parse_dtype(dtype); }
   cp::CpComm parsed_comm() const { return cp::parse_cp_comm(cp_comm); }
   attention::MaskType parsed_mask() const;  // --mask, else --causal (top-left) or none
-  // The problem for one sequence length; throws unless heads is a multiple of kv_heads and the tensors' element
-  // counts fit 64 bits.
+  // The problem for one sequence length; throws unless heads is a multiple of kv_heads, the tensors' element
+  // counts fit 64 bits and a window comes with a causal mask.
   check::AttnProblem problem(int64_t seq_len) const;
   // The call's parameters (seqlen_kv: --kv-seq, else seq_len); the same checks as problem().
   attention::AttnParams params(int64_t seq_len) const;

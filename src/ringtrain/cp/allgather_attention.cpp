@@ -1,8 +1,12 @@
 // All-gather-KV CP. Rank s's local block [chunk s | chunk 2cp-1-s] is gathered in rank order and scattered into
 // a [B, padded_len, Hkv, D] global-order tensor; each local query chunk j (global rows [j*c, j*c + valid)) then
 // attends keys [0, j*c + valid) with bottom-right causal alignment (its last query sees the last key), or all
-// valid keys without a mask. dK/dV of the global tensor (fp32) go back to rank order and are reduce-scattered.
+// valid keys without a mask. Under a sliding window w the keys start at the first row's window, j*c + 1 - w, and
+// the window goes with the call: bottom-right alignment puts each row's window where the global sequence has it.
+// dK/dV of the global tensor (fp32) go back to rank order and are reduce-scattered.
 #include "ringtrain/cp/allgather_attention.h"
+
+#include <algorithm>
 
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/error.h"
@@ -36,17 +40,19 @@ KvPack gather_kv(comm::Communicator& comm, const ZigzagLayout& l, const AttnPara
   return global;
 }
 
-// Local query chunk h (0: chunk r, 1: chunk 2cp-1-r): its valid rows and the keys they attend.
+// Local query chunk h (0: chunk r, 1: chunk 2cp-1-r): its valid rows and the global keys [k_start, k_start + nk)
+// they attend.
 struct ChunkBlock {
-  int64_t q_start = 0, nq = 0, nk = 0;
+  int64_t q_start = 0, nq = 0, k_start = 0, nk = 0;
   MaskType mask = MaskType::None;
 };
 
-ChunkBlock chunk_block(const ZigzagLayout& l, bool causal, int h) {
+ChunkBlock chunk_block(const ZigzagLayout& l, const AttnParams& p, int h) {
   const int64_t c = l.chunk_len(), j = h == 0 ? l.rank : 2 * l.cp - 1 - l.rank;
   const int64_t nq = l.chunk_valid(j);
-  if (!causal) return {h * c, nq, l.global_len, MaskType::None};
-  return {h * c, nq, j * c + nq, MaskType::CausalBottomRight};
+  if (!is_causal(p)) return {h * c, nq, 0, l.global_len, MaskType::None};
+  const int64_t k_start = p.window > 0 ? std::max<int64_t>(0, j * c + 1 - p.window) : 0;
+  return {h * c, nq, k_start, j * c + nq - k_start, MaskType::CausalBottomRight};
 }
 
 }  // namespace
@@ -62,10 +68,10 @@ void allgather_attention_forward(comm::Communicator& comm, const AttnParams& p, 
   Tensor lse_acc = empty_like(a.lse, DType::F32, dev);
   fill_neg_inf(lse_acc, a.stream);
   for (int h = 0; h < 2; ++h) {
-    const ChunkBlock blk = chunk_block(l, is_causal(p), h);
+    const ChunkBlock blk = chunk_block(l, p, h);
     if (blk.nq > 0)
-      block_forward(p, a, blk.q_start, blk.nq, kv.k, kv.v, blk.nk, blk.mask, rows(o_acc, blk.q_start, blk.nq),
-                    lse_rows(lse_acc, blk.q_start, blk.nq));
+      block_forward(p, a, blk.q_start, blk.nq, rows(kv.k, blk.k_start, blk.nk), rows(kv.v, blk.k_start, blk.nk),
+                    blk.nk, blk.mask, rows(o_acc, blk.q_start, blk.nq), lse_rows(lse_acc, blk.q_start, blk.nq));
   }
   copy_async(a.o, o_acc, a.stream);
   copy_async(a.lse, lse_acc, a.stream);
@@ -82,8 +88,10 @@ void allgather_attention_backward(comm::Communicator& comm, const AttnParams& p,
   Tensor dq_acc = zeros_like(a.q, DType::F32, dev);
   const KvPack dkv = make_kv_pack(a.k, l.padded_len(), DType::F32, dev, true);
   for (int h = 0; h < 2; ++h) {
-    const ChunkBlock blk = chunk_block(l, is_causal(p), h);
-    if (blk.nq > 0) block_backward(p, a, blk.q_start, blk.nq, kv.k, kv.v, blk.nk, blk.mask, dq_acc, dkv.k, dkv.v);
+    const ChunkBlock blk = chunk_block(l, p, h);
+    if (blk.nq > 0)
+      block_backward(p, a, blk.q_start, blk.nq, rows(kv.k, blk.k_start, blk.nk), rows(kv.v, blk.k_start, blk.nk),
+                     blk.nk, blk.mask, dq_acc, rows(dkv.k, blk.k_start, blk.nk), rows(dkv.v, blk.k_start, blk.nk));
   }
   // Back to rank order (block s = rank s's local layout), then every rank gets the sum of its block.
   const size_t block_count = 2 * static_cast<size_t>(a.k.shape[0] * l.local_len() * a.k.shape[2] * a.k.shape[3]);

@@ -19,7 +19,6 @@ ZigzagLayout check_cp_call(const char* what, const comm::Communicator& comm, con
            p.describe(), ")");
   RT_CHECK(!p.has_bias, what, ": an additive attention bias is not supported under context parallelism (",
            p.describe(), ")");
-  RT_CHECK(p.window == 0, what, ": a sliding window (", p.describe(), ") is not supported under context parallelism");
   RT_CHECK(p.device == comm.device(), what, ": tensors are on ", device_name(p.device), " but the communicator's ",
            "buffers are on ", device_name(comm.device()));
   ZigzagLayout l(comm.size(), comm.rank(), global_len);
@@ -40,6 +39,9 @@ AttnParams block_params(const AttnParams& local, int64_t sq, int64_t skv, MaskTy
   b.seqlen_kv = skv;
   b.mask = m;
   b.softmax_scale = local.scale();
+  // The last row's window starts latest: when it starts at key 0, the window hides nothing in this block, and the
+  // backends that take no window stay eligible for it.
+  if (m == MaskType::None || attention::key_start(m, local.window, sq - 1, sq, skv) == 0) b.window = 0;
   return b;
 }
 

@@ -10,13 +10,16 @@
 
 namespace ringtrain::cp {
 
-// Checks a local CP call (not packed, mask none or causal, local shapes, device of the communicator) and returns
-// this rank's layout. `what` names the entry point in errors.
+// Checks a local CP call (not packed, no bias, mask none or causal, local shapes, device of the communicator) and
+// returns this rank's layout. `what` names the entry point in errors. A sliding window (local.window, over the global
+// sequence) passes: each algorithm serves it or refuses it.
 ZigzagLayout check_cp_call(const char* what, const comm::Communicator& comm, const attention::AttnParams& local,
                            int64_t global_len);
 bool is_causal(const attention::AttnParams& local);
 
-// The params of one block call: sq queries against skv keys with mask m (the scale made explicit).
+// The params of one block call: sq queries against skv keys with mask m (the scale made explicit), keeping the
+// local window (the keys must then end at the block's diagonal, as a bottom-right mask aligns them) unless it hides
+// no key of the block.
 attention::AttnParams block_params(const attention::AttnParams& local, int64_t sq, int64_t skv,
                                    attention::MaskType m);
 

@@ -33,6 +33,18 @@ struct RingBlock {
   bool empty() const { return nq == 0 || nk == 0; }
 };
 
+// A block of another rank's keys lies wholly before the diagonal of the rows that see it, so under a sliding window
+// it would need a mask bounded below only (key j visible from row i when j > i - w), which no backend takes.
+ZigzagLayout check_ring_call(const char* what, const comm::Communicator& comm, const AttnParams& p,
+                             int64_t global_len) {
+  const ZigzagLayout l = check_cp_call(what, comm, p, global_len);
+  RT_CHECK(p.window == 0 || l.cp == 1, what, ": a sliding window (", p.describe(),
+           ") is not supported by ring attention: a block of another rank's keys would need a mask bounded below "
+           "only; the all-gather and all-to-all algorithms serve windows (parallel.cp_comm or --cp-comm = allgather "
+           "or a2a)");
+  return l;
+}
+
 // Every block's rows end at the last valid row.
 RingBlock ring_block(const ZigzagLayout& l, bool causal, int src) {
   const int64_t c = l.chunk_len(), valid = l.valid_len();
@@ -75,7 +87,7 @@ std::unique_ptr<comm::Request> send_kv(comm::Communicator& comm, const TensorVie
 
 void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
                             int64_t global_len, KeptKv* kept) {
-  const ZigzagLayout l = check_cp_call("ring attention forward", comm, p, global_len);
+  const ZigzagLayout l = check_ring_call("ring attention forward", comm, p, global_len);
   attention::validate(p, a);
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
   const Device dev = comm.device();
@@ -125,7 +137,7 @@ void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const
 
 void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
                              int64_t global_len, KeptKv* kept) {
-  const ZigzagLayout l = check_cp_call("ring attention backward", comm, p, global_len);
+  const ZigzagLayout l = check_ring_call("ring attention backward", comm, p, global_len);
   attention::validate(p, a);
   RT_CHECK(!a.accumulate, "ring attention backward: accumulate=true is not supported under context parallelism");
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);

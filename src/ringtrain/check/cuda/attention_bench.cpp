@@ -29,6 +29,7 @@ AttentionBenchRow bench_attention_backend(attention::BackendId id, const AttnPro
   p.head_dim = prob.head_dim;
   p.seqlen_q = p.seqlen_kv = prob.seq;
   p.mask = prob.mask();
+  p.window = prob.window;
   const auto reasons = be->unsupported_reasons(p);
   if (!reasons.empty()) {
     row.status = reasons.front();

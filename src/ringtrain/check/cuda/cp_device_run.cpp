@@ -41,8 +41,8 @@ DeviceRunResult run_cp_on_device(comm::Communicator& comm, const DeviceRunOption
   cp::shard(whole.k, 1, l, local.k);
   cp::shard(whole.v, 1, l, local.v);
   cp::shard(whole.dout, 1, l, local.dout);
-  const attention::AttnParams lp = attention::params_for(local.q, local.k, p.mask());
-  const attention::AttnParams wp = attention::params_for(whole.q, whole.k, p.mask());
+  const attention::AttnParams lp = p.params(local.q, local.k);
+  const attention::AttnParams wp = p.params(whole.q, whole.k);
   {
     const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(comm.size());
     res.selection = attention::explain(lp).report();
