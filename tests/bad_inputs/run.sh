@@ -131,8 +131,12 @@ rm -rf win_zero && cp -r mi win_zero && set_key win_zero sliding_window 0
 expect_error config-zero-sliding-window "key 'sliding_window' = 0: must be in \\[1, " \
   "$bin" logprobs --model win_zero --data five.jsonl
 rm -rf win_cp && cp -r mi win_cp && set_key win_cp sliding_window 2
-expect_error window-under-cp 'a sliding window .*window=2.* is not supported under context parallelism' \
+expect_error window-under-ring-cp "'sliding_window' = 2 is shorter than sequences of up to 5 tokens.*parallel.cp_comm = ring cannot run.*use parallel.cp_comm = allgather or a2a" \
   "$bin" logprobs --model win_cp --data five.jsonl --cp 2
+expect_error window-without-causal-mask '--window 4 needs a causal mask \(--causal\)' \
+  "$bin" attention-check --cp 2 --seq 16 --comm allgather --window 4
+expect_error window-negative '--window: Value -3 not in range' \
+  "$bin" attention-check --cp 2 --seq 16 --comm allgather --causal --window -3
 
 # --- safetensors ---
 st_size=$(stat -c %s ck/model.safetensors)

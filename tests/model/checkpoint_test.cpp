@@ -347,13 +347,18 @@ TEST(HfConfig, BadSlidingWindowKeysAreNamed) {
   }
 }
 
-TEST(HfConfig, ContextParallelRefusesAWindowShorterThanTheSequence) {
+TEST(HfConfig, RingAttentionRefusesAWindowShorterThanTheSequence) {
+  using cp::CpComm;
   ModelConfig c = testing::tiny_config(model::Arch::Mistral);
   c.sliding_window = 16;
-  EXPECT_NO_THROW(model::check_context_parallel_supported(c, 17, 1));
-  EXPECT_NO_THROW(model::check_context_parallel_supported(c, 16, 2));  // a window covering the sequence is none
-  expect_error([&] { model::check_context_parallel_supported(c, 17, 2); },
-               {"'sliding_window' = 16", "17 tokens", "parallel.cp = 2"});
+  EXPECT_NO_THROW(model::check_context_parallel_supported(c, 17, 1, CpComm::Ring));
+  // a window covering the sequence is none
+  EXPECT_NO_THROW(model::check_context_parallel_supported(c, 16, 2, CpComm::Ring));
+  expect_error([&] { model::check_context_parallel_supported(c, 17, 2, CpComm::Ring); },
+               {"'sliding_window' = 16", "17 tokens", "parallel.cp = 2", "parallel.cp_comm = ring",
+                "use parallel.cp_comm = allgather or a2a"});
+  EXPECT_NO_THROW(model::check_context_parallel_supported(c, 17, 2, CpComm::AllGather));
+  EXPECT_NO_THROW(model::check_context_parallel_supported(c, 17, 2, CpComm::AllToAll));
 }
 
 TEST_F(Checkpoint, DeferredReadsMatchLoadedBytesAndNameNonFiniteWeights) {

@@ -1,6 +1,7 @@
 // The model under context parallelism on in-process CPU ranks, each with its own Policy over the group: logprobs
 // (gathered back to token order) and the weight gradients (summed over the cp ranks) equal those of one rank, for
-// cp = 2 and 4, ring and all-gather, lengths that need padding and not. fp32 throughout: the CP merge and the per-rank reductions reorder fp32 sums,
+// cp = 2 and 4, ring, all-gather and all-to-all, lengths that need padding and not, and sliding windows shorter than
+// the sequence (Mistral on every layer; Qwen2 on some) with all-gather and all-to-all. fp32 throughout: the CP merge and the per-rank reductions reorder fp32 sums,
 // giving ~1e-6 differences; the bounds (2e-5 absolute on logprobs ~ -3.5, 1e-4 relative L2 on gradients) leave
 // margin yet catch any misplaced token or lost gradient.
 #include <gtest/gtest.h>
@@ -25,18 +26,25 @@ struct CpCase {
   cp::CpComm comm;
   int64_t seq;
   Arch arch;
+  int64_t window = 0;                // the model's sliding_window, 0: none
+  std::vector<bool> full_layers;     // full_attention_layers (3 layers when given)
 };
 
-void PrintTo(const CpCase& k, std::ostream* os) {
-  *os << "cp" << k.cp << " " << cp::cp_comm_name(k.comm) << " S=" << k.seq << " " << model::arch_model_type(k.arch);
+std::string case_name(const CpCase& k) {
+  return cat("cp", k.cp, "_", cp::cp_comm_name(k.comm), "_S", k.seq, "_", model::arch_model_type(k.arch),
+             k.window > 0 ? cat("_w", k.window, k.full_layers.empty() ? "" : "_mixed") : std::string());
 }
+void PrintTo(const CpCase& k, std::ostream* os) { *os << case_name(k); }
 
 class CpModel : public ::testing::TestWithParam<CpCase> {};
 
 TEST_P(CpModel, MatchesOneRank) {
   const CpCase k = GetParam();
   std::mt19937_64 rng(testing::fresh_seed());
-  const model::ModelConfig c = testing::tiny_config(k.arch, k.arch == Arch::Qwen3);
+  model::ModelConfig c =
+      testing::tiny_config(k.arch, k.arch == Arch::Qwen3, k.full_layers.empty() ? 2 : int64_t(k.full_layers.size()));
+  c.sliding_window = k.window;
+  c.full_attention_layers = k.full_layers;
   const std::vector<float> params = testing::tiny_params(c, rng);
   const std::vector<int32_t> ids = testing::random_ids(k.seq, c.vocab, rng);
   std::vector<float> d(ids.size());
@@ -61,6 +69,14 @@ TEST_P(CpModel, MatchesOneRank) {
     p->backward({d});
     grads[comm.rank()] = p->grads_by_layout();
   });
+  if (k.window > 0) {  // the window must change the result, else these cases would not test it
+    model::ModelConfig unwindowed = c;
+    unwindowed.sliding_window = 0, unwindowed.full_attention_layers.clear();
+    const std::vector<float> full = model::make_policy(unwindowed, params, o)->score(batch, false).logprobs[0];
+    float most = 0;
+    for (size_t p = 0; p < full.size(); ++p) most = std::max(most, std::fabs(full[p] - ref[p]));
+    EXPECT_GT(most, 1e-3f) << "the window changed nothing";
+  }
   for (int r = 0; r < k.cp; ++r) {
     ASSERT_EQ(lp[r].size(), ref.size());
     EXPECT_EQ(lp[r][0], 0.f);
@@ -82,11 +98,12 @@ INSTANTIATE_TEST_SUITE_P(
     Parity, CpModel,
     ::testing::Values(CpCase{2, cp::CpComm::Ring, 16, Arch::Llama}, CpCase{2, cp::CpComm::AllGather, 13, Arch::Qwen2},
                       CpCase{4, cp::CpComm::Ring, 21, Arch::Qwen3}, CpCase{4, cp::CpComm::AllGather, 24, Arch::Mistral},
-                      CpCase{4, cp::CpComm::Ring, 5, Arch::Llama}),
-    [](const auto& info) {
-      const CpCase& k = info.param;
-      return cat("cp", k.cp, "_", cp::cp_comm_name(k.comm), "_S", k.seq, "_", model::arch_model_type(k.arch));
-    });
+                      CpCase{4, cp::CpComm::Ring, 5, Arch::Llama}, CpCase{2, cp::CpComm::AllToAll, 15, Arch::Llama},
+                      CpCase{2, cp::CpComm::AllGather, 19, Arch::Mistral, 4},
+                      CpCase{4, cp::CpComm::AllGather, 21, Arch::Mistral, 7},
+                      CpCase{2, cp::CpComm::AllToAll, 17, Arch::Mistral, 3},
+                      CpCase{3, cp::CpComm::AllGather, 20, Arch::Qwen2, 5, {false, true, false}}),
+    [](const auto& info) { return case_name(info.param); });
 
 TEST(CpModelScopes, ModelAllowListNarrowsInsideCp) {
   // Under CP the model's allow-list still applies: a model that lists only math runs only math blocks.

@@ -283,13 +283,18 @@ TEST(WorkerConfig, ValidateAgainstTheModel) {
   EXPECT_NO_THROW(parse_config(kMinimal, "cfg.yaml").validate_against(windowed));
   const std::string long_sequences = "policy.max_total_sequence_length=2048";
   EXPECT_NO_THROW(parse_config(kMinimal, "cfg.yaml", {long_sequences}).validate_against(windowed));
-  try {  // refused before any weight is loaded: context-parallel attention takes no window
-    parse_config(kMinimal, "cfg.yaml", {long_sequences, "parallel.cp=2"}).validate_against(windowed);
-    ADD_FAILURE() << "a window shorter than the sequence accepted under parallel.cp = 2";
+  try {  // refused before any weight is loaded: ring attention takes no window
+    parse_config(kMinimal, "cfg.yaml", {long_sequences, "parallel.cp=2", "parallel.cp_comm=ring"})
+        .validate_against(windowed);
+    ADD_FAILURE() << "a window shorter than the sequence accepted under parallel.cp = 2 with the ring";
   } catch (const Error& e) {
-    for (const char* part : {"'sliding_window' = 1024", "parallel.cp = 2", "max_total_sequence_length = 2048"})
+    for (const char* part : {"'sliding_window' = 1024", "parallel.cp = 2", "parallel.cp_comm = ring",
+                             "max_total_sequence_length = 2048", "use parallel.cp_comm = allgather or a2a"})
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
   }
+  for (const char* comm : {"parallel.cp_comm=allgather", "parallel.cp_comm=a2a"})
+    EXPECT_NO_THROW(
+        parse_config(kMinimal, "cfg.yaml", {long_sequences, "parallel.cp=2", comm}).validate_against(windowed));
   windowed.sliding_window = 2048;  // covers every sequence: no window
   EXPECT_NO_THROW(parse_config(kMinimal, "cfg.yaml", {long_sequences, "parallel.cp=2"}).validate_against(windowed));
 }

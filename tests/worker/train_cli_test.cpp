@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/file_io.h"
@@ -130,6 +131,50 @@ TEST(TrainCli, DpCpMeshGivesTheSingleRankLosses) {
     EXPECT_NE(a.at(1), a.at(3)) << loss;
     EXPECT_TRUE(fs::is_directory(dir.path / "four" / "ckpt" / "step_3")) << loss;
   }
+}
+
+// A sliding window shorter than the sequences under context parallelism, end to end: a random Mistral checkpoint
+// (window 5, every layer) trains under dp x cp = 1 x 2 with all-gather and 2 x 2 with all-to-all to the single-rank
+// losses; the ring is refused before any weight is read; the same checkpoint without its window trains to other
+// losses (so the window is in effect).
+TEST(TrainCli, ASlidingWindowTrainsUnderAllGatherAndAllToAllAndTheRingIsRefused) {
+  const Deadline test_deadline(240);
+  TempDir dir("rt_train_window");
+  const fs::path data = dir.path / "data.jsonl", windowed = dir.path / "windowed", full = dir.path / "full";
+  write_data(data, "sft", 12, testing::fresh_seed());
+  model::ModelConfig c;
+  c.arch = model::Arch::Mistral;
+  c.vocab = 256, c.hidden = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.head_dim = 8, c.ffn = 64;
+  c.max_positions = 256;
+  const std::vector<float> weights = model::random_params(model::ParamLayout(c), testing::fresh_seed());
+  model::save_checkpoint(full, c, weights);
+  c.sliding_window = 5;
+  model::save_checkpoint(windowed, c, weights);
+  const auto run = [&](const fs::path& model, const std::string& name, int dp, int cp, const std::string& comm) {
+    return run_cli(train_args("sft", data, dir.path / name, dp, cp,
+                              "train.steps=3 policy.scheduler.total_steps=3 policy.dynamic_batching.enabled=false "
+                              "policy.model_name=" + model.string() + " parallel.cp_comm=" + comm));
+  };
+  const testing::CliResult one = run(windowed, "one", 1, 1, "ring");
+  ASSERT_EQ(one.code, 0) << one.output;
+  const auto want = losses(dir.path / "one" / "metrics");
+  ASSERT_EQ(want.size(), 3u);
+  for (const auto& [name, dp, comm] : {std::tuple{"allgather", 1, "allgather"}, std::tuple{"a2a", 2, "a2a"}}) {
+    const testing::CliResult r = run(windowed, name, dp, 2, comm);
+    ASSERT_EQ(r.code, 0) << name << ": " << r.output;
+    const auto got = losses(dir.path / name / "metrics");
+    ASSERT_EQ(got.size(), 3u) << name;
+    for (const auto& [step, value] : want)  // fp32, other reduction orders: as DpCpMeshGivesTheSingleRankLosses
+      EXPECT_NEAR(got.at(step), value, 1e-5 * std::max(1.0, std::abs(value))) << name << " step " << step;
+  }
+  const testing::CliResult ring = run(windowed, "ring", 1, 2, "ring");
+  EXPECT_NE(ring.code, 0) << ring.output;
+  for (const char* part : {"'sliding_window' = 5", "parallel.cp_comm = ring", "use parallel.cp_comm = allgather or a2a"})
+    EXPECT_NE(ring.output.find(part), std::string::npos) << ring.output;
+  EXPECT_FALSE(fs::exists(dir.path / "ring" / "metrics" / "metrics.jsonl")) << ring.output;
+  const testing::CliResult unwindowed = run(full, "full", 1, 1, "ring");
+  ASSERT_EQ(unwindowed.code, 0) << unwindowed.output;
+  EXPECT_GT(std::abs(losses(dir.path / "full" / "metrics").at(3) - want.at(3)), 1e-4) << "the window changed nothing";
 }
 
 // Starts `ringtrain ARGS` in the background, its output to `log` (discarded when empty), SIGINT ignored from the

@@ -1,6 +1,7 @@
 // `ringtrain logprobs`: next-token log-probabilities of token sequences under a checkpoint, one JSON line per
 // input line ({"logprobs": [S numbers]}, position 0 = 0), in input order. On the CPU in fp32 (--cp N: ranks are
 // threads); with --device cuda in bf16 on one GPU, or with --cp N on N GPUs (one process per GPU, NCCL).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/sys_error.h"
 #include "ringtrain/model/file_io.h"
+#include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/policy.h"
 #include "ringtrain/worker/data.h"
 
@@ -147,6 +149,14 @@ void add_logprobs_command(CLI::App& app) {
     }
     const ModelConfig config = load_config(o->model);
     const auto samples = read_samples(o->data, config);
+    size_t longest = 0;
+    for (const auto& s : samples) longest = std::max(longest, s.size());
+    try {  // before any weight is read
+      check_context_parallel_supported(config, static_cast<int64_t>(longest), o->cp, cfg.comm);
+    } catch (const Error& e) {
+      throw Error(cat("logprobs --model ", o->model, " with --cp ", o->cp, " --cp-comm ", o->cp_comm, " (the ",
+                      "config's parallel.cp and parallel.cp_comm): ", e.what()));
+    }
     PolicyOptions po;
     po.device = device;
     po.dtype = device.is_cuda() ? DType::BF16 : DType::F32;

@@ -28,7 +28,8 @@ class CpAttention final : public SequenceAttention {
   }
 
  private:
-  // A window shorter than the sequence stays in the params, where the CP layer refuses it naming them.
+  // A window shorter than the sequence stays in the params: all-gather and all-to-all serve it, the ring refuses it
+  // naming them.
   attention::AttnParams params(const TensorView& q, const TensorView& k, int64_t window) const {
     attention::AttnParams p = attention::params_for(q, k, attention::MaskType::CausalTopLeft);
     p.window = masking_window(window, global_len_);

@@ -305,10 +305,11 @@ void check_sequence_supported(const ModelConfig& c, int64_t total_tokens) {
            " tokens is longer than config key 'max_position_embeddings' = ", c.max_positions);
 }
 
-void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp) {
-  RT_CHECK(cp <= 1 || c.sliding_window == 0 || total_tokens <= c.sliding_window, "config key 'sliding_window' = ",
-           c.sliding_window, " is shorter than sequences of up to ", total_tokens, " tokens, which parallel.cp = ", cp,
-           " cannot run: context-parallel attention takes no sliding window yet (use parallel.cp = 1)");
+void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp, cp::CpComm comm) {
+  RT_CHECK(cp <= 1 || comm != cp::CpComm::Ring || c.sliding_window == 0 || total_tokens <= c.sliding_window,
+           "config key 'sliding_window' = ", c.sliding_window, " is shorter than sequences of up to ", total_tokens,
+           " tokens, which parallel.cp = ", cp, " with parallel.cp_comm = ring cannot run: ring attention takes no ",
+           "sliding window (use parallel.cp_comm = allgather or a2a, which serve windows, or parallel.cp = 1)");
 }
 
 }  // namespace ringtrain::model

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/dtype.h"
+#include "ringtrain/cp/cp_attention.h"
 
 namespace ringtrain::model {
 
@@ -56,9 +57,10 @@ void write_config(const std::filesystem::path& checkpoint_dir, const ModelConfig
 
 // Error unless the model can run a sequence of `total_tokens` exactly (within max_position_embeddings).
 void check_sequence_supported(const ModelConfig& c, int64_t total_tokens);
-// Error unless sequences of up to `total_tokens` can run under context parallelism over `cp` ranks: the ring and
-// all-gather attention take no sliding window, so a window shorter than the sequence is refused (one at least as
-// long masks nothing). The error names sliding_window and parallel.cp.
-void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp);
+// Error unless sequences of up to `total_tokens` can run under context parallelism over `cp` ranks moving KV by
+// `comm`: ring attention takes no sliding window, so with it a window shorter than the sequence is refused (one at
+// least as long masks nothing); all-gather and all-to-all serve windows. The error names sliding_window,
+// parallel.cp and parallel.cp_comm.
+void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp, cp::CpComm comm);
 
 }  // namespace ringtrain::model

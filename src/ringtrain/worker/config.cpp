@@ -743,7 +743,7 @@ void Config::validate_against(const model::ModelConfig& m) const {
            " exceeds the model's max_position_embeddings = ", m.max_positions, " (", name, ")");
   try {
     model::check_sequence_supported(m, policy.max_total_sequence_length);
-    model::check_context_parallel_supported(m, policy.max_total_sequence_length, parallel.cp);
+    model::check_context_parallel_supported(m, policy.max_total_sequence_length, parallel.cp, parallel.cp_comm);
   } catch (const Error& e) {
     throw Error(
         cat("policy.max_total_sequence_length = ", policy.max_total_sequence_length, " (", name, "): ", e.what()));
