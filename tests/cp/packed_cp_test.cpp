@@ -1,9 +1,13 @@
-// Packed documents under context parallelism: each document zigzag-sharded on its own, every CP algorithm per
-// document, against the single-rank fp64 math reference on the whole packed batch (THD with cu_seqlens, so no token
-// may see another document), sliding windows included (all-gather and all-to-all). fp32: accumulation-order
-// differences only, 1e-5 relative.
+// Packed documents under context parallelism: each document zigzag-sharded on its own, every CP algorithm, against
+// the single-rank fp64 math reference on the whole packed batch (THD with cu_seqlens, so no token may see another
+// document), sliding windows included (all-gather and all-to-all). fp32: accumulation-order differences only, 1e-5
+// relative. The ring moves all documents in each exchange: cp - 1 exchanges forward and 2 cp - 2 backward (the
+// first block fetched, cp - 2 blocks, cp - 1 gradient sums), counted, whatever the number of documents.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <span>
+#include <string>
 #include <tuple>
 
 #include "ringtrain/attention/cpu/cpu_backends.h"
@@ -30,6 +34,44 @@ struct Packed {
         dv(Tensor::empty({t, hkv, d}, DType::F32)) {
     for (const Tensor* x : {&o, &lse, &dq, &dk, &dv}) testing::poison(*x);
   }
+};
+
+// A communicator that counts the point-to-point exchanges it passes on.
+class CountingComm final : public comm::Communicator {
+ public:
+  explicit CountingComm(comm::Communicator& inner) : inner_(inner) {}
+  int exchanges = 0;
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Device device() const override { return inner_.device(); }
+  std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
+  std::unique_ptr<comm::Request> exchange(std::span<const comm::Transfer> parts, int dst, int src, DType dtype,
+                                          void* stream) override {
+    ++exchanges;
+    return inner_.exchange(parts, dst, src, dtype, stream);
+  }
+  void all_gather(const void* send, void* recv, size_t count, DType dtype, void* stream) override {
+    inner_.all_gather(send, recv, count, dtype, stream);
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, comm::ReduceOp op,
+                      void* stream) override {
+    inner_.reduce_scatter(send, recv, count, dtype, op, stream);
+  }
+  void all_reduce(void* buf, size_t count, DType dtype, comm::ReduceOp op, void* stream) override {
+    inner_.all_reduce(buf, count, dtype, op, stream);
+  }
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype, void* stream) override {
+    inner_.all_to_all(send, recv, count, dtype, stream);
+  }
+  void broadcast(void* buf, size_t count, DType dtype, int root, void* stream) override {
+    inner_.broadcast(buf, count, dtype, root, stream);
+  }
+  void barrier() override { inner_.barrier(); }
+  std::unique_ptr<comm::Communicator> split(int color, int key) override { return inner_.split(color, key); }
+  void abort(const std::string& why) override { inner_.abort(why); }
+
+ private:
+  comm::Communicator& inner_;
 };
 
 // (cp, comm, causal, heads_q, heads_kv, sliding window or 0)
@@ -78,9 +120,15 @@ TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
     lp.seqlen_q = lp.seqlen_kv = 0;  // per-document lengths come from doc_lens
     cp::CpConfig cfg;
     cfg.comm = comm_kind;
-    cp::packed_attention_forward(c, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.lse}, lens);
+    CountingComm counted(c);
+    cp::packed_attention_forward(counted, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.lse}, lens);
+    const int forward_exchanges = counted.exchanges;
     cp::packed_attention_backward(
-        c, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.dout, mine.lse, mine.dq, mine.dk, mine.dv}, lens);
+        counted, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.dout, mine.lse, mine.dq, mine.dk, mine.dv}, lens);
+    if (comm_kind == CpComm::Ring) {
+      EXPECT_EQ(forward_exchanges, cp - 1) << "rank " << c.rank();
+      EXPECT_EQ(counted.exchanges - forward_exchanges, 2 * cp - 2) << "rank " << c.rank();
+    }
     for_docs([&](const cp::ZigzagLayout& dl, int64_t gs, int64_t n, int64_t ls) {
       for (auto [from, to] : {std::pair{&mine.o, &out.o}, {&mine.dq, &out.dq}, {&mine.dk, &out.dk}, {&mine.dv, &out.dv}})
         cp::unshard(cp::packed_rows(*from, ls, dl.local_len()), 1, dl, cp::packed_rows(*to, gs, n));

@@ -70,6 +70,7 @@ attention::AttnParams doc_params(const attention::AttnParams& p, const ZigzagLay
 void packed_attention_forward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
                               const attention::AttnForwardArgs& a, const std::vector<int64_t>& doc_lens) {
   const PackedZigzag l = check_packed("packed CP attention forward", comm, local, a.q, doc_lens);
+  if (cfg.comm == CpComm::Ring) return ring_packed_attention_forward(comm, local, a, l);
   for (size_t d = 0; d < doc_lens.size(); ++d) {
     const ZigzagLayout dl = l.doc(d);
     const int64_t s = l.local_start(d), n = dl.local_len();
@@ -87,6 +88,7 @@ void packed_attention_forward(comm::Communicator& comm, const CpConfig& cfg, con
 void packed_attention_backward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
                                const attention::AttnBackwardArgs& a, const std::vector<int64_t>& doc_lens) {
   const PackedZigzag l = check_packed("packed CP attention backward", comm, local, a.q, doc_lens);
+  if (cfg.comm == CpComm::Ring) return ring_packed_attention_backward(comm, local, a, l);
   for (size_t d = 0; d < doc_lens.size(); ++d) {
     const ZigzagLayout dl = l.doc(d);
     const int64_t s = l.local_start(d), n = dl.local_len();

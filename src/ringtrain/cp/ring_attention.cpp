@@ -1,6 +1,7 @@
 // Ring attention on rank r: at step i the rank holds the KV block of source s = (r - i) mod cp and attends the
-// part of its queries that sees that block (ring_block). The next block's send/recv is posted before the step's
-// compute and waited after it (double buffer). Each step's partial result is merged into the running O and LSE
+// part of its queries that sees that block (ring_block). Packed documents travel together: the block is the rank's
+// rows of every document, one exchange per step, and each document attends its own rows of it (a Segment each).
+// The next block's send/recv is posted before the step's compute and waited after it (double buffer). Each step's partial result is merged into the running O and LSE
 // (fp32 LSE; O in fp32, or the output itself when at most one merge rounds it).
 // Backward: the same blocks in the opposite direction, s = (r + 1 + i) mod cp, so that the own block comes last,
 // always with the final O and LSE. Each step's dK/dV share is computed while the sum of the earlier shares of the
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/error.h"
@@ -34,11 +36,12 @@ struct RingBlock {
 };
 
 // A block of another rank's keys lies wholly before the diagonal of the rows that see it, so under a sliding window
-// it would need a mask bounded below only (key j visible from row i when j > i - w), which no backend takes.
+// it would need a mask bounded below only (key j visible from row i when j > i - w), which no backend takes. A
+// window at least as long as the sequence hides nothing, and block_params drops it from every block.
 ZigzagLayout check_ring_call(const char* what, const comm::Communicator& comm, const AttnParams& p,
                              int64_t global_len) {
   const ZigzagLayout l = check_cp_call(what, comm, p, global_len);
-  RT_CHECK(p.window == 0 || l.cp == 1, what, ": a sliding window (", p.describe(),
+  RT_CHECK(p.window == 0 || p.window >= global_len || l.cp == 1, what, ": a sliding window (", p.describe(),
            ") is not supported by ring attention: a block of another rank's keys would need a mask bounded below "
            "only; the all-gather and all-to-all algorithms serve windows (parallel.cp_comm or --cp-comm = allgather "
            "or a2a)");
@@ -85,145 +88,181 @@ std::unique_ptr<comm::Request> send_kv(comm::Communicator& comm, const TensorVie
 
 }  // namespace
 
-void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
-                            int64_t global_len, KeptKv* kept) {
-  const ZigzagLayout l = check_ring_call("ring attention forward", comm, p, global_len);
-  attention::validate(p, a);
-  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
+namespace {
+
+// One sequence's rows in the local tensors: its zigzag layout and the first of its 2c local rows (dimension 1 of
+// [B, rows, H, D]). A dense call is one segment at 0; packed documents are one segment each, at their local starts.
+struct Segment {
+  ZigzagLayout layout;
+  int64_t start = 0;
+  int64_t len() const { return layout.local_len(); }
+};
+
+// The common geometry of a ring call: cp, rank and the neighbours, the segments, and the local rows of the tensors
+// (every segment's rows, which travel together: one exchange per step whatever the number of sequences).
+struct Ring {
+  int cp = 1, rank = 0, next = 0, prev = 0;
+  std::vector<Segment> segments;
+  int64_t rows = 0;
+
+  Ring(const comm::Communicator& comm, std::vector<Segment> segs, int64_t local_rows)
+      : cp(comm.size()), rank(comm.rank()), next((rank + 1) % cp), prev((rank + cp - 1) % cp),
+        segments(std::move(segs)), rows(local_rows) {}
+};
+
+void forward(comm::Communicator& comm, const Ring& ring, const AttnParams& p, const AttnForwardArgs& a,
+             KeptKv* kept) {
+  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(ring.cp);
   const Device dev = comm.device();
   const bool causal = is_causal(p);
-  const int next = (l.rank + 1) % l.cp, prev = (l.rank + l.cp - 1) % l.cp;
-  const int64_t len = l.local_len();
 
   // The running result is a.o and a.lse (fp32) themselves when one merge at most rounds a.o (cp <= 2) or a.o is
   // fp32 or fp64, else an fp32 copy. Each step's partial O comes in the input dtype, what every backend writes natively.
-  const bool o_direct = l.cp <= 2 || a.o.dtype == DType::F32 || a.o.dtype == DType::F64;
+  const bool o_direct = ring.cp <= 2 || a.o.dtype == DType::F32 || a.o.dtype == DType::F64;
   const Tensor o_acc = o_direct ? Tensor() : empty_like(a.o, DType::F32, dev);
   const TensorView o_run = o_direct ? a.o : o_acc.view();
   // Step 0 attends the own K and V where they are; the blocks that arrive alternate between two buffers.
   KvPack arrived[2];
-  for (int i = 0; i < std::min(l.cp - 1, 2); ++i) arrived[i] = make_kv_pack(a.k, len, p.dtype, dev, false);
-  for (int step = 0; step < l.cp; ++step) {
-    const int src = (l.rank - step + l.cp) % l.cp;
+  for (int i = 0; i < std::min(ring.cp - 1, 2); ++i) arrived[i] = make_kv_pack(a.k, ring.rows, p.dtype, dev, false);
+  for (int step = 0; step < ring.cp; ++step) {
+    const int src = (ring.rank - step + ring.cp) % ring.cp;
     const TensorView cur_k = step == 0 ? a.k : arrived[(step - 1) % 2].k;
     const TensorView cur_v = step == 0 ? a.v : arrived[(step - 1) % 2].v;
     std::unique_ptr<comm::Request> kv_req;
-    if (step + 1 < l.cp) kv_req = send_kv(comm, cur_k, cur_v, next, arrived[step % 2], prev, p.dtype, a.stream);
-    const RingBlock blk = ring_block(l, causal, src);
-    if (step == 0) {  // rows no query of the own block has (padding): O = 0, LSE = -inf, as if they saw no key
-      const int64_t nq = blk.empty() ? 0 : blk.nq;
-      if (nq < len) {
-        fill_async(rows(o_run, nq, len - nq), 0.0, a.stream);
-        fill_neg_inf(lse_rows(a.lse, nq, len - nq), a.stream);
+    if (step + 1 < ring.cp)
+      kv_req = send_kv(comm, cur_k, cur_v, ring.next, arrived[step % 2], ring.prev, p.dtype, a.stream);
+    for (const Segment& seg : ring.segments) {
+      const RingBlock blk = ring_block(seg.layout, causal, src);
+      const int64_t len = seg.len();
+      if (step == 0) {  // rows no query of the own block has (padding): O = 0, LSE = -inf, as if they saw no key
+        const int64_t nq = blk.empty() ? 0 : blk.nq;
+        if (nq < len) {
+          fill_async(rows(o_run, seg.start + nq, len - nq), 0.0, a.stream);
+          fill_neg_inf(lse_rows(a.lse, seg.start + nq, len - nq), a.stream);
+        }
       }
-    }
-    if (!blk.empty()) {
-      const TensorView o_rows = rows(o_run, blk.q_start, blk.nq), lse_part = lse_rows(a.lse, blk.q_start, blk.nq);
+      if (blk.empty()) continue;
+      const int64_t q_start = seg.start + blk.q_start;
+      const TensorView k = rows(cur_k, seg.start, len), v = rows(cur_v, seg.start, len);
+      const TensorView o_rows = rows(o_run, q_start, blk.nq), lse_part = lse_rows(a.lse, q_start, blk.nq);
       if (step == 0) {  // the own block covers every valid row: it writes the running result directly
-        block_forward(p, a, blk.q_start, blk.nq, cur_k, cur_v, blk.nk, blk.mask, o_rows, lse_part);
+        block_forward(p, a, q_start, blk.nq, k, v, blk.nk, blk.mask, o_rows, lse_part);
       } else {
         Tensor o_step = empty_like(o_rows, p.dtype, dev);
         Tensor lse_step = empty_like(lse_part, DType::F32, dev);
-        block_forward(p, a, blk.q_start, blk.nq, cur_k, cur_v, blk.nk, blk.mask, o_step, lse_step);
+        block_forward(p, a, q_start, blk.nq, k, v, blk.nk, blk.mask, o_step, lse_step);
         merge_partial(o_rows, lse_part, o_step, lse_step, a.stream);
       }
     }
     if (kv_req) kv_req->wait();
   }
   if (!o_direct) copy_async(a.o, o_acc, a.stream);
-  if (kept && l.cp > 1)  // block r + 1, the last to arrive
-    *kept = KeptKv{std::move(arrived[l.cp % 2].buf), a.k.data, a.v.data};
+  if (kept && ring.cp > 1)  // block r + 1, the last to arrive
+    *kept = KeptKv{std::move(arrived[ring.cp % 2].buf), a.k.data, a.v.data};
 }
 
-void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
-                             int64_t global_len, KeptKv* kept) {
-  const ZigzagLayout l = check_ring_call("ring attention backward", comm, p, global_len);
-  attention::validate(p, a);
+void backward(comm::Communicator& comm, const Ring& ring, const AttnParams& p, const AttnBackwardArgs& a,
+              KeptKv* kept) {
   RT_CHECK(!a.accumulate, "ring attention backward: accumulate=true is not supported under context parallelism");
-  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
+  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(ring.cp);
   const Device dev = comm.device();
   const bool causal = is_causal(p);
-  const int next = (l.rank + 1) % l.cp, prev = (l.rank + l.cp - 1) % l.cp;
-  const int64_t len = l.local_len(), valid = l.valid_len();
-  const auto as_kv = [&](const Tensor& buf, DType dtype) { return view_kv_pack(buf.data(), a.k, len, dtype, dev); };
+  const int cp = ring.cp;
+  const auto as_kv = [&](const Tensor& buf, DType dtype) {
+    return view_kv_pack(buf.data(), a.k, ring.rows, dtype, dev);
+  };
 
   // The KV block of step 0 (rank r + 1's): kept by the forward, else fetched now. Later blocks but the own one
   // arrive from the next rank while the step before computes.
   KvPack cur, nxt;
-  if (l.cp > 1) {
+  if (cp > 1) {
     if (kept && kept->kv.defined()) {
       RT_CHECK(kept->k == a.k.data && kept->v == a.v.data,
                "ring attention backward: the kept KV block comes from a forward on other k and v");
       cur = as_kv(kept->kv, p.dtype);
       cur.buf = std::move(kept->kv);
     } else {
-      cur = make_kv_pack(a.k, len, p.dtype, dev, false);
-      send_kv(comm, a.k, a.v, prev, cur, next, p.dtype, a.stream)->wait();
+      cur = make_kv_pack(a.k, ring.rows, p.dtype, dev, false);
+      send_kv(comm, a.k, a.v, ring.prev, cur, ring.next, p.dtype, a.stream)->wait();
     }
-    if (l.cp > 2) nxt = make_kv_pack(a.k, len, p.dtype, dev, false);
+    if (cp > 2) nxt = make_kv_pack(a.k, ring.rows, p.dtype, dev, false);
   }
   // The other blocks' gradients are written by the block's backward in the input dtype (dq_share, shares), which
   // spares a backend that cannot accumulate (cuDNN) a conversion pass, and a buffer the zeroing. The own block,
   // last, writes a.dq, a.dk and a.dv directly, and the other blocks' sums are added in, rounding once.
   // dQ: with one other block its share is the sum; with more, the shares add up in fp32 (dq_acc). Every block's rows
-  // end at the last valid row, so the rows holding a sum are [dq_from, valid).
+  // end at the last valid row of its segment, so the rows holding a sum are [dq_from, valid) of each segment.
   // dK/dV: the sum of block s starts with the share of rank s - 1 at step 0 and travels towards the previous rank
   // as narrow as exact: the first hop carries the lone share in the input dtype, later hops fp32 sums.
   // Sums are kept in fp32, or in fp64 for fp64 inputs (never narrower than the shares they add).
   const DType sum_dtype = p.dtype == DType::F64 ? DType::F64 : DType::F32;
-  const Tensor dq_share = l.cp > 1 ? empty_like(a.q, p.dtype, dev) : Tensor();
-  const Tensor dq_acc = l.cp > 2 ? empty_like(a.q, sum_dtype, dev) : Tensor();
-  const TensorView dq_sum = l.cp > 2 ? dq_acc.view() : dq_share.view();
-  int64_t dq_from = valid;
+  const Tensor dq_share = cp > 1 ? empty_like(a.q, p.dtype, dev) : Tensor();
+  const Tensor dq_acc = cp > 2 ? empty_like(a.q, sum_dtype, dev) : Tensor();
+  const TensorView dq_sum = cp > 2 ? dq_acc.view() : dq_share.view();
+  std::vector<int64_t> dq_from;  // per segment, relative to its start
+  for (const Segment& seg : ring.segments) dq_from.push_back(seg.layout.valid_len());
   KvPack shares[2];
-  for (int i = 0; i < std::min(l.cp - 1, 2); ++i) shares[i] = make_kv_pack(a.k, len, p.dtype, dev, false);
+  for (int i = 0; i < std::min(cp - 1, 2); ++i) shares[i] = make_kv_pack(a.k, ring.rows, p.dtype, dev, false);
   const auto hop_dtype = [&](int step) { return step == 1 ? p.dtype : sum_dtype; };  // `step` shares arrive
   const int64_t sum_count = static_cast<int64_t>(shares[0].count());
-  Tensor sum_in = l.cp > 1 ? Tensor::empty({sum_count}, l.cp > 2 ? sum_dtype : p.dtype, dev) : Tensor();
-  Tensor sum_out = l.cp > 2 ? Tensor::empty({sum_count}, sum_dtype, dev) : Tensor();
+  Tensor sum_in = cp > 1 ? Tensor::empty({sum_count}, cp > 2 ? sum_dtype : p.dtype, dev) : Tensor();
+  Tensor sum_out = cp > 2 ? Tensor::empty({sum_count}, sum_dtype, dev) : Tensor();
 
-  for (int step = 0; step < l.cp; ++step) {
-    const int src = (l.rank + 1 + step) % l.cp;
-    const bool own = src == l.rank;
+  for (int step = 0; step < cp; ++step) {
+    const int src = (ring.rank + 1 + step) % cp;
+    const bool own = src == ring.rank;
     const KvPack& share = shares[step % 2];
     std::unique_ptr<comm::Request> kv_req, dkv_req;
-    if (step + 2 < l.cp)  // the block of step + 1, unless it is the own one
-      kv_req = comm.send_recv(cur.buf.data(), prev, nxt.buf.data(), next, cur.count(), p.dtype, a.stream);
+    if (step + 2 < cp)  // the block of step + 1, unless it is the own one
+      kv_req = comm.send_recv(cur.buf.data(), ring.prev, nxt.buf.data(), ring.next, cur.count(), p.dtype, a.stream);
     if (step > 0)
-      dkv_req = comm.send_recv(step == 1 ? shares[0].buf.data() : sum_out.data(), prev, sum_in.data(), next,
+      dkv_req = comm.send_recv(step == 1 ? shares[0].buf.data() : sum_out.data(), ring.prev, sum_in.data(), ring.next,
                                static_cast<size_t>(sum_count), hop_dtype(step), a.stream);
-    const RingBlock blk = ring_block(l, causal, src);
-    const int64_t nq = blk.empty() ? 0 : blk.nq, nk = blk.empty() ? 0 : blk.nk;
-    if (own) {
-      if (nk > 0) block_backward(p, a, 0, nq, a.k, a.v, nk, blk.mask, a.dq, a.dk, a.dv, /*accumulate=*/false);
-      if (nq < len) fill_async(rows(a.dq, nq, len - nq), 0.0, a.stream);  // padding rows
-      if (nk < len)
-        for (const TensorView& t : {a.dk, a.dv}) fill_async(rows(t, nk, len - nk), 0.0, a.stream);
-      if (dq_from < valid) add_async(rows(a.dq, dq_from, valid - dq_from), rows(dq_sum, dq_from, valid - dq_from),
-                                     a.stream);
-    } else {
-      if (nk > 0) {
-        block_backward(p, a, blk.q_start, blk.nq, cur.k, cur.v, blk.nk, blk.mask, dq_share, share.k, share.v,
-                       /*accumulate=*/false);
-        if (l.cp > 2) {  // rows new to the sum are copied, the others added
-          if (blk.q_start < dq_from)
-            copy_async(rows(dq_acc, blk.q_start, dq_from - blk.q_start),
-                       rows(dq_share, blk.q_start, dq_from - blk.q_start), a.stream);
-          if (dq_from < valid)
-            add_async(rows(dq_acc, dq_from, valid - dq_from), rows(dq_share, dq_from, valid - dq_from), a.stream);
+    std::vector<int64_t> seen_keys;  // per segment: the keys of this step's block that some query saw
+    for (size_t si = 0; si < ring.segments.size(); ++si) {
+      const Segment& seg = ring.segments[si];
+      const int64_t len = seg.len(), valid = seg.layout.valid_len(), s0 = seg.start;
+      const RingBlock blk = ring_block(seg.layout, causal, src);
+      const int64_t nq = blk.empty() ? 0 : blk.nq, nk = blk.empty() ? 0 : blk.nk;
+      seen_keys.push_back(nk);
+      int64_t& from = dq_from[si];
+      if (own) {
+        if (nk > 0)
+          block_backward(p, a, s0, nq, rows(a.k, s0, len), rows(a.v, s0, len), nk, blk.mask, a.dq,
+                         rows(a.dk, s0, len), rows(a.dv, s0, len), /*accumulate=*/false);
+        if (nq < len) fill_async(rows(a.dq, s0 + nq, len - nq), 0.0, a.stream);  // padding rows
+        if (nk < len)
+          for (const TensorView& t : {a.dk, a.dv}) fill_async(rows(t, s0 + nk, len - nk), 0.0, a.stream);
+        if (from < valid) add_async(rows(a.dq, s0 + from, valid - from), rows(dq_sum, s0 + from, valid - from),
+                                    a.stream);
+      } else {
+        if (nk > 0) {
+          block_backward(p, a, s0 + blk.q_start, blk.nq, rows(cur.k, s0, len), rows(cur.v, s0, len), blk.nk, blk.mask,
+                         dq_share, rows(share.k, s0, len), rows(share.v, s0, len), /*accumulate=*/false);
+          if (cp > 2) {  // rows new to the sum are copied, the others added
+            if (blk.q_start < from)
+              copy_async(rows(dq_acc, s0 + blk.q_start, from - blk.q_start),
+                         rows(dq_share, s0 + blk.q_start, from - blk.q_start), a.stream);
+            if (from < valid)
+              add_async(rows(dq_acc, s0 + from, valid - from), rows(dq_share, s0 + from, valid - from), a.stream);
+          }
+          from = std::min(from, blk.q_start);
         }
-        dq_from = std::min(dq_from, blk.q_start);
+        if (step == 0 && nk < len)  // the share that starts the sum: zero where no query saw the key
+          for (const TensorView& t : {share.k, share.v}) fill_async(rows(t, s0 + nk, len - nk), 0.0, a.stream);
       }
-      if (step == 0 && nk < len)  // the share that starts the sum: zero where no query saw the key
-        for (const TensorView& t : {share.k, share.v}) fill_async(rows(t, nk, len - nk), 0.0, a.stream);
     }
     if (dkv_req) {
       dkv_req->wait();
       const KvPack in = as_kv(sum_in, hop_dtype(step));
-      if (own && nk > 0) {  // the other ranks' shares of the own block, complete
-        add_async(rows(a.dk, 0, nk), rows(in.k, 0, nk), a.stream);
-        add_async(rows(a.dv, 0, nk), rows(in.v, 0, nk), a.stream);
-      } else if (!own) {
+      if (own) {  // the other ranks' shares of the own block, complete
+        for (size_t si = 0; si < ring.segments.size(); ++si) {
+          const int64_t s0 = ring.segments[si].start, nk = seen_keys[si];
+          if (nk == 0) continue;
+          add_async(rows(a.dk, s0, nk), rows(in.k, s0, nk), a.stream);
+          add_async(rows(a.dv, s0, nk), rows(in.v, s0, nk), a.stream);
+        }
+      } else {
         // The sum goes on in fp32: in place when it arrived in fp32, else converted into sum_out (free: its send has
         // completed).
         KvPack res = in;
@@ -232,9 +271,11 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
           copy_async(res.k, in.k, a.stream);
           copy_async(res.v, in.v, a.stream);
         }
-        if (nk > 0) {
-          add_async(rows(res.k, 0, nk), rows(share.k, 0, nk), a.stream);
-          add_async(rows(res.v, 0, nk), rows(share.v, 0, nk), a.stream);
+        for (size_t si = 0; si < ring.segments.size(); ++si) {
+          const int64_t s0 = ring.segments[si].start, nk = seen_keys[si];
+          if (nk == 0) continue;
+          add_async(rows(res.k, s0, nk), rows(share.k, s0, nk), a.stream);
+          add_async(rows(res.v, s0, nk), rows(share.v, s0, nk), a.stream);
         }
         if (hop_dtype(step) == sum_dtype) std::swap(sum_in, sum_out);  // the result is in sum_out, to be sent next
       }
@@ -244,6 +285,78 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
       std::swap(cur, nxt);
     }
   }
+}
+
+// The dense call as one segment.
+Ring dense_ring(const comm::Communicator& comm, const ZigzagLayout& l) { return Ring(comm, {{l, 0}}, l.local_len()); }
+
+// Every document as a segment of the [1, T_local, H, D] views of the local THD tensors (checked as the dense call
+// of each document would be), and the dense params of those views (batch 1, not packed): each block call is a
+// dense one.
+std::pair<Ring, AttnParams> packed_ring(const char* what, const comm::Communicator& comm, const AttnParams& p,
+                                        const PackedZigzag& l) {
+  std::vector<Segment> segs;
+  for (size_t d = 0; d < l.doc_lens.size(); ++d) {
+    AttnParams doc = p;
+    doc.packed = false;
+    doc.batch = 1;
+    doc.seqlen_q = doc.seqlen_kv = l.doc(d).local_len();
+    segs.push_back({check_ring_call(what, comm, doc, l.doc_lens[d]), l.local_start(d)});
+  }
+  AttnParams all = p;
+  all.packed = false;
+  all.batch = 1;
+  all.seqlen_q = all.seqlen_kv = l.local_total();
+  return {Ring(comm, std::move(segs), l.local_total()), all};
+}
+
+AttnForwardArgs as_dense(const AttnForwardArgs& a, int64_t n) {
+  AttnForwardArgs d = a;
+  d.q = packed_rows(a.q, 0, n), d.k = packed_rows(a.k, 0, n), d.v = packed_rows(a.v, 0, n);
+  d.o = packed_rows(a.o, 0, n), d.lse = packed_lse(a.lse, 0, n);
+  d.cu_seqlens_q = d.cu_seqlens_kv = TensorView();
+  return d;
+}
+
+AttnBackwardArgs as_dense(const AttnBackwardArgs& a, int64_t n) {
+  AttnBackwardArgs d = a;
+  d.q = packed_rows(a.q, 0, n), d.k = packed_rows(a.k, 0, n), d.v = packed_rows(a.v, 0, n);
+  d.o = packed_rows(a.o, 0, n), d.dout = packed_rows(a.dout, 0, n), d.lse = packed_lse(a.lse, 0, n);
+  d.dq = packed_rows(a.dq, 0, n), d.dk = packed_rows(a.dk, 0, n), d.dv = packed_rows(a.dv, 0, n);
+  d.cu_seqlens_q = d.cu_seqlens_kv = TensorView();
+  return d;
+}
+
+}  // namespace
+
+void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
+                            int64_t global_len, KeptKv* kept) {
+  const ZigzagLayout l = check_ring_call("ring attention forward", comm, p, global_len);
+  attention::validate(p, a);
+  forward(comm, dense_ring(comm, l), p, a, kept);
+}
+
+void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
+                             int64_t global_len, KeptKv* kept) {
+  const ZigzagLayout l = check_ring_call("ring attention backward", comm, p, global_len);
+  attention::validate(p, a);
+  backward(comm, dense_ring(comm, l), p, a, kept);
+}
+
+void ring_packed_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
+                                   const PackedZigzag& l) {
+  const auto [ring, dense] = packed_ring("packed ring attention forward", comm, p, l);
+  const AttnForwardArgs d = as_dense(a, l.local_total());
+  attention::validate(dense, d);
+  forward(comm, ring, dense, d, nullptr);
+}
+
+void ring_packed_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
+                                    const PackedZigzag& l) {
+  const auto [ring, dense] = packed_ring("packed ring attention backward", comm, p, l);
+  const AttnBackwardArgs d = as_dense(a, l.local_total());
+  attention::validate(dense, d);
+  backward(comm, ring, dense, d, nullptr);
 }
 
 }  // namespace ringtrain::cp
