@@ -131,8 +131,10 @@ rm -rf win_zero && cp -r mi win_zero && set_key win_zero sliding_window 0
 expect_error config-zero-sliding-window "key 'sliding_window' = 0: must be in \\[1, " \
   "$bin" logprobs --model win_zero --data five.jsonl
 rm -rf win_cp && cp -r mi win_cp && set_key win_cp sliding_window 2
-expect_error window-under-ring-cp "'sliding_window' = 2 is shorter than sequences of up to 5 tokens.*parallel.cp_comm = ring cannot run.*use parallel.cp_comm = allgather or a2a" \
+expect_error window-under-ring-cp "win_cp: config key 'sliding_window' = 2 is shorter than the longest sample of five.jsonl \\(5 tokens\\), and --cp-comm = ring with --cp = 2 takes no sliding window: use --cp-comm = allgather or a2a, or --cp = 1" \
   "$bin" logprobs --model win_cp --data five.jsonl --cp 2
+expect_error a2a-heads-not-divisible "win_cp: --cp-comm = a2a with --cp = 4: the model's attention heads \\(2\\) and key/value heads \\(2\\) must both be divisible by cp = 4; use --cp-comm = allgather \\(ring takes no sliding window\\)" \
+  "$bin" logprobs --model win_cp --data five.jsonl --cp 4 --cp-comm a2a
 expect_error window-without-causal-mask '--window 4 needs a causal mask \(--causal\)' \
   "$bin" attention-check --cp 2 --seq 16 --comm allgather --window 4
 expect_error window-negative '--window: Value -3 not in range' \

@@ -71,31 +71,39 @@ TEST(CpArguments, PackedAndWrongLengthsAreRejectedClearly) {
   EXPECT_EQ(cp_forward_error(p, a, 10), "");  // one rank: the ring's own block is the whole sequence
 }
 
-TEST(CpArguments, RingAttentionOverSeveralRanksRefusesASlidingWindow) {
-  for (CpComm comm : {CpComm::Ring, CpComm::AllGather, CpComm::AllToAll}) {
-    std::string error;
-    try {
-      comm::run_ranks(2, std::chrono::milliseconds(5000), [&](comm::Communicator& c) {
-        const Tensor q = Tensor::zeros({1, 6, 2, 32}, DType::F32);
-        const Tensor o = Tensor::empty({1, 6, 2, 32}, DType::F32), lse = Tensor::empty({1, 2, 6}, DType::F32);
-        attention::AttnParams p = attention::params_for(q, q, attention::MaskType::CausalTopLeft);
-        p.window = 4;
-        cp::CpConfig cfg;
-        cfg.comm = comm;
-        cp::attention_forward(c, cfg, p, {q, q, q, o, lse}, 12);
-      });
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    if (comm != CpComm::Ring) {
-      EXPECT_EQ(error, "") << cp::cp_comm_name(comm);
-      continue;
-    }
-    for (const char* part : {"ring attention forward: a sliding window (cpu fp32 B=1 Hq=2 Hkv=2 D=32 Sq=6 Skv=6 "
-                             "mask=causal_top_left window=4) is not supported by ring attention",
-                             "parallel.cp_comm or --cp-comm = allgather or a2a"})
-      EXPECT_NE(error.find(part), std::string::npos) << error;
+// The error of a CP forward with a sliding window over 12 tokens on 2 ranks ("" if it ran).
+std::string windowed_error(CpComm comm, int64_t window, int64_t heads_kv = 2) {
+  try {
+    comm::run_ranks(2, std::chrono::milliseconds(5000), [&](comm::Communicator& c) {
+      const Tensor q = Tensor::zeros({1, 6, 2, 32}, DType::F32), kv = Tensor::zeros({1, 6, heads_kv, 32}, DType::F32);
+      const Tensor o = Tensor::empty({1, 6, 2, 32}, DType::F32), lse = Tensor::empty({1, 2, 6}, DType::F32);
+      attention::AttnParams p = attention::params_for(q, kv, attention::MaskType::CausalTopLeft);
+      p.window = window;
+      cp::CpConfig cfg;
+      cfg.comm = comm;
+      cp::attention_forward(c, cfg, p, {q, kv, kv, o, lse}, 12);
+    });
+  } catch (const Error& e) {
+    return e.what();
   }
+  return "";
+}
+
+TEST(CpArguments, RingAttentionOverSeveralRanksRefusesASlidingWindow) {
+  EXPECT_EQ(windowed_error(CpComm::AllGather, 4), "");
+  EXPECT_EQ(windowed_error(CpComm::AllToAll, 4), "");
+  const std::string ring = windowed_error(CpComm::Ring, 4);
+  for (const char* part : {"ring attention forward: a sliding window (cpu fp32 B=1 Hq=2 Hkv=2 D=32 Sq=6 Skv=6 "
+                           "mask=causal_top_left window=4) is not supported by ring attention",
+                           "parallel.cp_comm or --cp-comm = allgather or a2a"})
+    EXPECT_NE(ring.find(part), std::string::npos) << ring;
+  // A window as long as the sequence hides nothing: the ring runs it.
+  EXPECT_EQ(windowed_error(CpComm::Ring, 12), "");
+  // All-to-all that cannot split the heads points to all-gather only, the ring refusing the window.
+  const std::string a2a = windowed_error(CpComm::AllToAll, 4, /*heads_kv=*/1);
+  EXPECT_NE(a2a.find("kv heads (1) must both be divisible by cp=2 (use allgather: ring takes no sliding window)"),
+            std::string::npos)
+      << a2a;
 }
 
 }  // namespace

@@ -359,6 +359,12 @@ TEST(HfConfig, RingAttentionRefusesAWindowShorterThanTheSequence) {
                 "use parallel.cp_comm = allgather or a2a"});
   EXPECT_NO_THROW(model::check_context_parallel_supported(c, 17, 2, CpComm::AllGather));
   EXPECT_NO_THROW(model::check_context_parallel_supported(c, 17, 2, CpComm::AllToAll));
+  // All-to-all with heads (4 / 2) not divisible by cp: the way out is all-gather, and ring only without a window.
+  expect_error([&] { model::check_context_parallel_supported(c, 17, 4, CpComm::AllToAll, {"--cp", "--cp-comm", "x"}); },
+               {"--cp-comm = a2a with --cp = 4", "key/value heads (2) must both be divisible by cp = 4",
+                "use --cp-comm = allgather (ring takes no sliding window)"});
+  expect_error([&] { model::check_context_parallel_supported(c, 16, 4, CpComm::AllToAll); },
+               {"use parallel.cp_comm = allgather or ring"});
 }
 
 TEST_F(Checkpoint, DeferredReadsMatchLoadedBytesAndNameNonFiniteWeights) {

@@ -152,10 +152,10 @@ void add_logprobs_command(CLI::App& app) {
     size_t longest = 0;
     for (const auto& s : samples) longest = std::max(longest, s.size());
     try {  // before any weight is read
-      check_context_parallel_supported(config, static_cast<int64_t>(longest), o->cp, cfg.comm);
+      check_context_parallel_supported(config, static_cast<int64_t>(longest), o->cp, cfg.comm,
+                                       {"--cp", "--cp-comm", "the longest sample of " + o->data});
     } catch (const Error& e) {
-      throw Error(cat("logprobs --model ", o->model, " with --cp ", o->cp, " --cp-comm ", o->cp_comm, " (the ",
-                      "config's parallel.cp and parallel.cp_comm): ", e.what()));
+      throw Error(cat("logprobs --model ", o->model, ": ", e.what()));
     }
     PolicyOptions po;
     po.device = device;

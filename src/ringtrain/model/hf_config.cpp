@@ -305,11 +305,18 @@ void check_sequence_supported(const ModelConfig& c, int64_t total_tokens) {
            " tokens is longer than config key 'max_position_embeddings' = ", c.max_positions);
 }
 
-void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp, cp::CpComm comm) {
-  RT_CHECK(cp <= 1 || comm != cp::CpComm::Ring || c.sliding_window == 0 || total_tokens <= c.sliding_window,
-           "config key 'sliding_window' = ", c.sliding_window, " is shorter than sequences of up to ", total_tokens,
-           " tokens, which parallel.cp = ", cp, " with parallel.cp_comm = ring cannot run: ring attention takes no ",
-           "sliding window (use parallel.cp_comm = allgather or a2a, which serve windows, or parallel.cp = 1)");
+void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp, cp::CpComm comm,
+                                      const CpSettingNames& names) {
+  if (cp <= 1) return;
+  const bool windowed = c.sliding_window > 0 && total_tokens > c.sliding_window;
+  RT_CHECK(comm != cp::CpComm::AllToAll || (c.heads % cp == 0 && c.kv_heads % cp == 0), names.comm, " = a2a with ",
+           names.cp, " = ", cp, ": the model's attention heads (", c.heads, ") and key/value heads (", c.kv_heads,
+           ") must both be divisible by cp = ", cp, "; use ", names.comm, " = allgather",
+           windowed ? " (ring takes no sliding window)" : " or ring");
+  RT_CHECK(comm != cp::CpComm::Ring || !windowed, "config key 'sliding_window' = ", c.sliding_window,
+           " is shorter than ", names.length, " (", total_tokens, " tokens), and ", names.comm, " = ring with ",
+           names.cp, " = ", cp, " takes no sliding window: use ", names.comm, " = allgather or a2a, or ", names.cp,
+           " = 1");
 }
 
 }  // namespace ringtrain::model

@@ -57,10 +57,15 @@ void write_config(const std::filesystem::path& checkpoint_dir, const ModelConfig
 
 // Error unless the model can run a sequence of `total_tokens` exactly (within max_position_embeddings).
 void check_sequence_supported(const ModelConfig& c, int64_t total_tokens);
+// What the user calls the settings that check_context_parallel_supported names in its errors.
+struct CpSettingNames {
+  std::string cp = "parallel.cp", comm = "parallel.cp_comm", length = "policy.max_total_sequence_length";
+};
 // Error unless sequences of up to `total_tokens` can run under context parallelism over `cp` ranks moving KV by
-// `comm`: ring attention takes no sliding window, so with it a window shorter than the sequence is refused (one at
-// least as long masks nothing); all-gather and all-to-all serve windows. The error names sliding_window,
-// parallel.cp and parallel.cp_comm.
-void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp, cp::CpComm comm);
+// `comm`: all-to-all needs the heads and key/value heads divisible by cp; ring attention takes no sliding window, so
+// with it a window shorter than the sequence is refused (one at least as long masks nothing). Each error names the
+// model's values, the settings by `names` and what would run instead.
+void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp, cp::CpComm comm,
+                                      const CpSettingNames& names = {});
 
 }  // namespace ringtrain::model

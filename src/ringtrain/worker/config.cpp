@@ -743,16 +743,14 @@ void Config::validate_against(const model::ModelConfig& m) const {
            " exceeds the model's max_position_embeddings = ", m.max_positions, " (", name, ")");
   try {
     model::check_sequence_supported(m, policy.max_total_sequence_length);
-    model::check_context_parallel_supported(m, policy.max_total_sequence_length, parallel.cp, parallel.cp_comm);
   } catch (const Error& e) {
     throw Error(
         cat("policy.max_total_sequence_length = ", policy.max_total_sequence_length, " (", name, "): ", e.what()));
   }
-  if (parallel.cp > 1 && parallel.cp_comm == cp::CpComm::AllToAll) {
-    RT_CHECK(m.heads % parallel.cp == 0 && m.kv_heads % parallel.cp == 0,
-             "parallel.cp_comm = a2a with parallel.cp = ", parallel.cp, ": the model's attention heads (", m.heads,
-             ") and key/value heads (", m.kv_heads, ") must both be divisible by cp = ", parallel.cp, " (", name,
-             "); use ring or allgather");
+  try {
+    model::check_context_parallel_supported(m, policy.max_total_sequence_length, parallel.cp, parallel.cp_comm);
+  } catch (const Error& e) {
+    throw Error(cat(name, ": ", e.what()));
   }
 }
 
