@@ -29,10 +29,11 @@ void run_attention_bench(const BenchOpts& o) {
   if (const std::string why = cuda_unavailable_reason(); !why.empty()) throw Error(cat("bench attention: ", why));
   const auto ids = attention::parse_backend_list(s.backends);
   const std::string gpu = check::gpu_name(0);
-  std::printf("attention benchmark on %s: %s B=%lld Hq=%lld Hkv=%lld D=%lld %s, warm-up %d, median of %d\n",
+  std::printf("attention benchmark on %s: %s B=%lld Hq=%lld Hkv=%lld D=%lld %s%s, warm-up %d, median of %d\n",
               gpu.c_str(), s.dtype.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads),
               static_cast<long long>(s.kv_heads_or_heads()), static_cast<long long>(s.head_dim),
-              s.causal ? "causal" : "no mask", o.warmup, o.iters);
+              s.causal ? "causal" : "no mask", s.window > 0 ? cat(" window ", s.window).c_str() : "", o.warmup,
+              o.iters);
   std::printf("%-10s %7s %10s %10s %12s %14s\n", "backend", "S", "fwd_ms", "fwd_TF/s", "fwdbwd_ms", "fwdbwd_TF/s");
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t seq : s.seqs) {
@@ -62,6 +63,7 @@ void run_attention_bench(const BenchOpts& o) {
     j["kv_heads"] = s.kv_heads_or_heads();
     j["head_dim"] = s.head_dim;
     j["causal"] = s.causal;
+    j["window"] = s.window;
     j["iters"] = o.iters;
     j["warmup"] = o.warmup;
     j["rows"] = rows;

@@ -108,6 +108,7 @@ void add_bench_cp_command(CLI::App& app) {
                         {"backend", attention::backend_name(id)},
                         {"cp", s.cp},
                         {"comm", s.cp_comm},
+                        {"window", s.window},
                         {"cp_fwd_ms", r.cp_fwd_ms},
                         {"cp_fwdbwd_ms", r.cp_fwdbwd_ms},
                         {"tflops_per_gpu", per_gpu},
