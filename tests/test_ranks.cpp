@@ -15,7 +15,7 @@ int run_ranks_of_this_program(const std::string& filter, int nproc, std::chrono:
   o.nproc = nproc;
   o.master_port = 31000 + static_cast<int>(std::random_device{}() % 20000);
   o.grace = grace;
-  return comm::launch_local(o, {"/proc/self/exe", "--gtest_filter=" + filter});
+  return comm::launch_local(o, {"/proc/self/exe", "--gtest_filter=" + filter}).code;
 }
 
 }  // namespace ringtrain::testing

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #include "ringtrain/comm/communicator.h"
@@ -118,7 +119,7 @@ TEST(Launch, EachRankGetsItsVariables) {
   o.master_port = 29611;
   const std::string script = std::string("echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT ") +
                              "$NCCL_NVLS_ENABLE\" > " + dir + "/rank$RANK";
-  ASSERT_EQ(launch_local(o, {"sh", "-c", script}), 0);
+  ASSERT_EQ(launch_local(o, {"sh", "-c", script}).code, 0);
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(read_file(std::string(dir) + "/rank" + std::to_string(r)),
               std::to_string(r) + " 3 " + std::to_string(r) + " 127.0.0.1 29611 0\n");
@@ -130,8 +131,9 @@ TEST(Launch, FailingRankStopsTheOthersQuickly) {
   o.grace = std::chrono::milliseconds(500);
   const auto t0 = std::chrono::steady_clock::now();
   // Rank 1 fails at once with code 7; ranks 0 and 2 would sleep for a minute.
-  const int code = launch_local(o, {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 7; fi; sleep 60"});
-  EXPECT_EQ(code, 7);
+  const LaunchResult r = launch_local(o, {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 7; fi; sleep 60"});
+  EXPECT_EQ(r.code, 7);
+  EXPECT_EQ(r.signal, 0) << "a failing rank is no signal to end by";
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
@@ -144,9 +146,10 @@ TEST(Launch, SignalToTheLauncherStopsTheRanks) {
     ::kill(::getpid(), SIGTERM);
   });
   const auto t0 = std::chrono::steady_clock::now();
-  const int code = launch_local(o, {"sleep", "60"});
+  const LaunchResult r = launch_local(o, {"sleep", "60"});
   killer.join();
-  EXPECT_EQ(code, 128 + SIGTERM);
+  EXPECT_EQ(r.code, 128 + SIGTERM);
+  EXPECT_EQ(r.signal, SIGTERM);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
@@ -166,10 +169,11 @@ TEST(Launch, RanksThatIgnoreTheStopAreKilledAfterTheStopGraceOrAtASecondSignal) 
       ::kill(::getpid(), SIGINT);
     });
     const auto t0 = std::chrono::steady_clock::now();
-    const int code = launch_local(o, deaf);
+    const LaunchResult r = launch_local(o, deaf);
     killer.join();
     const auto took = std::chrono::steady_clock::now() - t0;
-    EXPECT_EQ(code, 128 + SIGINT) << "twice " << twice;
+    EXPECT_EQ(r.code, 128 + SIGINT) << "twice " << twice;
+    EXPECT_EQ(r.signal, SIGINT) << "twice " << twice;
     // Not before the grace (once), well before the minute the ranks would sleep.
     if (!twice) EXPECT_GE(took, std::chrono::milliseconds(1400));
     EXPECT_LT(took, std::chrono::seconds(15)) << "twice " << twice;
@@ -187,18 +191,50 @@ TEST(Launch, ASignalTheLauncherWasStartedIgnoringStaysIgnored) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     ::kill(::getpid(), SIGHUP);
   });
-  const int code = launch_local(o, {"sh", "-c", "sleep 1"});
+  const LaunchResult r = launch_local(o, {"sh", "-c", "sleep 1"});
   hangup.join();
   struct sigaction after {};
   ::sigaction(SIGHUP, &before, &after);
-  EXPECT_EQ(code, 0);
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.signal, 0);
   EXPECT_EQ(after.sa_handler, SIG_IGN) << "the launcher left a handler of its own in place";
+}
+
+// `ringtrain launch` stopped by Ctrl-C ends by SIGINT itself, so that a shell script looping over runs stops too
+// (bash ends a loop only for a child that SIGINT killed), with the message that it stopped the ranks.
+TEST(Launch, TheCommandStoppedByASignalEndsByIt) {
+  for (const int sig : {SIGINT, SIGTERM}) {
+    int out[2];
+    ASSERT_EQ(::pipe(out), 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::signal(SIGINT, SIG_DFL);  // a test run from a script's background job would pass SIGINT on ignored
+      ::dup2(out[1], STDERR_FILENO);
+      ::close(out[0]);
+      const std::string program = testing::cli_program();
+      ::execl(program.c_str(), program.c_str(), "launch", "--nproc", "2", "--stop-grace-ms", "5000", "--", "sleep",
+              "60", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));  // the launcher's handlers are installed by then
+    ::kill(pid, sig);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    std::string err;
+    char buf[512];
+    for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(n));
+    ::close(out[0]);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "signal " << sig << ", status " << status;
+    EXPECT_NE(err.find("ringtrain launch: signal " + std::to_string(sig) + "; stopping the ranks"), std::string::npos)
+        << err;
+  }
 }
 
 TEST(Launch, MissingProgramIsReported) {
   LaunchOptions o;
   o.nproc = 2;
-  EXPECT_EQ(launch_local(o, {"/nonexistent/ringtrain-test-program"}), 127);
+  EXPECT_EQ(launch_local(o, {"/nonexistent/ringtrain-test-program"}).code, 127);
   EXPECT_THROW(launch_local(o, {}), Error);
 }
 

@@ -104,7 +104,7 @@ void add_bench_model_command(CLI::App& app) {
   add_timeout_ms(*cmd, o->timeout_ms);
   cmd->callback([o] {
     require_gpus(o->cp, "bench model");
-    if (o->cp > 1 && !inside_ranks(o->cp)) throw Exit{relaunch_self(o->cp)};
+    if (o->cp > 1 && !inside_ranks(o->cp)) throw relaunch_self(o->cp);
     run_model_bench(*o);
   });
 }

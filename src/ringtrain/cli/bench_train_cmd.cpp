@@ -60,7 +60,7 @@ void run(BenchTrainCli& o) {
     std::fprintf(stderr, "ringtrain: --cp %d needs %d GPUs on this node, found %d\n", o.cp, o.cp, cuda_device_count());
     throw Exit{2};
   }
-  if (o.cp > 1 && !inside_ranks(o.cp)) throw Exit{relaunch_self(o.cp)};
+  if (o.cp > 1 && !inside_ranks(o.cp)) throw relaunch_self(o.cp);
   const std::unique_ptr<comm::Communicator> world = nccl_from_environment(timeout);
   const nlohmann::json row = train::run_train_bench(b, *world);
   if (world->rank() == 0) {

@@ -9,16 +9,9 @@
 #include <vector>
 
 #include "ringtrain/check/attention_check.h"
+#include "ringtrain/cli/exit.h"
 
 namespace ringtrain::cli {
-
-// Thrown by a command to end the program with a given exit code after printing its own message. A run that a signal
-// stopped ends by that signal instead (`signal`, raised again under the disposition the program started with), so
-// that the shell that started it sees a process the signal ended and a script's loop stops too.
-struct Exit {
-  int code;
-  int signal = 0;
-};
 
 void add_backends_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

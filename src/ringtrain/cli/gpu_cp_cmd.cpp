@@ -23,7 +23,7 @@ int gpu_cp_attention_check(const check::AttnProblem& prob, const cp::CpConfig& c
   require_gpus(cp, "attention-check");
   // Every rank draws the whole sequence from the seed, so they must agree on it: the ranks get it as --seed (the
   // last --seed given wins, so a seed already on the command line is simply repeated).
-  if (!inside_ranks(cp)) return relaunch_self(cp, {"--seed", std::to_string(seed)});
+  if (!inside_ranks(cp)) throw relaunch_self(cp, {"--seed", std::to_string(seed)});
   auto comm = nccl_from_environment(timeout);
   check::DeviceRunOptions opt;
   opt.prob = prob;
@@ -74,7 +74,7 @@ void add_bench_cp_command(CLI::App& app) {
   cmd->callback([o] {
     const AttnShapeOptions& s = o->shape;
     require_gpus(s.cp, "bench cp");
-    if (!inside_ranks(s.cp)) throw Exit{relaunch_self(s.cp)};
+    if (!inside_ranks(s.cp)) throw relaunch_self(s.cp);
     auto comm = nccl_from_environment(std::chrono::milliseconds(o->timeout_ms));
     const bool lead = comm->rank() == 0;
     nlohmann::json rows = nlohmann::json::array();

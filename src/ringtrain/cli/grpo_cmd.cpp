@@ -94,7 +94,7 @@ void add_grpo_command(CLI::App& app) {
         throw Exit{2};
       }
       if (!inside_ranks(world))
-        throw Exit{relaunch_self(world, {}, saving_stop_grace(std::chrono::seconds(o->timeout_s)))};
+        throw relaunch_self(world, {}, saving_stop_grace(std::chrono::seconds(o->timeout_s)));
     }
     c.validate_against(worker::resolve_model_config(c.policy));
     rl::GrpoOptions options;

@@ -28,7 +28,9 @@ void add_launch_command(CLI::App& app) {
   cmd->callback([o] {
     o->launch.grace = std::chrono::milliseconds(o->grace_ms);
     o->launch.stop_grace = std::chrono::milliseconds(o->stop_grace_ms);
-    if (int code = comm::launch_local(o->launch, o->command); code != 0) throw Exit{code};
+    // Ended by the signal that stopped the ranks, as a shell's own child would be (main raises it again).
+    if (const comm::LaunchResult r = comm::launch_local(o->launch, o->command); r.code != 0)
+      throw Exit{r.code, r.signal};
   });
 }
 

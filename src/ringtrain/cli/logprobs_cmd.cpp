@@ -145,7 +145,7 @@ void add_logprobs_command(CLI::App& app) {
                      cuda_device_count());
         throw Exit{2};
       }
-      if (o->cp > 1 && !inside_ranks(o->cp)) throw Exit{relaunch_self(o->cp)};
+      if (o->cp > 1 && !inside_ranks(o->cp)) throw relaunch_self(o->cp);
     }
     const ModelConfig config = load_config(o->model);
     const auto samples = read_samples(o->data, config);

@@ -27,7 +27,7 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
       std::fprintf(stderr, "ringtrain logprobs: device cuda cannot run here: %s\n", why.c_str());
       throw Exit{2};
     }
-    if (!inside_ranks(world)) throw Exit{relaunch_self(world)};
+    if (!inside_ranks(world)) throw relaunch_self(world);
   }
   const model::ModelConfig m = worker::resolve_model_config(c.policy);
   c.validate_against(m);

@@ -23,7 +23,7 @@ bool inside_ranks(int world) {
   return true;
 }
 
-int relaunch_self(int world, const std::vector<std::string>& extra_args, std::chrono::milliseconds stop_grace) {
+Exit relaunch_self(int world, const std::vector<std::string>& extra_args, std::chrono::milliseconds stop_grace) {
   std::ifstream f("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> argv;
   for (std::string arg; std::getline(f, arg, '\0');) argv.push_back(arg);
@@ -34,7 +34,8 @@ int relaunch_self(int world, const std::vector<std::string>& extra_args, std::ch
   o.nproc = world;
   o.master_port = 29500 + static_cast<int>(std::random_device{}() % 10000);  // no clash with a job next door
   o.stop_grace = stop_grace;
-  return comm::launch_local(o, argv);
+  const comm::LaunchResult r = comm::launch_local(o, argv);
+  return Exit{r.code, r.signal};
 }
 
 std::chrono::milliseconds saving_stop_grace(std::chrono::seconds timeout) { return timeout + std::chrono::minutes(1); }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/cli/exit.h"
 #include "ringtrain/comm/communicator.h"
 #include "ringtrain/comm/launch.h"
 
@@ -15,10 +16,11 @@ namespace ringtrain::cli {
 // True when this process is one of `world` ranks (rank variables present with that world size).
 bool inside_ranks(int world);
 // Runs this process's own command line again as `world` local ranks (ringtrain launch), with `extra_args` appended
-// (e.g. a seed every rank must share), and returns their exit code. stop_grace: after Ctrl-C, how long the ranks get
-// to stop by themselves (comm::LaunchOptions::stop_grace); a run that saves its finished steps then needs longer.
-int relaunch_self(int world, const std::vector<std::string>& extra_args = {},
-                  std::chrono::milliseconds stop_grace = comm::LaunchOptions{}.stop_grace);
+// (e.g. a seed every rank must share), and gives how the command ends: the ranks' exit code, and the signal that
+// stopped them (the command ends by it, as `ringtrain launch` does). stop_grace: after Ctrl-C, how long the ranks
+// get to stop by themselves (comm::LaunchOptions::stop_grace); a run that saves its finished steps needs longer.
+Exit relaunch_self(int world, const std::vector<std::string>& extra_args = {},
+                   std::chrono::milliseconds stop_grace = comm::LaunchOptions{}.stop_grace);
 // The stop grace of a run that saves at a stop: as long as its ranks wait for one another (--timeout), and a minute.
 std::chrono::milliseconds saving_stop_grace(std::chrono::seconds timeout);
 // This rank's GPU communicator (GPU = local rank); a clear error when the build has none.

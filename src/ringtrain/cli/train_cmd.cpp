@@ -62,7 +62,7 @@ void add_train_command(CLI::App& app) {
                    "PG / DPO steps over train.data = %s; `ringtrain grpo` runs the GRPO loop\n",
                    c.grpo.prompts.c_str(), c.train.data.c_str());
     if (c.device.is_cuda() && !in_ranks)
-      throw Exit{relaunch_self(world, {}, saving_stop_grace(std::chrono::seconds(o->timeout_s)))};
+      throw relaunch_self(world, {}, saving_stop_grace(std::chrono::seconds(o->timeout_s)));
     // Everything that needs no weights is checked before any rank starts: the config against the model, the data.
     const model::ModelConfig m = worker::resolve_model_config(c.policy);
     c.validate_against(m);

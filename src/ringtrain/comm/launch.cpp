@@ -85,7 +85,7 @@ void restore_handlers(const struct sigaction& term, const struct sigaction& intr
 
 }  // namespace
 
-int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
+LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
   RT_CHECK(o.nproc >= 1 && o.nproc <= kMaxLocalRanks, "launch: --nproc must be in [1, ", kMaxLocalRanks, "], got ",
            o.nproc);
   RT_CHECK(!argv.empty(), "launch: no command given (usage: ringtrain launch --nproc N -- COMMAND ...)");
@@ -108,7 +108,8 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
     }
     pids.push_back(pid);
   }
-  int result = 0, running = o.nproc;
+  LaunchResult result;
+  int running = o.nproc;
   bool terminating = false, signalled = false, killed = false;
   auto kill_after = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
@@ -118,7 +119,7 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
       if (g_stop_signal && !signalled) {
         std::fprintf(stderr, "ringtrain launch: signal %d; stopping the ranks (a second signal kills them at once)\n",
                      static_cast<int>(g_stop_signal));
-        if (!terminating) result = 128 + g_stop_signal;
+        if (!terminating) result = {128 + g_stop_signal, g_stop_signal};
         terminating = signalled = true;
         for (pid_t p : pids)
           if (p > 0) ::kill(-p, SIGTERM);
@@ -146,7 +147,7 @@ int launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
                                                         ::strsignal(WTERMSIG(status)), "), exit code ", code)
                                                   : cat("exit code ", code);
       std::fprintf(stderr, "ringtrain launch: rank %d failed (%s); stopping the other ranks\n", rank, how.c_str());
-      result = code;
+      result = {code, 0};
       terminating = true;
       for (pid_t p : pids)
         if (p > 0) ::kill(-p, SIGTERM);

@@ -19,10 +19,18 @@ struct LaunchOptions {
   std::chrono::milliseconds stop_grace{30000};
 };
 
+struct LaunchResult {
+  // 0 when every rank succeeded, else the first failing rank's exit code (128 + signal for a signal), or 128 + the
+  // signal that stopped the launch.
+  int code = 0;
+  // The signal to the launcher (SIGINT, SIGTERM, SIGHUP) that stopped the ranks, else 0: a caller that ends by it, as
+  // `ringtrain launch` does, lets a shell script see the interrupt (bash ends a loop only for a child killed by SIGINT).
+  int signal = 0;
+};
+
 // Runs argv (argv[0] looked up in PATH) nproc times with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT and NCCL_NVLS_ENABLE=0 set. Waits for all; when one exits non-zero (or is killed),
-// the others are terminated. Returns 0 when every rank succeeded, else the first failing rank's exit code
-// (128 + signal for a signal). The failure is reported on stderr with the rank named.
-int launch_local(const LaunchOptions& opts, const std::vector<std::string>& argv);
+// the others are terminated. The failure is reported on stderr with the rank named.
+LaunchResult launch_local(const LaunchOptions& opts, const std::vector<std::string>& argv);
 
 }  // namespace ringtrain::comm
