@@ -33,8 +33,8 @@ struct Case {
 std::string case_name(const Case& c) {
   const char* heads = c.heads_kv == c.heads_q ? "mha" : (c.heads_kv == 1 ? "mqa" : "gqa");
   return cat("cp", c.cp, "_", cp::cp_comm_name(c.comm), c.causal ? "_causal_" : "_full_", heads, "_d", c.head_dim,
-             "_S", c.seq, "_B", c.batch, "_", attention::backend_name(c.block_backend), "_", dtype_name(c.dtype), c.keep_kv ? "" : "_fetch",
-             c.window > 0 ? cat("_w", c.window) : std::string());
+             "_S", c.seq, "_B", c.batch, "_", attention::backend_name(c.block_backend), "_", dtype_name(c.dtype),
+             c.keep_kv ? "" : "_fetch", c.window > 0 ? cat("_w", c.window) : std::string());
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }

@@ -1,7 +1,8 @@
 // Context parallelism on two GPUs through NCCL: for every GPU backend, ring, all-gather and all-to-all, causal and
-// not, GQA, lengths that need padding and one long sequence, sliding windows (all-gather and all-to-all), CP attention
-// equals the single-GPU result of the same backend on the same inputs (O, LSE, dQ, dK, dV within the bf16 bar). Also the narrowing rule on the GPU: with a
-// model scope listing all four backends inside CP, only CP-capable implementations run.
+// not, GQA, lengths that need padding and one long sequence, sliding windows (all-gather and all-to-all), CP
+// attention equals the single-GPU result of the same backend on the same inputs (O, LSE, dQ, dK, dV within the bf16
+// bar). Also the narrowing rule on the GPU: with a model scope listing all four backends inside CP, only CP-capable
+// implementations run.
 // The parent tests start this program on two ranks (launch_local); the CpRank tests run inside those ranks.
 #include <gtest/gtest.h>
 

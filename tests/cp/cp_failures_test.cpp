@@ -11,39 +11,23 @@
 #include "ringtrain/core/error.h"
 #include "ringtrain/cp/cp_attention.h"
 #include "ringtrain/cp/zigzag.h"
+#include "forwarding_comm.h"
 #include "test_util.h"
 
 namespace ringtrain {
 namespace {
 
 // Forwards to a real communicator, but throws at its n-th send_recv (1-based) on the chosen rank.
-class FailingComm final : public comm::Communicator {
+class FailingComm final : public testing::ForwardingComm {
  public:
-  FailingComm(comm::Communicator& inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Device device() const override { return inner_.device(); }
-  std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
+  FailingComm(comm::Communicator& inner, int fail_at) : ForwardingComm(inner), fail_at_(fail_at) {}
   std::unique_ptr<comm::Request> exchange(std::span<const comm::Transfer> parts, int dst, int src, DType dtype,
                                           void* stream) override {
     if (++sends_ == fail_at_) throw Error(cat("injected failure at ring exchange ", sends_, " on rank ", rank()));
-    return inner_.exchange(parts, dst, src, dtype, stream);
+    return ForwardingComm::exchange(parts, dst, src, dtype, stream);
   }
-  void all_gather(const void* s, void* r, size_t n, DType t, void* st) override { inner_.all_gather(s, r, n, t, st); }
-  void reduce_scatter(const void* s, void* r, size_t n, DType t, comm::ReduceOp op, void* st) override {
-    inner_.reduce_scatter(s, r, n, t, op, st);
-  }
-  void all_reduce(void* b, size_t n, DType t, comm::ReduceOp op, void* st) override {
-    inner_.all_reduce(b, n, t, op, st);
-  }
-  void all_to_all(const void* s, void* r, size_t n, DType t, void* st) override { inner_.all_to_all(s, r, n, t, st); }
-  void broadcast(void* b, size_t n, DType t, int root, void* st) override { inner_.broadcast(b, n, t, root, st); }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<comm::Communicator> split(int color, int key) override { return inner_.split(color, key); }
-  void abort(const std::string& why) override { inner_.abort(why); }
 
  private:
-  comm::Communicator& inner_;
   int fail_at_;
   int sends_ = 0;
 };

@@ -7,7 +7,6 @@
 
 #include <memory>
 #include <span>
-#include <string>
 #include <tuple>
 
 #include "ringtrain/attention/cpu/cpu_backends.h"
@@ -15,6 +14,7 @@
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/cp/cp_attention.h"
 #include "ringtrain/cp/zigzag.h"
+#include "forwarding_comm.h"
 #include "root_list_guard.h"
 #include "test_util.h"
 
@@ -37,41 +37,15 @@ struct Packed {
 };
 
 // A communicator that counts the point-to-point exchanges it passes on.
-class CountingComm final : public comm::Communicator {
+class CountingComm final : public testing::ForwardingComm {
  public:
-  explicit CountingComm(comm::Communicator& inner) : inner_(inner) {}
+  using ForwardingComm::ForwardingComm;
   int exchanges = 0;
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Device device() const override { return inner_.device(); }
-  std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
   std::unique_ptr<comm::Request> exchange(std::span<const comm::Transfer> parts, int dst, int src, DType dtype,
                                           void* stream) override {
     ++exchanges;
-    return inner_.exchange(parts, dst, src, dtype, stream);
+    return ForwardingComm::exchange(parts, dst, src, dtype, stream);
   }
-  void all_gather(const void* send, void* recv, size_t count, DType dtype, void* stream) override {
-    inner_.all_gather(send, recv, count, dtype, stream);
-  }
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, comm::ReduceOp op,
-                      void* stream) override {
-    inner_.reduce_scatter(send, recv, count, dtype, op, stream);
-  }
-  void all_reduce(void* buf, size_t count, DType dtype, comm::ReduceOp op, void* stream) override {
-    inner_.all_reduce(buf, count, dtype, op, stream);
-  }
-  void all_to_all(const void* send, void* recv, size_t count, DType dtype, void* stream) override {
-    inner_.all_to_all(send, recv, count, dtype, stream);
-  }
-  void broadcast(void* buf, size_t count, DType dtype, int root, void* stream) override {
-    inner_.broadcast(buf, count, dtype, root, stream);
-  }
-  void barrier() override { inner_.barrier(); }
-  std::unique_ptr<comm::Communicator> split(int color, int key) override { return inner_.split(color, key); }
-  void abort(const std::string& why) override { inner_.abort(why); }
-
- private:
-  comm::Communicator& inner_;
 };
 
 // (cp, comm, causal, heads_q, heads_kv, sliding window or 0)

@@ -1,9 +1,9 @@
 // The model under context parallelism on in-process CPU ranks, each with its own Policy over the group: logprobs
 // (gathered back to token order) and the weight gradients (summed over the cp ranks) equal those of one rank, for
-// cp = 2 and 4, ring, all-gather and all-to-all, lengths that need padding and not, and sliding windows shorter than
-// the sequence (Mistral on every layer; Qwen2 on some) with all-gather and all-to-all. fp32 throughout: the CP merge and the per-rank reductions reorder fp32 sums,
-// giving ~1e-6 differences; the bounds (2e-5 absolute on logprobs ~ -3.5, 1e-4 relative L2 on gradients) leave
-// margin yet catch any misplaced token or lost gradient.
+// cp = 2 and 4, ring, all-gather and all-to-all, lengths that need padding and not, and sliding windows shorter
+// than the sequence (Mistral on every layer; Qwen2 on some) with all-gather and all-to-all. fp32 throughout: the CP
+// merge and the per-rank reductions reorder fp32 sums, giving ~1e-6 differences; the bounds (2e-5 absolute on
+// logprobs ~ -3.5, 1e-4 relative L2 on gradients) leave margin yet catch any misplaced token or lost gradient.
 #include <gtest/gtest.h>
 
 #include <cmath>

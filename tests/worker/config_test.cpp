@@ -288,8 +288,9 @@ TEST(WorkerConfig, ValidateAgainstTheModel) {
         .validate_against(windowed);
     ADD_FAILURE() << "a window shorter than the sequence accepted under parallel.cp = 2 with the ring";
   } catch (const Error& e) {
-    for (const char* part : {"'sliding_window' = 1024", "parallel.cp = 2", "parallel.cp_comm = ring",
-                             "policy.max_total_sequence_length (2048 tokens)", "use parallel.cp_comm = allgather or a2a"})
+    for (const char* part :
+         {"'sliding_window' = 1024", "parallel.cp = 2", "parallel.cp_comm = ring",
+          "policy.max_total_sequence_length (2048 tokens)", "use parallel.cp_comm = allgather or a2a"})
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
   }
   for (const char* comm : {"parallel.cp_comm=allgather", "parallel.cp_comm=a2a"})

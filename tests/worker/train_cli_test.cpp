@@ -169,7 +169,8 @@ TEST(TrainCli, ASlidingWindowTrainsUnderAllGatherAndAllToAllAndTheRingIsRefused)
   }
   const testing::CliResult ring = run(windowed, "ring", 1, 2, "ring");
   EXPECT_NE(ring.code, 0) << ring.output;
-  for (const char* part : {"'sliding_window' = 5", "parallel.cp_comm = ring", "use parallel.cp_comm = allgather or a2a"})
+  for (const char* part :
+       {"'sliding_window' = 5", "parallel.cp_comm = ring", "use parallel.cp_comm = allgather or a2a"})
     EXPECT_NE(ring.output.find(part), std::string::npos) << ring.output;
   EXPECT_FALSE(fs::exists(dir.path / "ring" / "metrics" / "metrics.jsonl")) << ring.output;
   const testing::CliResult unwindowed = run(full, "full", 1, 1, "ring");

@@ -24,7 +24,8 @@ struct LaunchResult {
   // signal that stopped the launch.
   int code = 0;
   // The signal to the launcher (SIGINT, SIGTERM, SIGHUP) that stopped the ranks, else 0: a caller that ends by it, as
-  // `ringtrain launch` does, lets a shell script see the interrupt (bash ends a loop only for a child killed by SIGINT).
+  // `ringtrain launch` does, lets a shell script see the interrupt (bash ends a loop only for a child that SIGINT
+  // killed).
   int signal = 0;
 };
 

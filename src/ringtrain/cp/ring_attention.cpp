@@ -1,8 +1,9 @@
 // Ring attention on rank r: at step i the rank holds the KV block of source s = (r - i) mod cp and attends the
 // part of its queries that sees that block (ring_block). Packed documents travel together: the block is the rank's
 // rows of every document, one exchange per step, and each document attends its own rows of it (a Segment each).
-// The next block's send/recv is posted before the step's compute and waited after it (double buffer). Each step's partial result is merged into the running O and LSE
-// (fp32 LSE; O in fp32, or the output itself when at most one merge rounds it).
+// The next block's send/recv is posted before the step's compute and waited after it (double buffer). Each step's
+// partial result is merged into the running O and LSE (fp32 LSE; O in fp32, or the output itself when at most one
+// merge rounds it).
 // Backward: the same blocks in the opposite direction, s = (r + 1 + i) mod cp, so that the own block comes last,
 // always with the final O and LSE. Each step's dK/dV share is computed while the sum of the earlier shares of the
 // same block arrives from the next rank, then added and sent on to the previous one; the sum gathers one share per
@@ -85,10 +86,6 @@ std::unique_ptr<comm::Request> send_kv(comm::Communicator& comm, const TensorVie
   packed->request = comm.send_recv(packed->pack.buf.data(), dst, into.buf.data(), src, into.count(), dtype, stream);
   return packed;
 }
-
-}  // namespace
-
-namespace {
 
 // One sequence's rows in the local tensors: its zigzag layout and the first of its 2c local rows (dimension 1 of
 // [B, rows, H, D]). A dense call is one segment at 0; packed documents are one segment each, at their local starts.
@@ -290,26 +287,7 @@ void backward(comm::Communicator& comm, const Ring& ring, const AttnParams& p, c
 // The dense call as one segment.
 Ring dense_ring(const comm::Communicator& comm, const ZigzagLayout& l) { return Ring(comm, {{l, 0}}, l.local_len()); }
 
-// Every document as a segment of the [1, T_local, H, D] views of the local THD tensors (checked as the dense call
-// of each document would be), and the dense params of those views (batch 1, not packed): each block call is a
-// dense one.
-std::pair<Ring, AttnParams> packed_ring(const char* what, const comm::Communicator& comm, const AttnParams& p,
-                                        const PackedZigzag& l) {
-  std::vector<Segment> segs;
-  for (size_t d = 0; d < l.doc_lens.size(); ++d) {
-    AttnParams doc = p;
-    doc.packed = false;
-    doc.batch = 1;
-    doc.seqlen_q = doc.seqlen_kv = l.doc(d).local_len();
-    segs.push_back({check_ring_call(what, comm, doc, l.doc_lens[d]), l.local_start(d)});
-  }
-  AttnParams all = p;
-  all.packed = false;
-  all.batch = 1;
-  all.seqlen_q = all.seqlen_kv = l.local_total();
-  return {Ring(comm, std::move(segs), l.local_total()), all};
-}
-
+// The [1, T_local, H, D] views of the local THD tensors (LSE [1, H, T_local]).
 AttnForwardArgs as_dense(const AttnForwardArgs& a, int64_t n) {
   AttnForwardArgs d = a;
   d.q = packed_rows(a.q, 0, n), d.k = packed_rows(a.k, 0, n), d.v = packed_rows(a.v, 0, n);
@@ -325,6 +303,28 @@ AttnBackwardArgs as_dense(const AttnBackwardArgs& a, int64_t n) {
   d.dq = packed_rows(a.dq, 0, n), d.dk = packed_rows(a.dk, 0, n), d.dv = packed_rows(a.dv, 0, n);
   d.cu_seqlens_q = d.cu_seqlens_kv = TensorView();
   return d;
+}
+
+// Every document as a segment of the [1, T_local, H, D] views of the local THD tensors (checked as the dense call
+// of each document would be), and the dense params of those views (batch 1, not packed; validated against the views
+// of `a`): each block call is a dense one.
+template <class Args>
+std::pair<Ring, AttnParams> packed_ring(const char* what, const comm::Communicator& comm, const AttnParams& p,
+                                        const PackedZigzag& l, const Args& a) {
+  std::vector<Segment> segs;
+  for (size_t d = 0; d < l.doc_lens.size(); ++d) {
+    AttnParams doc = p;
+    doc.packed = false;
+    doc.batch = 1;
+    doc.seqlen_q = doc.seqlen_kv = l.doc(d).local_len();
+    segs.push_back({check_ring_call(what, comm, doc, l.doc_lens[d]), l.local_start(d)});
+  }
+  AttnParams all = p;
+  all.packed = false;
+  all.batch = 1;
+  all.seqlen_q = all.seqlen_kv = l.local_total();
+  attention::validate(all, as_dense(a, l.local_total()));
+  return {Ring(comm, std::move(segs), l.local_total()), all};
 }
 
 }  // namespace
@@ -345,18 +345,14 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
 
 void ring_packed_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
                                    const PackedZigzag& l) {
-  const auto [ring, dense] = packed_ring("packed ring attention forward", comm, p, l);
-  const AttnForwardArgs d = as_dense(a, l.local_total());
-  attention::validate(dense, d);
-  forward(comm, ring, dense, d, nullptr);
+  const auto [ring, dense] = packed_ring("packed ring attention forward", comm, p, l, a);
+  forward(comm, ring, dense, as_dense(a, l.local_total()), nullptr);
 }
 
 void ring_packed_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
                                     const PackedZigzag& l) {
-  const auto [ring, dense] = packed_ring("packed ring attention backward", comm, p, l);
-  const AttnBackwardArgs d = as_dense(a, l.local_total());
-  attention::validate(dense, d);
-  backward(comm, ring, dense, d, nullptr);
+  const auto [ring, dense] = packed_ring("packed ring attention backward", comm, p, l, a);
+  backward(comm, ring, dense, as_dense(a, l.local_total()), nullptr);
 }
 
 }  // namespace ringtrain::cp
