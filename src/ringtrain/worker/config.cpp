@@ -396,7 +396,9 @@ const std::vector<Field>& schema() {
         "parallel.cp", "context-parallel size (ranks sharing each sequence)",
         [](auto& c) -> auto& { return c.parallel.cp; }, 1, 1 << 16));
     f.push_back(enum_field(
-        "parallel.cp_comm", "ring, allgather or a2a (heads divisible by cp)",
+        "parallel.cp_comm",
+        "ring, allgather or a2a (heads divisible by cp); a sliding window shorter than the sequence needs allgather "
+        "or a2a",
         [](auto& c) -> auto& { return c.parallel.cp_comm; }, kCpComms));
     f.push_back({"device", "cpu, cuda, cuda:N or auto (a usable GPU, else cpu)",
                  [](Config& c, const YAML::Node& n, const std::string& w) {
