@@ -268,6 +268,10 @@ expect_error config-backend-twice 'attention.backends\[1\] = math: listed twice'
 printf 'policy:\n  model_name: "builtin:tiny\\x00evil"\n' > nul_value.yaml
 expect_error config-nul-in-value 'nul_value.yaml:2: policy.model_name: holds a NUL byte' "$bin" config nul_value.yaml
 expect_error train-missing-data 'nothere.jsonl: no such file' "$bin" train --config run.yaml train.data=nothere.jsonl
+expect_error train-cpu-under-a-launcher 'ringtrain train on the CPU runs its 1 rank\(s\) .* as threads of one process, but this process is rank 1 of 2 \(torchrun variables\): start it once, without a launcher' \
+  env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "$bin" train --config run.yaml
+expect_error grpo-cpu-under-a-launcher 'ringtrain grpo on the CPU runs its 1 rank\(s\) .* this process is rank 0 of 2' \
+  env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "$bin" grpo --config "$root/configs/grpo_tiny.yaml" device=cpu
 touch ckpt_file
 expect_error train-checkpoint-dir-file 'train.checkpoint_dir = ckpt_file: not a directory' \
   "$bin" train --config run.yaml train.checkpoint_dir=ckpt_file

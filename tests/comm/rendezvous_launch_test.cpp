@@ -153,6 +153,23 @@ TEST(Launch, SignalToTheLauncherStopsTheRanks) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
+// A signal while the launcher stops the others after a rank failed is still the one to end by (the user interrupted),
+// the failing rank's code kept for a caller that ignores the signal.
+TEST(Launch, ASignalWhileARankFailureStopsTheOthersIsStillTheOneToEndBy) {
+  LaunchOptions o;
+  o.nproc = 2;
+  o.grace = std::chrono::milliseconds(3000);
+  std::thread killer([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    ::kill(::getpid(), SIGINT);
+  });
+  const LaunchResult r =
+      launch_local(o, {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 7; fi; trap '' TERM; sleep 60"});
+  killer.join();
+  EXPECT_EQ(r.code, 7);
+  EXPECT_EQ(r.signal, SIGINT);
+}
+
 // Ranks that take SIGTERM as a request to stop get stop_grace to do so; ranks that ignore it are killed after it, or
 // at once on a second signal to the launcher.
 TEST(Launch, RanksThatIgnoreTheStopAreKilledAfterTheStopGraceOrAtASecondSignal) {

@@ -22,6 +22,7 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
   const worker::Config c = worker::load_config(o.config, o.overrides);
   check_out_is_not_input("--out", o.out, {{c.policy.model_name, "policy.model_name"}});
   const int world = static_cast<int>(c.parallel.world());
+  if (!c.device.is_cuda()) check_one_process_on_cpu("ringtrain logprobs", world);
   if (c.device.is_cuda()) {
     if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
       std::fprintf(stderr, "ringtrain logprobs: device cuda cannot run here: %s\n", why.c_str());

@@ -23,6 +23,14 @@ bool inside_ranks(int world) {
   return true;
 }
 
+void check_one_process_on_cpu(const char* command, int world) {
+  const comm::RankInfo info = comm::rank_info_from_environment();
+  RT_CHECK(info.source == "single process" || info.world == 1, command, " on the CPU runs its ", world,
+           " rank(s) (parallel.dp x parallel.cp) as threads of one process, but this process is rank ", info.rank,
+           " of ", info.world, " (", info.source, " variables): start it once, without a launcher (the GPU runs ",
+           "one process per GPU)");
+}
+
 Exit relaunch_self(int world, const std::vector<std::string>& extra_args, std::chrono::milliseconds stop_grace) {
   std::ifstream f("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> argv;

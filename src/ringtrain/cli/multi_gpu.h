@@ -15,6 +15,10 @@ namespace ringtrain::cli {
 
 // True when this process is one of `world` ranks (rank variables present with that world size).
 bool inside_ranks(int world);
+// A run on the CPU holds its ranks as threads of one process: started as one of several processes (by ringtrain
+// launch, torchrun, mpirun or srun), each would be a whole run of its own on the same folders. Error naming the
+// launcher's variables unless this process is alone; `command` names the command.
+void check_one_process_on_cpu(const char* command, int world);
 // Runs this process's own command line again as `world` local ranks (ringtrain launch), with `extra_args` appended
 // (e.g. a seed every rank must share), and gives how the command ends: the ranks' exit code, and the signal that
 // stopped them (the command ends by it, as `ringtrain launch` does). stop_grace: after Ctrl-C, how long the ranks

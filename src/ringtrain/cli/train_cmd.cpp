@@ -48,8 +48,9 @@ void add_train_command(CLI::App& app) {
     RT_CHECK(c.grpo.prompts.empty() || !c.train.data.empty(), o->config,
              ": grpo.prompts is set and train.data is not: this config is a GRPO run, for `ringtrain grpo --config ",
              o->config, "`");
-    worker::check_fresh_run(c, ro);  // once, before GPU ranks are started
     const int world = static_cast<int>(c.parallel.world());
+    if (!c.device.is_cuda()) check_one_process_on_cpu("ringtrain train", world);
+    worker::check_fresh_run(c, ro);  // once, before GPU ranks are started
     if (c.device.is_cuda()) {
       if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
         std::fprintf(stderr, "ringtrain train: device cuda cannot run here: %s\n", why.c_str());

@@ -119,7 +119,9 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
       if (g_stop_signal && !signalled) {
         std::fprintf(stderr, "ringtrain launch: signal %d; stopping the ranks (a second signal kills them at once)\n",
                      static_cast<int>(g_stop_signal));
-        if (!terminating) result = {128 + g_stop_signal, g_stop_signal};
+        // A rank that failed first keeps its exit code, but the user's interrupt is still what the launcher ends by.
+        if (!terminating) result.code = 128 + g_stop_signal;
+        result.signal = g_stop_signal;
         terminating = signalled = true;
         for (pid_t p : pids)
           if (p > 0) ::kill(-p, SIGTERM);

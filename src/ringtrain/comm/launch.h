@@ -21,7 +21,7 @@ struct LaunchOptions {
 
 struct LaunchResult {
   // 0 when every rank succeeded, else the first failing rank's exit code (128 + signal for a signal), or 128 + the
-  // signal that stopped the launch.
+  // signal that stopped the launch when no rank had failed before it.
   int code = 0;
   // The signal to the launcher (SIGINT, SIGTERM, SIGHUP) that stopped the ranks, else 0: a caller that ends by it, as
   // `ringtrain launch` does, lets a shell script see the interrupt (bash ends a loop only for a child that SIGINT
