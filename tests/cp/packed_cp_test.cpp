@@ -2,7 +2,8 @@
 // the single-rank fp64 math reference on the whole packed batch (THD with cu_seqlens, so no token may see another
 // document), sliding windows included (all-gather and all-to-all). fp32: accumulation-order differences only, 1e-5
 // relative. The ring moves all documents in each exchange: cp - 1 exchanges forward and 2 cp - 2 backward (the
-// first block fetched, cp - 2 blocks, cp - 1 gradient sums), counted, whatever the number of documents.
+// first block fetched, cp - 2 blocks, cp - 1 gradient sums); all-gather one all-gather forward and one all-gather and
+// one reduce-scatter backward: counted, whatever the number of documents.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -36,15 +37,23 @@ struct Packed {
   }
 };
 
-// A communicator that counts the point-to-point exchanges it passes on.
+// A communicator that counts the exchanges and collectives it passes on.
 class CountingComm final : public testing::ForwardingComm {
  public:
   using ForwardingComm::ForwardingComm;
-  int exchanges = 0;
+  int exchanges = 0, all_gathers = 0, reduce_scatters = 0;
   std::unique_ptr<comm::Request> exchange(std::span<const comm::Transfer> parts, int dst, int src, DType dtype,
                                           void* stream) override {
     ++exchanges;
     return ForwardingComm::exchange(parts, dst, src, dtype, stream);
+  }
+  void all_gather(const void* s, void* r, size_t n, DType t, void* st) override {
+    ++all_gathers;
+    ForwardingComm::all_gather(s, r, n, t, st);
+  }
+  void reduce_scatter(const void* s, void* r, size_t n, DType t, comm::ReduceOp op, void* st) override {
+    ++reduce_scatters;
+    ForwardingComm::reduce_scatter(s, r, n, t, op, st);
   }
 };
 
@@ -96,12 +105,19 @@ TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
     cfg.comm = comm_kind;
     CountingComm counted(c);
     cp::packed_attention_forward(counted, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.lse}, lens);
-    const int forward_exchanges = counted.exchanges;
+    const int forward_exchanges = counted.exchanges, forward_gathers = counted.all_gathers,
+              forward_scatters = counted.reduce_scatters;
     cp::packed_attention_backward(
         counted, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.dout, mine.lse, mine.dq, mine.dk, mine.dv}, lens);
     if (comm_kind == CpComm::Ring) {
       EXPECT_EQ(forward_exchanges, cp - 1) << "rank " << c.rank();
       EXPECT_EQ(counted.exchanges - forward_exchanges, 2 * cp - 2) << "rank " << c.rank();
+    }
+    if (comm_kind == CpComm::AllGather) {  // one of each per pass, whatever the number of documents
+      EXPECT_EQ(forward_gathers, 1) << "rank " << c.rank();
+      EXPECT_EQ(forward_scatters, 0) << "rank " << c.rank();
+      EXPECT_EQ(counted.all_gathers, 2) << "rank " << c.rank();
+      EXPECT_EQ(counted.reduce_scatters, 1) << "rank " << c.rank();
     }
     for_docs([&](const cp::ZigzagLayout& dl, int64_t gs, int64_t n, int64_t ls) {
       for (auto [from, to] : {std::pair{&mine.o, &out.o}, {&mine.dq, &out.dq}, {&mine.dk, &out.dk}, {&mine.dv, &out.dv}})

@@ -5,6 +5,7 @@
 
 #include "ringtrain/attention/params.h"
 #include "ringtrain/comm/communicator.h"
+#include "ringtrain/cp/zigzag.h"
 
 namespace ringtrain::cp {
 
@@ -12,5 +13,10 @@ void allgather_attention_forward(comm::Communicator& comm, const attention::Attn
                                  const attention::AttnForwardArgs& a, int64_t global_len);
 void allgather_attention_backward(comm::Communicator& comm, const attention::AttnParams& local,
                                   const attention::AttnBackwardArgs& a, int64_t global_len);
+// Packed documents (THD, local.packed) in one all-gather and one reduce-scatter for all of them.
+void allgather_packed_attention_forward(comm::Communicator& comm, const attention::AttnParams& local,
+                                        const attention::AttnForwardArgs& a, const PackedZigzag& layout);
+void allgather_packed_attention_backward(comm::Communicator& comm, const attention::AttnParams& local,
+                                         const attention::AttnBackwardArgs& a, const PackedZigzag& layout);
 
 }  // namespace ringtrain::cp

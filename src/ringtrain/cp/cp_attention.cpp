@@ -71,6 +71,7 @@ void packed_attention_forward(comm::Communicator& comm, const CpConfig& cfg, con
                               const attention::AttnForwardArgs& a, const std::vector<int64_t>& doc_lens) {
   const PackedZigzag l = check_packed("packed CP attention forward", comm, local, a.q, doc_lens);
   if (cfg.comm == CpComm::Ring) return ring_packed_attention_forward(comm, local, a, l);
+  if (cfg.comm == CpComm::AllGather) return allgather_packed_attention_forward(comm, local, a, l);
   for (size_t d = 0; d < doc_lens.size(); ++d) {
     const ZigzagLayout dl = l.doc(d);
     const int64_t s = l.local_start(d), n = dl.local_len();
@@ -89,6 +90,7 @@ void packed_attention_backward(comm::Communicator& comm, const CpConfig& cfg, co
                                const attention::AttnBackwardArgs& a, const std::vector<int64_t>& doc_lens) {
   const PackedZigzag l = check_packed("packed CP attention backward", comm, local, a.q, doc_lens);
   if (cfg.comm == CpComm::Ring) return ring_packed_attention_backward(comm, local, a, l);
+  if (cfg.comm == CpComm::AllGather) return allgather_packed_attention_backward(comm, local, a, l);
   for (size_t d = 0; d < doc_lens.size(); ++d) {
     const ZigzagLayout dl = l.doc(d);
     const int64_t s = l.local_start(d), n = dl.local_len();

@@ -33,6 +33,57 @@ bool is_causal(const AttnParams& p) {
   return p.mask != MaskType::None;
 }
 
+attention::AttnForwardArgs packed_as_dense(const attention::AttnForwardArgs& a, int64_t n) {
+  attention::AttnForwardArgs d = a;
+  d.q = packed_rows(a.q, 0, n), d.k = packed_rows(a.k, 0, n), d.v = packed_rows(a.v, 0, n);
+  d.o = packed_rows(a.o, 0, n), d.lse = packed_lse(a.lse, 0, n);
+  d.cu_seqlens_q = d.cu_seqlens_kv = TensorView();
+  return d;
+}
+
+attention::AttnBackwardArgs packed_as_dense(const attention::AttnBackwardArgs& a, int64_t n) {
+  attention::AttnBackwardArgs d = a;
+  d.q = packed_rows(a.q, 0, n), d.k = packed_rows(a.k, 0, n), d.v = packed_rows(a.v, 0, n);
+  d.o = packed_rows(a.o, 0, n), d.dout = packed_rows(a.dout, 0, n), d.lse = packed_lse(a.lse, 0, n);
+  d.dq = packed_rows(a.dq, 0, n), d.dk = packed_rows(a.dk, 0, n), d.dv = packed_rows(a.dv, 0, n);
+  d.cu_seqlens_q = d.cu_seqlens_kv = TensorView();
+  return d;
+}
+
+namespace {
+
+template <class Args>
+DenseSegments segments_of(const char* what, const comm::Communicator& comm, const AttnParams& p,
+                          const PackedZigzag& l, CheckCall check, const Args& a) {
+  DenseSegments out;
+  for (size_t d = 0; d < l.doc_lens.size(); ++d) {
+    AttnParams doc = p;
+    doc.packed = false;
+    doc.batch = 1;
+    doc.seqlen_q = doc.seqlen_kv = l.doc(d).local_len();
+    out.segments.push_back({check(what, comm, doc, l.doc_lens[d]), l.local_start(d)});
+  }
+  out.rows = l.local_total();
+  out.params = p;
+  out.params.packed = false;
+  out.params.batch = 1;
+  out.params.seqlen_q = out.params.seqlen_kv = out.rows;
+  attention::validate(out.params, packed_as_dense(a, out.rows));
+  return out;
+}
+
+}  // namespace
+
+DenseSegments packed_segments(const char* what, const comm::Communicator& comm, const AttnParams& p,
+                              const PackedZigzag& l, CheckCall check, const attention::AttnForwardArgs& a) {
+  return segments_of(what, comm, p, l, check, a);
+}
+
+DenseSegments packed_segments(const char* what, const comm::Communicator& comm, const AttnParams& p,
+                              const PackedZigzag& l, CheckCall check, const attention::AttnBackwardArgs& a) {
+  return segments_of(what, comm, p, l, check, a);
+}
+
 AttnParams block_params(const AttnParams& local, int64_t sq, int64_t skv, MaskType m) {
   AttnParams b = local;
   b.seqlen_q = sq;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ringtrain/attention/params.h"
 #include "ringtrain/comm/communicator.h"
@@ -16,6 +17,32 @@ namespace ringtrain::cp {
 ZigzagLayout check_cp_call(const char* what, const comm::Communicator& comm, const attention::AttnParams& local,
                            int64_t global_len);
 bool is_causal(const attention::AttnParams& local);
+
+// One sequence's rows in the local tensors of a CP call: its zigzag layout and the first of its 2c local rows
+// (dimension 1 of [B, rows, H, D]). A dense call is one segment at 0; packed documents are one segment each, at
+// their local starts, so that an algorithm moves the rows of every document together.
+struct Segment {
+  ZigzagLayout layout;
+  int64_t start = 0;
+  int64_t len() const { return layout.local_len(); }
+};
+
+// A packed call as a dense one: every document a segment of the [1, T_local, H, D] views of the local THD tensors
+// (LSE [1, H, T_local]), each checked by `check` as the dense call of that document would be, and the dense params
+// of those views (batch 1, not packed), validated against them.
+using CheckCall = ZigzagLayout (*)(const char* what, const comm::Communicator& comm,
+                                   const attention::AttnParams& local, int64_t global_len);
+struct DenseSegments {
+  std::vector<Segment> segments;
+  attention::AttnParams params;
+  int64_t rows = 0;  // T_local
+};
+DenseSegments packed_segments(const char* what, const comm::Communicator& comm, const attention::AttnParams& p,
+                              const PackedZigzag& l, CheckCall check, const attention::AttnForwardArgs& a);
+DenseSegments packed_segments(const char* what, const comm::Communicator& comm, const attention::AttnParams& p,
+                              const PackedZigzag& l, CheckCall check, const attention::AttnBackwardArgs& a);
+attention::AttnForwardArgs packed_as_dense(const attention::AttnForwardArgs& a, int64_t rows);
+attention::AttnBackwardArgs packed_as_dense(const attention::AttnBackwardArgs& a, int64_t rows);
 
 // The params of one block call: sq queries against skv keys with mask m (the scale made explicit), keeping the
 // local window (the keys must then end at the block's diagonal, as a bottom-right mask aligns them) unless it hides

@@ -87,14 +87,6 @@ std::unique_ptr<comm::Request> send_kv(comm::Communicator& comm, const TensorVie
   return packed;
 }
 
-// One sequence's rows in the local tensors: its zigzag layout and the first of its 2c local rows (dimension 1 of
-// [B, rows, H, D]). A dense call is one segment at 0; packed documents are one segment each, at their local starts.
-struct Segment {
-  ZigzagLayout layout;
-  int64_t start = 0;
-  int64_t len() const { return layout.local_len(); }
-};
-
 // The common geometry of a ring call: cp, rank and the neighbours, the segments, and the local rows of the tensors
 // (every segment's rows, which travel together: one exchange per step whatever the number of sequences).
 struct Ring {
@@ -287,46 +279,6 @@ void backward(comm::Communicator& comm, const Ring& ring, const AttnParams& p, c
 // The dense call as one segment.
 Ring dense_ring(const comm::Communicator& comm, const ZigzagLayout& l) { return Ring(comm, {{l, 0}}, l.local_len()); }
 
-// The [1, T_local, H, D] views of the local THD tensors (LSE [1, H, T_local]).
-AttnForwardArgs as_dense(const AttnForwardArgs& a, int64_t n) {
-  AttnForwardArgs d = a;
-  d.q = packed_rows(a.q, 0, n), d.k = packed_rows(a.k, 0, n), d.v = packed_rows(a.v, 0, n);
-  d.o = packed_rows(a.o, 0, n), d.lse = packed_lse(a.lse, 0, n);
-  d.cu_seqlens_q = d.cu_seqlens_kv = TensorView();
-  return d;
-}
-
-AttnBackwardArgs as_dense(const AttnBackwardArgs& a, int64_t n) {
-  AttnBackwardArgs d = a;
-  d.q = packed_rows(a.q, 0, n), d.k = packed_rows(a.k, 0, n), d.v = packed_rows(a.v, 0, n);
-  d.o = packed_rows(a.o, 0, n), d.dout = packed_rows(a.dout, 0, n), d.lse = packed_lse(a.lse, 0, n);
-  d.dq = packed_rows(a.dq, 0, n), d.dk = packed_rows(a.dk, 0, n), d.dv = packed_rows(a.dv, 0, n);
-  d.cu_seqlens_q = d.cu_seqlens_kv = TensorView();
-  return d;
-}
-
-// Every document as a segment of the [1, T_local, H, D] views of the local THD tensors (checked as the dense call
-// of each document would be), and the dense params of those views (batch 1, not packed; validated against the views
-// of `a`): each block call is a dense one.
-template <class Args>
-std::pair<Ring, AttnParams> packed_ring(const char* what, const comm::Communicator& comm, const AttnParams& p,
-                                        const PackedZigzag& l, const Args& a) {
-  std::vector<Segment> segs;
-  for (size_t d = 0; d < l.doc_lens.size(); ++d) {
-    AttnParams doc = p;
-    doc.packed = false;
-    doc.batch = 1;
-    doc.seqlen_q = doc.seqlen_kv = l.doc(d).local_len();
-    segs.push_back({check_ring_call(what, comm, doc, l.doc_lens[d]), l.local_start(d)});
-  }
-  AttnParams all = p;
-  all.packed = false;
-  all.batch = 1;
-  all.seqlen_q = all.seqlen_kv = l.local_total();
-  attention::validate(all, as_dense(a, l.local_total()));
-  return {Ring(comm, std::move(segs), l.local_total()), all};
-}
-
 }  // namespace
 
 void ring_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
@@ -345,14 +297,14 @@ void ring_attention_backward(comm::Communicator& comm, const AttnParams& p, cons
 
 void ring_packed_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
                                    const PackedZigzag& l) {
-  const auto [ring, dense] = packed_ring("packed ring attention forward", comm, p, l, a);
-  forward(comm, ring, dense, as_dense(a, l.local_total()), nullptr);
+  DenseSegments d = packed_segments("packed ring attention forward", comm, p, l, check_ring_call, a);
+  forward(comm, Ring(comm, std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows), nullptr);
 }
 
 void ring_packed_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
                                     const PackedZigzag& l) {
-  const auto [ring, dense] = packed_ring("packed ring attention backward", comm, p, l, a);
-  backward(comm, ring, dense, as_dense(a, l.local_total()), nullptr);
+  DenseSegments d = packed_segments("packed ring attention backward", comm, p, l, check_ring_call, a);
+  backward(comm, Ring(comm, std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows), nullptr);
 }
 
 }  // namespace ringtrain::cp
