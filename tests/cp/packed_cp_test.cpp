@@ -3,7 +3,8 @@
 // document), sliding windows included (all-gather and all-to-all). fp32: accumulation-order differences only, 1e-5
 // relative. The ring moves all documents in each exchange: cp - 1 exchanges forward and 2 cp - 2 backward (the
 // first block fetched, cp - 2 blocks, cp - 1 gradient sums); all-gather one all-gather forward and one all-gather and
-// one reduce-scatter backward: counted, whatever the number of documents.
+// one reduce-scatter backward; all-to-all one per tensor (5 forward, 9 backward): counted, whatever the number of
+// documents.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -41,7 +42,7 @@ struct Packed {
 class CountingComm final : public testing::ForwardingComm {
  public:
   using ForwardingComm::ForwardingComm;
-  int exchanges = 0, all_gathers = 0, reduce_scatters = 0;
+  int exchanges = 0, all_gathers = 0, reduce_scatters = 0, all_to_alls = 0;
   std::unique_ptr<comm::Request> exchange(std::span<const comm::Transfer> parts, int dst, int src, DType dtype,
                                           void* stream) override {
     ++exchanges;
@@ -54,6 +55,10 @@ class CountingComm final : public testing::ForwardingComm {
   void reduce_scatter(const void* s, void* r, size_t n, DType t, comm::ReduceOp op, void* st) override {
     ++reduce_scatters;
     ForwardingComm::reduce_scatter(s, r, n, t, op, st);
+  }
+  void all_to_all(const void* s, void* r, size_t n, DType t, void* st) override {
+    ++all_to_alls;
+    ForwardingComm::all_to_all(s, r, n, t, st);
   }
 };
 
@@ -106,7 +111,7 @@ TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
     CountingComm counted(c);
     cp::packed_attention_forward(counted, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.lse}, lens);
     const int forward_exchanges = counted.exchanges, forward_gathers = counted.all_gathers,
-              forward_scatters = counted.reduce_scatters;
+              forward_scatters = counted.reduce_scatters, forward_all_to_alls = counted.all_to_alls;
     cp::packed_attention_backward(
         counted, cfg, lp, {mine.q, mine.k, mine.v, mine.o, mine.dout, mine.lse, mine.dq, mine.dk, mine.dv}, lens);
     if (comm_kind == CpComm::Ring) {
@@ -118,6 +123,10 @@ TEST_P(PackedCp, MatchesThePackedSingleRankReference) {
       EXPECT_EQ(forward_scatters, 0) << "rank " << c.rank();
       EXPECT_EQ(counted.all_gathers, 2) << "rank " << c.rank();
       EXPECT_EQ(counted.reduce_scatters, 1) << "rank " << c.rank();
+    }
+    if (comm_kind == CpComm::AllToAll) {  // q, k, v there and O, LSE back; then q, k, v, O, dO, LSE and dQ, dK, dV
+      EXPECT_EQ(forward_all_to_alls, 5) << "rank " << c.rank();
+      EXPECT_EQ(counted.all_to_alls - forward_all_to_alls, 9) << "rank " << c.rank();
     }
     for_docs([&](const cp::ZigzagLayout& dl, int64_t gs, int64_t n, int64_t ls) {
       for (auto [from, to] : {std::pair{&mine.o, &out.o}, {&mine.dq, &out.dq}, {&mine.dk, &out.dk}, {&mine.dv, &out.dv}})

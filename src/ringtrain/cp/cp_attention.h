@@ -48,9 +48,9 @@ void attention_backward(comm::Communicator& comm, const CpConfig& cfg, const att
 
 // Packed documents (THD, `local.packed`): the local tensors hold this rank's per-document zigzag shards
 // (PackedZigzag: 2 * c_d rows for document d, in order; LSE [Hq, T_local]); doc_lens are the global lengths.
-// Every document attends only its own rows, so no token sees another document. The ring moves every document's
-// rows in each exchange (cp - 1 exchanges per forward, whatever the number of documents), the all-gather in one
-// all-gather (and one reduce-scatter backward); all-to-all runs once per document.
+// Every document attends only its own rows, so no token sees another document. Every algorithm moves the rows of all
+// documents together: the ring in each of its exchanges, the all-gather in one all-gather (and one reduce-scatter
+// backward), all-to-all in one all-to-all per tensor, whatever the number of documents.
 void packed_attention_forward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,
                               const attention::AttnForwardArgs& a, const std::vector<int64_t>& doc_lens);
 void packed_attention_backward(comm::Communicator& comm, const CpConfig& cfg, const attention::AttnParams& local,

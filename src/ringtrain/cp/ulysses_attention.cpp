@@ -1,8 +1,13 @@
 // Ulysses CP. Forward on rank r: head group j of the local q/k/v shards goes to rank j (all-to-all); the blocks
 // that arrive (every rank's shard of group r) are put in global order, attention runs over the valid prefix of the
 // whole sequence with the ordinary mask, and O and LSE go back the same way. The backward trades q, k, v, O, dO and
-// LSE the same way and sends dQ, dK, dV back. LSE ([B, H, S]) travels as the [B, S, H, 1] view of itself.
+// LSE the same way and sends dQ, dK, dV back. LSE ([B, H, S]) travels as the [B, S, H, 1] view of itself. Packed
+// documents go together: each all-to-all carries the rank's rows of every document, and each document is put in
+// global order in its own rows of the group tensors and attended there.
 #include "ringtrain/cp/ulysses_attention.h"
+
+#include <utility>
+#include <vector>
 
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/core/error.h"
@@ -31,45 +36,76 @@ TensorView block_view(const Tensor& buf, int64_t offset, const TensorView& like,
                          buf.dtype(), buf.view().device, {like.shape[0], len, heads, like.shape[3]});
 }
 
-// Head group j of `local` ([B, 2c, H, d]) to rank j; what arrives (every rank's rows of this rank's group) is
-// written in global order into `global` ([B, padded_len, H/cp, d]).
-void heads_to_sequence(comm::Communicator& comm, const ZigzagLayout& l, const TensorView& local,
-                       const TensorView& global, void* stream) {
-  const int64_t g = local.shape[2] / l.cp, len = l.local_len();
+// The sequences of a call: the segments of the local rows, and where each one's whole (padded) sequence starts in
+// the group tensors (`at`, rows of `total`).
+struct Sequences {
+  std::vector<Segment> segments;
+  int64_t local_rows = 0;
+  std::vector<int64_t> at;
+  int64_t total = 0;
+
+  Sequences(std::vector<Segment> segs, int64_t rows) : segments(std::move(segs)), local_rows(rows) {
+    for (const Segment& seg : segments) at.push_back(total), total += seg.layout.padded_len();
+  }
+  TensorView global_rows(const TensorView& t, size_t i) const {
+    return rows(t, at[i], segments[i].layout.padded_len());
+  }
+};
+
+// Head group j of `local` ([B, rows, H, d]) to rank j; what arrives (every rank's rows of this rank's group) is
+// written in global order into `global` ([B, total, H/cp, d]), sequence by sequence.
+void heads_to_sequence(comm::Communicator& comm, const Sequences& q, const TensorView& local, const TensorView& global,
+                       void* stream) {
+  const int cp = comm.size();
+  const int64_t g = local.shape[2] / cp, len = q.local_rows;
   const int64_t block = local.shape[0] * len * g * local.shape[3];
-  Tensor send = Tensor::empty({block * l.cp}, local.dtype, comm.device());
-  Tensor recv = Tensor::empty({block * l.cp}, local.dtype, comm.device());
-  for (int j = 0; j < l.cp; ++j) copy_async(block_view(send, j * block, local, len, g), local.slice(2, j * g, g), stream);
+  Tensor send = Tensor::empty({block * cp}, local.dtype, comm.device());
+  Tensor recv = Tensor::empty({block * cp}, local.dtype, comm.device());
+  for (int j = 0; j < cp; ++j) copy_async(block_view(send, j * block, local, len, g), local.slice(2, j * g, g), stream);
   comm.all_to_all(send.data(), recv.data(), static_cast<size_t>(block), local.dtype, stream);
-  for (int s = 0; s < l.cp; ++s) block_to_global(l, s, block_view(recv, s * block, local, len, g), global, stream);
+  for (int s = 0; s < cp; ++s) {
+    const TensorView from = block_view(recv, s * block, local, len, g);
+    for (size_t i = 0; i < q.segments.size(); ++i) {
+      const Segment& seg = q.segments[i];
+      block_to_global(seg.layout, s, rows(from, seg.start, seg.len()), q.global_rows(global, i), stream);
+    }
+  }
 }
 
-// The reverse: this rank's group in global order ([B, padded_len, H/cp, d]) back to the ranks, and every rank's
-// results for this rank's rows written into head group j of `local` ([B, 2c, H, d]).
-void sequence_to_heads(comm::Communicator& comm, const ZigzagLayout& l, const TensorView& global,
-                       const TensorView& local, void* stream) {
-  const int64_t g = local.shape[2] / l.cp, len = l.local_len();
+// The reverse: this rank's group in global order ([B, total, H/cp, d]) back to the ranks, and every rank's results
+// for this rank's rows written into head group j of `local` ([B, rows, H, d]).
+void sequence_to_heads(comm::Communicator& comm, const Sequences& q, const TensorView& global, const TensorView& local,
+                       void* stream) {
+  const int cp = comm.size();
+  const int64_t g = local.shape[2] / cp, len = q.local_rows;
   const int64_t block = local.shape[0] * len * g * local.shape[3];
-  Tensor send = Tensor::empty({block * l.cp}, global.dtype, comm.device());
-  Tensor recv = Tensor::empty({block * l.cp}, global.dtype, comm.device());
-  for (int s = 0; s < l.cp; ++s) global_to_block(l, s, global, block_view(send, s * block, local, len, g), stream);
+  Tensor send = Tensor::empty({block * cp}, global.dtype, comm.device());
+  Tensor recv = Tensor::empty({block * cp}, global.dtype, comm.device());
+  for (int s = 0; s < cp; ++s) {
+    const TensorView to = block_view(send, s * block, local, len, g);
+    for (size_t i = 0; i < q.segments.size(); ++i) {
+      const Segment& seg = q.segments[i];
+      global_to_block(seg.layout, s, q.global_rows(global, i), rows(to, seg.start, seg.len()), stream);
+    }
+  }
   comm.all_to_all(send.data(), recv.data(), static_cast<size_t>(block), global.dtype, stream);
-  for (int j = 0; j < l.cp; ++j) copy_async(local.slice(2, j * g, g), block_view(recv, j * block, local, len, g), stream);
+  for (int j = 0; j < cp; ++j) copy_async(local.slice(2, j * g, g), block_view(recv, j * block, local, len, g), stream);
 }
 
-// The whole-sequence tensor of this rank's head group, shaped like `local` with H/cp heads and padded_len rows.
-Tensor group_tensor(const ZigzagLayout& l, const TensorView& local, DType dtype, Device dev) {
-  return Tensor::zeros({local.shape[0], l.padded_len(), local.shape[2] / l.cp, local.shape[3]}, dtype, dev);
+// The whole-sequence tensor of this rank's head group, shaped like `local` with H/cp heads and `total` rows.
+Tensor group_tensor(const Sequences& q, int cp, const TensorView& local, DType dtype, Device dev) {
+  return Tensor::zeros({local.shape[0], q.total, local.shape[2] / cp, local.shape[3]}, dtype, dev);
 }
-Tensor group_lse(const ZigzagLayout& l, const AttnParams& p, Device dev) {
-  return Tensor::empty({p.batch, p.heads_q / l.cp, l.padded_len()}, DType::F32, dev);
+Tensor group_lse(const Sequences& q, int cp, const AttnParams& p, Device dev) {
+  return Tensor::empty({p.batch, p.heads_q / cp, q.total}, DType::F32, dev);
 }
 
-// The call over the valid prefix of the whole sequence for one head group.
-AttnParams group_params(const ZigzagLayout& l, const AttnParams& p) {
-  AttnParams g = block_params(p, l.global_len, l.global_len, p.mask);
-  g.heads_q = p.heads_q / l.cp;
-  g.heads_kv = p.heads_kv / l.cp;
+// The call over the valid prefix of sequence i's whole sequence for one head group.
+AttnParams group_params(const Sequences& q, size_t i, int cp, const AttnParams& p) {
+  const int64_t n = q.segments[i].layout.global_len;
+  AttnParams g = block_params(p, n, n, p.mask);
+  g.heads_q = p.heads_q / cp;
+  g.heads_kv = p.heads_kv / cp;
   return g;
 }
 
@@ -82,70 +118,84 @@ ZigzagLayout check_heads(const char* what, const comm::Communicator& comm, const
   return l;
 }
 
+void forward(comm::Communicator& comm, const Sequences& seqs, const AttnParams& p, const AttnForwardArgs& a) {
+  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(comm.size());
+  const Device dev = comm.device();
+  const int cp = comm.size();
+  const Tensor q = group_tensor(seqs, cp, a.q, p.dtype, dev), k = group_tensor(seqs, cp, a.k, p.dtype, dev),
+               v = group_tensor(seqs, cp, a.v, p.dtype, dev);
+  heads_to_sequence(comm, seqs, a.q, q, a.stream);
+  heads_to_sequence(comm, seqs, a.k, k, a.stream);
+  heads_to_sequence(comm, seqs, a.v, v, a.stream);
+  // Padding rows (beyond each valid prefix) keep O = 0 and LSE = -inf, the convention for rows that see nothing.
+  const Tensor o = group_tensor(seqs, cp, a.o, a.o.dtype, dev), lse = group_lse(seqs, cp, p, dev);
+  fill_neg_inf(lse, a.stream);
+  for (size_t i = 0; i < seqs.segments.size(); ++i) {
+    const int64_t at = seqs.at[i], n = seqs.segments[i].layout.global_len;
+    const auto r = [&](const Tensor& t) { return rows(t, at, n); };
+    AttnForwardArgs s{r(q), r(k), r(v), r(o), lse_rows(lse, at, n)};
+    s.stream = a.stream;
+    attention::forward(group_params(seqs, i, cp, p), s);
+  }
+  sequence_to_heads(comm, seqs, o, a.o, a.stream);
+  sequence_to_heads(comm, seqs, lse_as_bshd(lse), lse_as_bshd(a.lse), a.stream);
+}
+
+void backward(comm::Communicator& comm, const Sequences& seqs, const AttnParams& p, const AttnBackwardArgs& a) {
+  RT_CHECK(!a.accumulate, "all-to-all attention backward: accumulate=true is not supported under context parallelism");
+  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(comm.size());
+  const Device dev = comm.device();
+  const int cp = comm.size();
+  const Tensor q = group_tensor(seqs, cp, a.q, p.dtype, dev), k = group_tensor(seqs, cp, a.k, p.dtype, dev),
+               v = group_tensor(seqs, cp, a.v, p.dtype, dev), o = group_tensor(seqs, cp, a.o, a.o.dtype, dev),
+               dout = group_tensor(seqs, cp, a.dout, a.dout.dtype, dev), lse = group_lse(seqs, cp, p, dev);
+  heads_to_sequence(comm, seqs, a.q, q, a.stream);
+  heads_to_sequence(comm, seqs, a.k, k, a.stream);
+  heads_to_sequence(comm, seqs, a.v, v, a.stream);
+  heads_to_sequence(comm, seqs, a.o, o, a.stream);
+  heads_to_sequence(comm, seqs, a.dout, dout, a.stream);
+  heads_to_sequence(comm, seqs, lse_as_bshd(a.lse), lse_as_bshd(lse), a.stream);
+  // Zeros beyond each valid prefix: padding rows get no gradient.
+  const Tensor dq = group_tensor(seqs, cp, a.dq, a.dq.dtype, dev), dk = group_tensor(seqs, cp, a.dk, a.dk.dtype, dev),
+               dv = group_tensor(seqs, cp, a.dv, a.dv.dtype, dev);
+  for (size_t i = 0; i < seqs.segments.size(); ++i) {
+    const int64_t at = seqs.at[i], n = seqs.segments[i].layout.global_len;
+    const auto r = [&](const Tensor& t) { return rows(t, at, n); };
+    AttnBackwardArgs s{r(q), r(k), r(v), r(o), r(dout), lse_rows(lse, at, n), r(dq), r(dk), r(dv)};
+    s.stream = a.stream;
+    attention::backward(group_params(seqs, i, cp, p), s);
+  }
+  sequence_to_heads(comm, seqs, dq, a.dq, a.stream);
+  sequence_to_heads(comm, seqs, dk, a.dk, a.stream);
+  sequence_to_heads(comm, seqs, dv, a.dv, a.stream);
+}
+
 }  // namespace
 
 void ulysses_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
                                int64_t global_len) {
   const ZigzagLayout l = check_heads("all-to-all attention forward", comm, p, global_len);
   attention::validate(p, a);
-  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
-  const Device dev = comm.device();
-  const int64_t n = l.global_len;
-  const Tensor q = group_tensor(l, a.q, p.dtype, dev), k = group_tensor(l, a.k, p.dtype, dev),
-               v = group_tensor(l, a.v, p.dtype, dev);
-  heads_to_sequence(comm, l, a.q, q, a.stream);
-  heads_to_sequence(comm, l, a.k, k, a.stream);
-  heads_to_sequence(comm, l, a.v, v, a.stream);
-  // Padding rows (beyond the valid prefix) keep O = 0 and LSE = -inf, the convention for rows that see nothing.
-  const Tensor o = group_tensor(l, a.o, a.o.dtype, dev), lse = group_lse(l, p, dev);
-  fill_neg_inf(lse, a.stream);
-  AttnForwardArgs s;
-  s.q = rows(q, 0, n);
-  s.k = rows(k, 0, n);
-  s.v = rows(v, 0, n);
-  s.o = rows(o, 0, n);
-  s.lse = lse_rows(lse, 0, n);
-  s.stream = a.stream;
-  attention::forward(group_params(l, p), s);
-  sequence_to_heads(comm, l, o, a.o, a.stream);
-  sequence_to_heads(comm, l, lse_as_bshd(lse), lse_as_bshd(a.lse), a.stream);
+  forward(comm, Sequences({{l, 0}}, l.local_len()), p, a);
 }
 
 void ulysses_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
                                 int64_t global_len) {
   const ZigzagLayout l = check_heads("all-to-all attention backward", comm, p, global_len);
   attention::validate(p, a);
-  RT_CHECK(!a.accumulate, "all-to-all attention backward: accumulate=true is not supported under context parallelism");
-  const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(l.cp);
-  const Device dev = comm.device();
-  const int64_t n = l.global_len;
-  const Tensor q = group_tensor(l, a.q, p.dtype, dev), k = group_tensor(l, a.k, p.dtype, dev),
-               v = group_tensor(l, a.v, p.dtype, dev), o = group_tensor(l, a.o, a.o.dtype, dev),
-               dout = group_tensor(l, a.dout, a.dout.dtype, dev), lse = group_lse(l, p, dev);
-  heads_to_sequence(comm, l, a.q, q, a.stream);
-  heads_to_sequence(comm, l, a.k, k, a.stream);
-  heads_to_sequence(comm, l, a.v, v, a.stream);
-  heads_to_sequence(comm, l, a.o, o, a.stream);
-  heads_to_sequence(comm, l, a.dout, dout, a.stream);
-  heads_to_sequence(comm, l, lse_as_bshd(a.lse), lse_as_bshd(lse), a.stream);
-  // Zeros beyond the valid prefix: padding rows get no gradient.
-  const Tensor dq = group_tensor(l, a.dq, a.dq.dtype, dev), dk = group_tensor(l, a.dk, a.dk.dtype, dev),
-               dv = group_tensor(l, a.dv, a.dv.dtype, dev);
-  AttnBackwardArgs s;
-  s.q = rows(q, 0, n);
-  s.k = rows(k, 0, n);
-  s.v = rows(v, 0, n);
-  s.o = rows(o, 0, n);
-  s.dout = rows(dout, 0, n);
-  s.lse = lse_rows(lse, 0, n);
-  s.dq = rows(dq, 0, n);
-  s.dk = rows(dk, 0, n);
-  s.dv = rows(dv, 0, n);
-  s.stream = a.stream;
-  attention::backward(group_params(l, p), s);
-  sequence_to_heads(comm, l, dq, a.dq, a.stream);
-  sequence_to_heads(comm, l, dk, a.dk, a.stream);
-  sequence_to_heads(comm, l, dv, a.dv, a.stream);
+  backward(comm, Sequences({{l, 0}}, l.local_len()), p, a);
+}
+
+void ulysses_packed_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
+                                      const PackedZigzag& l) {
+  DenseSegments d = packed_segments("packed all-to-all attention forward", comm, p, l, check_heads, a);
+  forward(comm, Sequences(std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows));
+}
+
+void ulysses_packed_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
+                                       const PackedZigzag& l) {
+  DenseSegments d = packed_segments("packed all-to-all attention backward", comm, p, l, check_heads, a);
+  backward(comm, Sequences(std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows));
 }
 
 }  // namespace ringtrain::cp

@@ -6,6 +6,7 @@
 
 #include "ringtrain/attention/params.h"
 #include "ringtrain/comm/communicator.h"
+#include "ringtrain/cp/zigzag.h"
 
 namespace ringtrain::cp {
 
@@ -13,5 +14,10 @@ void ulysses_attention_forward(comm::Communicator& comm, const attention::AttnPa
                                const attention::AttnForwardArgs& a, int64_t global_len);
 void ulysses_attention_backward(comm::Communicator& comm, const attention::AttnParams& local,
                                 const attention::AttnBackwardArgs& a, int64_t global_len);
+// Packed documents (THD, local.packed) in one set of all-to-alls for all of them.
+void ulysses_packed_attention_forward(comm::Communicator& comm, const attention::AttnParams& local,
+                                      const attention::AttnForwardArgs& a, const PackedZigzag& layout);
+void ulysses_packed_attention_backward(comm::Communicator& comm, const attention::AttnParams& local,
+                                       const attention::AttnBackwardArgs& a, const PackedZigzag& layout);
 
 }  // namespace ringtrain::cp
