@@ -69,6 +69,10 @@ RT_HOST_DEVICE inline int64_t key_limit(MaskType m, int64_t i, int64_t sq, int64
   return lim < 0 ? 0 : (lim > skv ? skv : lim);
 }
 
+// The window to put in the params of a call whose sequences have at most `keys` keys: 0 when `window` hides nothing
+// there (a causal query never has more keys), so that backends which take no window stay eligible.
+RT_HOST_DEVICE inline int64_t masking_window(int64_t window, int64_t keys) { return window >= keys ? 0 : window; }
+
 // First key query row i may see: 0 without a window, else the unclamped causal limit minus the window, clamped to
 // [0, skv]. Row i sees [key_start, key_limit), nothing when key_start >= key_limit.
 RT_HOST_DEVICE inline int64_t key_start(MaskType m, int64_t window, int64_t i, int64_t sq, int64_t skv) {

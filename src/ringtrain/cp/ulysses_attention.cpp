@@ -113,8 +113,8 @@ ZigzagLayout check_heads(const char* what, const comm::Communicator& comm, const
   const ZigzagLayout l = check_cp_call(what, comm, p, global_len);
   RT_CHECK(p.heads_q % l.cp == 0 && p.heads_kv % l.cp == 0, what, ": all-to-all CP splits heads over ranks; ",
            "query heads (", p.heads_q, ") and kv heads (", p.heads_kv, ") must both be divisible by cp=", l.cp,
-           (p.window > 0 && p.window < global_len ? " (use allgather: ring takes no sliding window)"
-                                                   : " (use ring or allgather)"));
+           attention::masking_window(p.window, global_len) > 0 ? " (use allgather: ring takes no sliding window)"
+                                                                : " (use ring or allgather)");
   return l;
 }
 

@@ -32,7 +32,7 @@ class CpAttention final : public SequenceAttention {
   // naming them.
   attention::AttnParams params(const TensorView& q, const TensorView& k, int64_t window) const {
     attention::AttnParams p = attention::params_for(q, k, attention::MaskType::CausalTopLeft);
-    p.window = masking_window(window, global_len_);
+    p.window = attention::masking_window(window, global_len_);
     return p;
   }
 
@@ -69,7 +69,7 @@ class CpPackedAttention final : public SequenceAttention {
  private:
   attention::AttnParams params(const TensorView& q, const TensorView& k, int64_t window) const {
     attention::AttnParams p = packed_params(q, k, static_cast<int64_t>(doc_lens_.size()), max_len_);
-    p.window = masking_window(window, max_len_);
+    p.window = attention::masking_window(window, max_len_);
     return p;
   }
 

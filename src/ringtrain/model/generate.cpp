@@ -62,7 +62,7 @@ class CachedAttention final : public SequenceAttention {
       a.k = contiguous_view(keys, DType::F32, Device::cpu(), {1, cached + S, heads_kv, dim});
       a.v = contiguous_view(values, DType::F32, Device::cpu(), {1, cached + S, heads_kv, dim});
       attention::AttnParams p = attention::params_for(a.q, a.k, attention::MaskType::CausalBottomRight);
-      p.window = masking_window(window, cached + S);
+      p.window = attention::masking_window(window, cached + S);
       attention::forward(p, a);
     }
   }

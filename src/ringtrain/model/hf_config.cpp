@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ringtrain/attention/params.h"
 #include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/json.h"
@@ -308,7 +309,7 @@ void check_sequence_supported(const ModelConfig& c, int64_t total_tokens) {
 void check_context_parallel_supported(const ModelConfig& c, int64_t total_tokens, int64_t cp, cp::CpComm comm,
                                       const CpSettingNames& names) {
   if (cp <= 1) return;
-  const bool windowed = c.sliding_window > 0 && total_tokens > c.sliding_window;
+  const bool windowed = attention::masking_window(c.sliding_window, total_tokens) > 0;
   RT_CHECK(comm != cp::CpComm::AllToAll || (c.heads % cp == 0 && c.kv_heads % cp == 0), names.comm, " = a2a with ",
            names.cp, " = ", cp, ": the model's attention heads (", c.heads, ") and key/value heads (", c.kv_heads,
            ") must both be divisible by cp = ", cp, "; use ", names.comm, " = allgather",

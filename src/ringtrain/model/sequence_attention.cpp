@@ -29,7 +29,7 @@ class LocalAttention final : public SequenceAttention {
  private:
   static attention::AttnParams params(const TensorView& q, const TensorView& k, int64_t window) {
     attention::AttnParams p = attention::params_for(q, k, attention::MaskType::CausalTopLeft);
-    p.window = masking_window(window, k.shape[1]);
+    p.window = attention::masking_window(window, k.shape[1]);
     return p;
   }
 };
@@ -72,7 +72,7 @@ class PackedAttention final : public SequenceAttention {
     RT_CHECK(q.shape[0] == cu_seqlens_.back(), "packed attention: ", q.shape[0], " rows for documents of ",
              cu_seqlens_.back(), " tokens");
     attention::AttnParams p = packed_params(q, k, docs_, max_len_);
-    p.window = masking_window(window, max_len_);
+    p.window = attention::masking_window(window, max_len_);
     return p;
   }
   // The offsets where the tensors are (uploaded once per device).

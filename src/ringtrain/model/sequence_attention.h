@@ -29,9 +29,6 @@ class SequenceAttention {
                         const TensorView& dv, int64_t window) = 0;
 };
 
-// The window to put in the params of a call whose sequences have at most `keys` keys: 0 when `window` masks nothing
-// there, so that backends which take no window stay eligible.
-inline int64_t masking_window(int64_t window, int64_t keys) { return window >= keys ? 0 : window; }
 
 // The whole sequence on this rank: causal (top-left) attention through attention::forward / backward.
 std::unique_ptr<SequenceAttention> make_local_attention();

@@ -93,7 +93,7 @@ class DecodeAttention final : public SequenceAttention {
     a.kv_used = contiguous_view(const_cast<int32_t*>(used_), DType::I32, q.device, {B});
     attention::AttnParams p = attention::params_for(a.q, a.k, attention::MaskType::CausalBottomRight);
     p.kv_cache = true;
-    p.window = masking_window(window, cache_.capacity);
+    p.window = attention::masking_window(window, cache_.capacity);
     // The same for every step of the call and for every layer with the same window (a model has one window, on some
     // layers or all): decided once per window or none.
     int& cache_calls = cache_calls_[p.window > 0];
@@ -113,7 +113,7 @@ class DecodeAttention final : public SequenceAttention {
         one.k = contiguous_view(cache_.at(layer_, 0) + offset, DType::BF16, q.device, {1, n, heads_kv, dim});
         one.v = contiguous_view(cache_.at(layer_, 1) + offset, DType::BF16, q.device, {1, n, heads_kv, dim});
         attention::AttnParams one_p = attention::params_for(one.q, one.k, attention::MaskType::CausalBottomRight);
-        one_p.window = masking_window(window, n);
+        one_p.window = attention::masking_window(window, n);
         attention::forward(one_p, one);
       }
     }
