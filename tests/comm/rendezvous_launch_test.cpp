@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -159,12 +160,13 @@ TEST(Launch, ASignalWhileARankFailureStopsTheOthersIsStillTheOneToEndBy) {
   LaunchOptions o;
   o.nproc = 2;
   o.grace = std::chrono::milliseconds(3000);
+  // Rank 1 fails after a second, when rank 0 has long ignored SIGTERM: the ranks still run at the SIGINT (2 s).
   std::thread killer([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2000));
     ::kill(::getpid(), SIGINT);
   });
   const LaunchResult r =
-      launch_local(o, {"sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 7; fi; trap '' TERM; sleep 60"});
+      launch_local(o, {"sh", "-c", "if [ \"$RANK\" = 1 ]; then sleep 1; exit 7; fi; trap '' TERM; sleep 60"});
   killer.join();
   EXPECT_EQ(r.code, 7);
   EXPECT_EQ(r.signal, SIGINT);
@@ -220,7 +222,9 @@ TEST(Launch, ASignalTheLauncherWasStartedIgnoringStaysIgnored) {
 // `ringtrain launch` stopped by Ctrl-C ends by SIGINT itself, so that a shell script looping over runs stops too
 // (bash ends a loop only for a child that SIGINT killed), with the message that it stopped the ranks.
 TEST(Launch, TheCommandStoppedByASignalEndsByIt) {
+  const testing::TempDir tmp("rt_launch_signal");
   for (const int sig : {SIGINT, SIGTERM}) {
+    const std::string started = (tmp.path / ("started" + std::to_string(sig))).string();
     int out[2];
     ASSERT_EQ(::pipe(out), 0);
     const pid_t pid = ::fork();
@@ -228,13 +232,17 @@ TEST(Launch, TheCommandStoppedByASignalEndsByIt) {
       ::signal(SIGINT, SIG_DFL);  // a test run from a script's background job would pass SIGINT on ignored
       ::dup2(out[1], STDERR_FILENO);
       ::close(out[0]);
-      const std::string program = testing::cli_program();
-      ::execl(program.c_str(), program.c_str(), "launch", "--nproc", "2", "--stop-grace-ms", "5000", "--", "sleep",
-              "60", static_cast<char*>(nullptr));
+      const std::string program = testing::cli_program(), rank = "touch " + started + "$RANK; sleep 60";
+      ::execl(program.c_str(), program.c_str(), "launch", "--nproc", "2", "--stop-grace-ms", "5000", "--", "sh", "-c",
+              rank.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(out[1]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(700));  // the launcher's handlers are installed by then
+    // The launcher installs its handlers before it starts the ranks: once both have started, it takes the signal.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!(std::filesystem::exists(started + "0") && std::filesystem::exists(started + "1")) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ::kill(pid, sig);
     int status = 0;
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);
