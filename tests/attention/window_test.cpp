@@ -21,7 +21,6 @@ namespace ringtrain {
 namespace {
 
 using testing::hf_visible;
-using testing::window_bias;
 
 using attention::AttnBackwardArgs;
 using attention::AttnForwardArgs;
@@ -70,26 +69,8 @@ TEST(WindowConvention, KeyRangeIsHuggingFacesSlidingWindow) {
 
 // The fp64 math backend on the problem without a window, with the window as a bias instead; outputs poisoned first.
 AttnResult reference(const AttnProblem& pr) {
-  AttnParams p = pr.p;
-  const Tensor bias = window_bias(p.mask, p.window, p.seqlen_q, p.seqlen_kv);
-  p.window = 0;
-  p.has_bias = true;
-  AttnResult r;
-  r.o = Tensor::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, DType::F64);
-  r.lse = Tensor::empty({p.batch, p.heads_q, p.seqlen_q}, DType::F32);
-  r.dq = Tensor::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, DType::F64);
-  r.dk = Tensor::empty({p.batch, p.seqlen_kv, p.heads_kv, p.head_dim}, DType::F64);
-  r.dv = Tensor::empty({p.batch, p.seqlen_kv, p.heads_kv, p.head_dim}, DType::F64);
-  for (const Tensor* t : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv}) testing::poison(*t);
-  AttnForwardArgs f{pr.q, pr.k, pr.v, r.o, r.lse};
-  f.bias = bias;
-  attention::validate(p, f);
-  cpu(BackendId::Math).forward(p, f);
-  AttnBackwardArgs b{pr.q, pr.k, pr.v, r.o, pr.dout, r.lse, r.dq, r.dk, r.dv};
-  b.bias = bias;
-  attention::validate(p, b);
-  cpu(BackendId::Math).backward(p, b);
-  return r;
+  const testing::WindowReference r = testing::window_bias_reference(pr.p, pr.q, pr.k, pr.v, pr.dout);
+  return {r.o, r.lse, r.dq, r.dk, r.dv};
 }
 
 void expect_close(const AttnResult& a, const AttnResult& ref, double tol) {

@@ -96,29 +96,10 @@ std::vector<Case> cases() {
   return out;
 }
 
-// The fp64 math backend over the whole sequence with no mask and the window (causal, top-left) as a dense bias.
+// The fp64 math backend over the whole sequence with the window (causal, top-left) as a dense bias.
 check::AttnResults bias_window_reference(const check::AttnProblem& prob, const check::AttnInputs& in) {
-  struct Fp64Accumulation {
-    bool saved = attention::cpu::math_fp64();
-    Fp64Accumulation() { attention::cpu::set_math_fp64(true); }
-    ~Fp64Accumulation() { attention::cpu::set_math_fp64(saved); }
-  } fp64;
-  const attention::Backend& math = *attention::find_backend(BackendId::Math, DeviceKind::CPU);
-  attention::AttnParams p = attention::params_for(in.q, in.k, attention::MaskType::None);
-  p.has_bias = true;
-  const Tensor bias = testing::window_bias(attention::MaskType::CausalTopLeft, prob.window, prob.seq, prob.seq);
-  const int64_t b = prob.batch, s = prob.seq, hq = prob.heads_q, hkv = prob.heads_kv, d = prob.head_dim;
-  check::AttnResults r{Tensor::empty({b, s, hq, d}, DType::F64), Tensor::empty({b, hq, s}, DType::F32),
-                       Tensor::empty({b, s, hq, d}, DType::F64), Tensor::empty({b, s, hkv, d}, DType::F64),
-                       Tensor::empty({b, s, hkv, d}, DType::F64)};
-  attention::AttnForwardArgs f;
-  f.q = in.q, f.k = in.k, f.v = in.v, f.o = r.o, f.lse = r.lse, f.bias = bias;
-  math.forward(p, f);
-  attention::AttnBackwardArgs g;
-  g.q = in.q, g.k = in.k, g.v = in.v, g.o = r.o, g.dout = in.dout, g.lse = r.lse, g.bias = bias;
-  g.dq = r.dq, g.dk = r.dk, g.dv = r.dv;
-  math.backward(p, g);
-  return r;
+  const testing::WindowReference r = testing::window_bias_reference(prob.params(in.q, in.k), in.q, in.k, in.v, in.dout);
+  return {r.o, r.lse, r.dq, r.dk, r.dv};
 }
 
 class CpParity : public ::testing::TestWithParam<Case> {};

@@ -9,6 +9,7 @@
 #include "ringtrain/cp/allgather_attention.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "ringtrain/attention/selection.h"
@@ -24,44 +25,23 @@ using attention::MaskType;
 
 namespace {
 
-// K and V of every segment's whole (padded) sequence in global order, gathered from every rank in one collective:
-// segment i's 2·cp·c rows start at row `at[i]` of the [B, rows, Hkv, D] views.
-struct GlobalKv {
-  KvPack kv;
-  std::vector<int64_t> at;
-};
-
-// Where each segment's global rows start, and how many rows all take.
-std::vector<int64_t> global_starts(const std::vector<Segment>& segs, int64_t* total) {
-  std::vector<int64_t> at;
-  *total = 0;
-  for (const Segment& seg : segs) at.push_back(*total), *total += seg.layout.padded_len();
-  return at;
-}
-
-GlobalKv gather_kv(comm::Communicator& comm, const std::vector<Segment>& segs, int64_t local_rows,
-                   const AttnParams& p, const TensorView& k, const TensorView& v, void* stream) {
+// K and V of every sequence in global order (`order`), gathered from every rank in one collective.
+KvPack gather_kv(comm::Communicator& comm, const GlobalOrder& order, const AttnParams& p, const TensorView& k,
+                 const TensorView& v, void* stream) {
   const Device dev = comm.device();
-  KvPack mine = make_kv_pack(k, local_rows, p.dtype, dev, false);
+  KvPack mine = make_kv_pack(k, order.local_rows, p.dtype, dev, false);
   copy_async(mine.k, k, stream);
   copy_async(mine.v, v, stream);
   Tensor gathered = Tensor::empty({static_cast<int64_t>(mine.count()) * comm.size()}, p.dtype, dev);
   comm.all_gather(mine.buf.data(), gathered.data(), mine.count(), p.dtype, stream);
-  int64_t total = 0;
-  GlobalKv g;
-  g.at = global_starts(segs, &total);
-  g.kv = make_kv_pack(k, total, p.dtype, dev, false);
+  KvPack global = make_kv_pack(k, order.total, p.dtype, dev, false);
   for (int s = 0; s < comm.size(); ++s) {
     char* base = static_cast<char*>(gathered.data()) + s * mine.count() * dtype_size(p.dtype);
-    const KvPack block = view_kv_pack(base, k, local_rows, p.dtype, dev);
-    for (size_t i = 0; i < segs.size(); ++i) {
-      const Segment& seg = segs[i];
-      const int64_t n = seg.layout.padded_len();
-      block_to_global(seg.layout, s, rows(block.k, seg.start, seg.len()), rows(g.kv.k, g.at[i], n), stream);
-      block_to_global(seg.layout, s, rows(block.v, seg.start, seg.len()), rows(g.kv.v, g.at[i], n), stream);
-    }
+    const KvPack block = view_kv_pack(base, k, order.local_rows, p.dtype, dev);
+    order.to_global(s, block.k, global.k, stream);
+    order.to_global(s, block.v, global.v, stream);
   }
-  return g;
+  return global;
 }
 
 // Local query chunk h (0: chunk r, 1: chunk 2cp-1-r): its valid rows and the global keys [k_start, k_start + nk)
@@ -79,55 +59,51 @@ ChunkBlock chunk_block(const ZigzagLayout& l, const AttnParams& p, int h) {
   return {h * c, nq, k_start, j * c + nq - k_start, MaskType::CausalBottomRight};
 }
 
-void forward(comm::Communicator& comm, const std::vector<Segment>& segs, int64_t local_rows, const AttnParams& p,
-             const AttnForwardArgs& a) {
+void forward(comm::Communicator& comm, const GlobalOrder& order, const AttnParams& p, const AttnForwardArgs& a) {
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(comm.size());
   const Device dev = comm.device();
-  const GlobalKv g = gather_kv(comm, segs, local_rows, p, a.k, a.v, a.stream);
+  const KvPack kv = gather_kv(comm, order, p, a.k, a.v, a.stream);
   Tensor o_acc = zeros_like(a.o, DType::F32, dev);
   Tensor lse_acc = empty_like(a.lse, DType::F32, dev);
   fill_neg_inf(lse_acc, a.stream);
-  for (size_t i = 0; i < segs.size(); ++i)
+  for (size_t i = 0; i < order.segments.size(); ++i)
     for (int h = 0; h < 2; ++h) {
-      const ChunkBlock blk = chunk_block(segs[i].layout, p, h);
+      const ChunkBlock blk = chunk_block(order.segments[i].layout, p, h);
       if (blk.nq == 0) continue;
-      const int64_t q = segs[i].start + blk.q_start, k0 = g.at[i] + blk.k_start;
-      block_forward(p, a, q, blk.nq, rows(g.kv.k, k0, blk.nk), rows(g.kv.v, k0, blk.nk), blk.nk, blk.mask,
+      const int64_t q = order.segments[i].start + blk.q_start, k0 = order.at[i] + blk.k_start;
+      block_forward(p, a, q, blk.nq, rows(kv.k, k0, blk.nk), rows(kv.v, k0, blk.nk), blk.nk, blk.mask,
                     rows(o_acc, q, blk.nq), lse_rows(lse_acc, q, blk.nq));
     }
   copy_async(a.o, o_acc, a.stream);
   copy_async(a.lse, lse_acc, a.stream);
 }
 
-void backward(comm::Communicator& comm, const std::vector<Segment>& segs, int64_t local_rows, const AttnParams& p,
-              const AttnBackwardArgs& a) {
+void backward(comm::Communicator& comm, const GlobalOrder& order, const AttnParams& p, const AttnBackwardArgs& a) {
   RT_CHECK(!a.accumulate, "all-gather attention backward: accumulate=true is not supported under context parallelism");
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(comm.size());
   const Device dev = comm.device();
-  const GlobalKv g = gather_kv(comm, segs, local_rows, p, a.k, a.v, a.stream);
+  const KvPack kv = gather_kv(comm, order, p, a.k, a.v, a.stream);
   Tensor dq_acc = zeros_like(a.q, DType::F32, dev);
-  const KvPack dkv = make_kv_pack(a.k, g.kv.k.shape[1], DType::F32, dev, true);
-  for (size_t i = 0; i < segs.size(); ++i)
+  const KvPack dkv = make_kv_pack(a.k, order.total, DType::F32, dev, true);
+  for (size_t i = 0; i < order.segments.size(); ++i)
     for (int h = 0; h < 2; ++h) {
-      const ChunkBlock blk = chunk_block(segs[i].layout, p, h);
+      const ChunkBlock blk = chunk_block(order.segments[i].layout, p, h);
       if (blk.nq == 0) continue;
-      const int64_t q = segs[i].start + blk.q_start, k0 = g.at[i] + blk.k_start;
-      block_backward(p, a, q, blk.nq, rows(g.kv.k, k0, blk.nk), rows(g.kv.v, k0, blk.nk), blk.nk, blk.mask, dq_acc,
+      const int64_t q = order.segments[i].start + blk.q_start, k0 = order.at[i] + blk.k_start;
+      block_backward(p, a, q, blk.nq, rows(kv.k, k0, blk.nk), rows(kv.v, k0, blk.nk), blk.nk, blk.mask, dq_acc,
                      rows(dkv.k, k0, blk.nk), rows(dkv.v, k0, blk.nk));
     }
   // Back to rank order (block s = rank s's local rows), then every rank gets the sum of its block.
-  const size_t block_count = 2 * static_cast<size_t>(a.k.shape[0] * local_rows * a.k.shape[2] * a.k.shape[3]);
+  const size_t block_count =
+      2 * static_cast<size_t>(a.k.shape[0] * order.local_rows * a.k.shape[2] * a.k.shape[3]);
   Tensor scattered = Tensor::empty({static_cast<int64_t>(block_count) * comm.size()}, DType::F32, dev);
   for (int s = 0; s < comm.size(); ++s) {
-    const KvPack block = view_kv_pack(scattered.ptr<float>() + s * block_count, a.k, local_rows, DType::F32, dev);
-    for (size_t i = 0; i < segs.size(); ++i) {
-      const Segment& seg = segs[i];
-      const int64_t n = seg.layout.padded_len();
-      global_to_block(seg.layout, s, rows(dkv.k, g.at[i], n), rows(block.k, seg.start, seg.len()), a.stream);
-      global_to_block(seg.layout, s, rows(dkv.v, g.at[i], n), rows(block.v, seg.start, seg.len()), a.stream);
-    }
+    const KvPack block =
+        view_kv_pack(scattered.ptr<float>() + s * block_count, a.k, order.local_rows, DType::F32, dev);
+    order.to_block(s, dkv.k, block.k, a.stream);
+    order.to_block(s, dkv.v, block.v, a.stream);
   }
-  const KvPack mine = make_kv_pack(a.k, local_rows, DType::F32, dev, false);
+  const KvPack mine = make_kv_pack(a.k, order.local_rows, DType::F32, dev, false);
   comm.reduce_scatter(scattered.data(), mine.buf.data(), mine.count(), DType::F32, comm::ReduceOp::Sum, a.stream);
   copy_async(a.dq, dq_acc, a.stream);
   copy_async(a.dk, mine.k, a.stream);
@@ -140,26 +116,26 @@ void allgather_attention_forward(comm::Communicator& comm, const AttnParams& p, 
                                  int64_t global_len) {
   const ZigzagLayout l = check_cp_call("all-gather attention forward", comm, p, global_len);
   attention::validate(p, a);
-  forward(comm, {{l, 0}}, l.local_len(), p, a);
+  forward(comm, GlobalOrder({{l, 0}}, l.local_len()), p, a);
 }
 
 void allgather_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
                                   int64_t global_len) {
   const ZigzagLayout l = check_cp_call("all-gather attention backward", comm, p, global_len);
   attention::validate(p, a);
-  backward(comm, {{l, 0}}, l.local_len(), p, a);
+  backward(comm, GlobalOrder({{l, 0}}, l.local_len()), p, a);
 }
 
 void allgather_packed_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
                                         const PackedZigzag& l) {
-  const DenseSegments d = packed_segments("packed all-gather attention forward", comm, p, l, check_cp_call, a);
-  forward(comm, d.segments, d.rows, d.params, packed_as_dense(a, d.rows));
+  DenseSegments d = packed_segments("packed all-gather attention forward", comm, p, l, check_cp_call, a);
+  forward(comm, GlobalOrder(std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows));
 }
 
 void allgather_packed_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
                                          const PackedZigzag& l) {
-  const DenseSegments d = packed_segments("packed all-gather attention backward", comm, p, l, check_cp_call, a);
-  backward(comm, d.segments, d.rows, d.params, packed_as_dense(a, d.rows));
+  DenseSegments d = packed_segments("packed all-gather attention backward", comm, p, l, check_cp_call, a);
+  backward(comm, GlobalOrder(std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows));
 }
 
 }  // namespace ringtrain::cp

@@ -33,6 +33,26 @@ bool is_causal(const AttnParams& p) {
   return p.mask != MaskType::None;
 }
 
+GlobalOrder::GlobalOrder(std::vector<Segment> segs, int64_t rows) : segments(std::move(segs)), local_rows(rows) {
+  for (const Segment& seg : segments) at.push_back(total), total += seg.layout.padded_len();
+}
+
+void GlobalOrder::to_global(int s, const TensorView& block, const TensorView& global, void* stream) const {
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& seg = segments[i];
+    block_to_global(seg.layout, s, rows(block, seg.start, seg.len()), rows(global, at[i], seg.layout.padded_len()),
+                    stream);
+  }
+}
+
+void GlobalOrder::to_block(int s, const TensorView& global, const TensorView& block, void* stream) const {
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& seg = segments[i];
+    global_to_block(seg.layout, s, rows(global, at[i], seg.layout.padded_len()), rows(block, seg.start, seg.len()),
+                    stream);
+  }
+}
+
 attention::AttnForwardArgs packed_as_dense(const attention::AttnForwardArgs& a, int64_t n) {
   attention::AttnForwardArgs d = a;
   d.q = packed_rows(a.q, 0, n), d.k = packed_rows(a.k, 0, n), d.v = packed_rows(a.v, 0, n);

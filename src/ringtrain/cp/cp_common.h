@@ -27,6 +27,21 @@ struct Segment {
   int64_t len() const { return layout.local_len(); }
 };
 
+// The sequences of a CP call in global order, one after another (all-gather's keys and values, all-to-all's head
+// groups): segment i's whole (padded) sequence takes rows [at[i], at[i] + padded_len) of `total`.
+struct GlobalOrder {
+  std::vector<Segment> segments;
+  int64_t local_rows = 0;  // rows of the local tensors
+  std::vector<int64_t> at;
+  int64_t total = 0;
+
+  GlobalOrder(std::vector<Segment> segs, int64_t local_rows);
+  // Rank s's local rows of every sequence (`block`, [B, local_rows, ...]) to their places in `global` ([B, total,
+  // ...]), and back; enqueued on `stream`.
+  void to_global(int s, const TensorView& block, const TensorView& global, void* stream) const;
+  void to_block(int s, const TensorView& global, const TensorView& block, void* stream) const;
+};
+
 // A packed call as a dense one: every document a segment of the [1, T_local, H, D] views of the local THD tensors
 // (LSE [1, H, T_local]), each checked by `check` as the dense call of that document would be, and the dense params
 // of those views (batch 1, not packed), validated against them.

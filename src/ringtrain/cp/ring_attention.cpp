@@ -42,7 +42,8 @@ struct RingBlock {
 ZigzagLayout check_ring_call(const char* what, const comm::Communicator& comm, const AttnParams& p,
                              int64_t global_len) {
   const ZigzagLayout l = check_cp_call(what, comm, p, global_len);
-  RT_CHECK(attention::masking_window(p.window, global_len) == 0 || l.cp == 1, what, ": a sliding window (", p.describe(),
+  RT_CHECK(attention::masking_window(p.window, global_len) == 0 || l.cp == 1, what, ": a sliding window (",
+           p.describe(),
            ") is not supported by ring attention: a block of another rank's keys would need a mask bounded below "
            "only; the all-gather and all-to-all algorithms serve windows (parallel.cp_comm or --cp-comm = allgather "
            "or a2a)");

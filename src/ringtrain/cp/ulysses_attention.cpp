@@ -36,73 +36,45 @@ TensorView block_view(const Tensor& buf, int64_t offset, const TensorView& like,
                          buf.dtype(), buf.view().device, {like.shape[0], len, heads, like.shape[3]});
 }
 
-// The sequences of a call: the segments of the local rows, and where each one's whole (padded) sequence starts in
-// the group tensors (`at`, rows of `total`).
-struct Sequences {
-  std::vector<Segment> segments;
-  int64_t local_rows = 0;
-  std::vector<int64_t> at;
-  int64_t total = 0;
-
-  Sequences(std::vector<Segment> segs, int64_t rows) : segments(std::move(segs)), local_rows(rows) {
-    for (const Segment& seg : segments) at.push_back(total), total += seg.layout.padded_len();
-  }
-  TensorView global_rows(const TensorView& t, size_t i) const {
-    return rows(t, at[i], segments[i].layout.padded_len());
-  }
-};
-
 // Head group j of `local` ([B, rows, H, d]) to rank j; what arrives (every rank's rows of this rank's group) is
 // written in global order into `global` ([B, total, H/cp, d]), sequence by sequence.
-void heads_to_sequence(comm::Communicator& comm, const Sequences& q, const TensorView& local, const TensorView& global,
-                       void* stream) {
+void heads_to_sequence(comm::Communicator& comm, const GlobalOrder& order, const TensorView& local,
+                       const TensorView& global, void* stream) {
   const int cp = comm.size();
-  const int64_t g = local.shape[2] / cp, len = q.local_rows;
+  const int64_t g = local.shape[2] / cp, len = order.local_rows;
   const int64_t block = local.shape[0] * len * g * local.shape[3];
   Tensor send = Tensor::empty({block * cp}, local.dtype, comm.device());
   Tensor recv = Tensor::empty({block * cp}, local.dtype, comm.device());
   for (int j = 0; j < cp; ++j) copy_async(block_view(send, j * block, local, len, g), local.slice(2, j * g, g), stream);
   comm.all_to_all(send.data(), recv.data(), static_cast<size_t>(block), local.dtype, stream);
-  for (int s = 0; s < cp; ++s) {
-    const TensorView from = block_view(recv, s * block, local, len, g);
-    for (size_t i = 0; i < q.segments.size(); ++i) {
-      const Segment& seg = q.segments[i];
-      block_to_global(seg.layout, s, rows(from, seg.start, seg.len()), q.global_rows(global, i), stream);
-    }
-  }
+  for (int s = 0; s < cp; ++s) order.to_global(s, block_view(recv, s * block, local, len, g), global, stream);
 }
 
 // The reverse: this rank's group in global order ([B, total, H/cp, d]) back to the ranks, and every rank's results
 // for this rank's rows written into head group j of `local` ([B, rows, H, d]).
-void sequence_to_heads(comm::Communicator& comm, const Sequences& q, const TensorView& global, const TensorView& local,
-                       void* stream) {
+void sequence_to_heads(comm::Communicator& comm, const GlobalOrder& order, const TensorView& global,
+                       const TensorView& local, void* stream) {
   const int cp = comm.size();
-  const int64_t g = local.shape[2] / cp, len = q.local_rows;
+  const int64_t g = local.shape[2] / cp, len = order.local_rows;
   const int64_t block = local.shape[0] * len * g * local.shape[3];
   Tensor send = Tensor::empty({block * cp}, global.dtype, comm.device());
   Tensor recv = Tensor::empty({block * cp}, global.dtype, comm.device());
-  for (int s = 0; s < cp; ++s) {
-    const TensorView to = block_view(send, s * block, local, len, g);
-    for (size_t i = 0; i < q.segments.size(); ++i) {
-      const Segment& seg = q.segments[i];
-      global_to_block(seg.layout, s, q.global_rows(global, i), rows(to, seg.start, seg.len()), stream);
-    }
-  }
+  for (int s = 0; s < cp; ++s) order.to_block(s, global, block_view(send, s * block, local, len, g), stream);
   comm.all_to_all(send.data(), recv.data(), static_cast<size_t>(block), global.dtype, stream);
   for (int j = 0; j < cp; ++j) copy_async(local.slice(2, j * g, g), block_view(recv, j * block, local, len, g), stream);
 }
 
 // The whole-sequence tensor of this rank's head group, shaped like `local` with H/cp heads and `total` rows.
-Tensor group_tensor(const Sequences& q, int cp, const TensorView& local, DType dtype, Device dev) {
-  return Tensor::zeros({local.shape[0], q.total, local.shape[2] / cp, local.shape[3]}, dtype, dev);
+Tensor group_tensor(const GlobalOrder& order, int cp, const TensorView& local, DType dtype, Device dev) {
+  return Tensor::zeros({local.shape[0], order.total, local.shape[2] / cp, local.shape[3]}, dtype, dev);
 }
-Tensor group_lse(const Sequences& q, int cp, const AttnParams& p, Device dev) {
-  return Tensor::empty({p.batch, p.heads_q / cp, q.total}, DType::F32, dev);
+Tensor group_lse(const GlobalOrder& order, int cp, const AttnParams& p, Device dev) {
+  return Tensor::empty({p.batch, p.heads_q / cp, order.total}, DType::F32, dev);
 }
 
 // The call over the valid prefix of sequence i's whole sequence for one head group.
-AttnParams group_params(const Sequences& q, size_t i, int cp, const AttnParams& p) {
-  const int64_t n = q.segments[i].layout.global_len;
+AttnParams group_params(const GlobalOrder& order, size_t i, int cp, const AttnParams& p) {
+  const int64_t n = order.segments[i].layout.global_len;
   AttnParams g = block_params(p, n, n, p.mask);
   g.heads_q = p.heads_q / cp;
   g.heads_kv = p.heads_kv / cp;
@@ -118,56 +90,56 @@ ZigzagLayout check_heads(const char* what, const comm::Communicator& comm, const
   return l;
 }
 
-void forward(comm::Communicator& comm, const Sequences& seqs, const AttnParams& p, const AttnForwardArgs& a) {
+void forward(comm::Communicator& comm, const GlobalOrder& order, const AttnParams& p, const AttnForwardArgs& a) {
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(comm.size());
   const Device dev = comm.device();
   const int cp = comm.size();
-  const Tensor q = group_tensor(seqs, cp, a.q, p.dtype, dev), k = group_tensor(seqs, cp, a.k, p.dtype, dev),
-               v = group_tensor(seqs, cp, a.v, p.dtype, dev);
-  heads_to_sequence(comm, seqs, a.q, q, a.stream);
-  heads_to_sequence(comm, seqs, a.k, k, a.stream);
-  heads_to_sequence(comm, seqs, a.v, v, a.stream);
+  const Tensor q = group_tensor(order, cp, a.q, p.dtype, dev), k = group_tensor(order, cp, a.k, p.dtype, dev),
+               v = group_tensor(order, cp, a.v, p.dtype, dev);
+  heads_to_sequence(comm, order, a.q, q, a.stream);
+  heads_to_sequence(comm, order, a.k, k, a.stream);
+  heads_to_sequence(comm, order, a.v, v, a.stream);
   // Padding rows (beyond each valid prefix) keep O = 0 and LSE = -inf, the convention for rows that see nothing.
-  const Tensor o = group_tensor(seqs, cp, a.o, a.o.dtype, dev), lse = group_lse(seqs, cp, p, dev);
+  const Tensor o = group_tensor(order, cp, a.o, a.o.dtype, dev), lse = group_lse(order, cp, p, dev);
   fill_neg_inf(lse, a.stream);
-  for (size_t i = 0; i < seqs.segments.size(); ++i) {
-    const int64_t at = seqs.at[i], n = seqs.segments[i].layout.global_len;
+  for (size_t i = 0; i < order.segments.size(); ++i) {
+    const int64_t at = order.at[i], n = order.segments[i].layout.global_len;
     const auto r = [&](const Tensor& t) { return rows(t, at, n); };
     AttnForwardArgs s{r(q), r(k), r(v), r(o), lse_rows(lse, at, n)};
     s.stream = a.stream;
-    attention::forward(group_params(seqs, i, cp, p), s);
+    attention::forward(group_params(order, i, cp, p), s);
   }
-  sequence_to_heads(comm, seqs, o, a.o, a.stream);
-  sequence_to_heads(comm, seqs, lse_as_bshd(lse), lse_as_bshd(a.lse), a.stream);
+  sequence_to_heads(comm, order, o, a.o, a.stream);
+  sequence_to_heads(comm, order, lse_as_bshd(lse), lse_as_bshd(a.lse), a.stream);
 }
 
-void backward(comm::Communicator& comm, const Sequences& seqs, const AttnParams& p, const AttnBackwardArgs& a) {
+void backward(comm::Communicator& comm, const GlobalOrder& order, const AttnParams& p, const AttnBackwardArgs& a) {
   RT_CHECK(!a.accumulate, "all-to-all attention backward: accumulate=true is not supported under context parallelism");
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(comm.size());
   const Device dev = comm.device();
   const int cp = comm.size();
-  const Tensor q = group_tensor(seqs, cp, a.q, p.dtype, dev), k = group_tensor(seqs, cp, a.k, p.dtype, dev),
-               v = group_tensor(seqs, cp, a.v, p.dtype, dev), o = group_tensor(seqs, cp, a.o, a.o.dtype, dev),
-               dout = group_tensor(seqs, cp, a.dout, a.dout.dtype, dev), lse = group_lse(seqs, cp, p, dev);
-  heads_to_sequence(comm, seqs, a.q, q, a.stream);
-  heads_to_sequence(comm, seqs, a.k, k, a.stream);
-  heads_to_sequence(comm, seqs, a.v, v, a.stream);
-  heads_to_sequence(comm, seqs, a.o, o, a.stream);
-  heads_to_sequence(comm, seqs, a.dout, dout, a.stream);
-  heads_to_sequence(comm, seqs, lse_as_bshd(a.lse), lse_as_bshd(lse), a.stream);
+  const Tensor q = group_tensor(order, cp, a.q, p.dtype, dev), k = group_tensor(order, cp, a.k, p.dtype, dev),
+               v = group_tensor(order, cp, a.v, p.dtype, dev), o = group_tensor(order, cp, a.o, a.o.dtype, dev),
+               dout = group_tensor(order, cp, a.dout, a.dout.dtype, dev), lse = group_lse(order, cp, p, dev);
+  heads_to_sequence(comm, order, a.q, q, a.stream);
+  heads_to_sequence(comm, order, a.k, k, a.stream);
+  heads_to_sequence(comm, order, a.v, v, a.stream);
+  heads_to_sequence(comm, order, a.o, o, a.stream);
+  heads_to_sequence(comm, order, a.dout, dout, a.stream);
+  heads_to_sequence(comm, order, lse_as_bshd(a.lse), lse_as_bshd(lse), a.stream);
   // Zeros beyond each valid prefix: padding rows get no gradient.
-  const Tensor dq = group_tensor(seqs, cp, a.dq, a.dq.dtype, dev), dk = group_tensor(seqs, cp, a.dk, a.dk.dtype, dev),
-               dv = group_tensor(seqs, cp, a.dv, a.dv.dtype, dev);
-  for (size_t i = 0; i < seqs.segments.size(); ++i) {
-    const int64_t at = seqs.at[i], n = seqs.segments[i].layout.global_len;
+  const Tensor dq = group_tensor(order, cp, a.dq, a.dq.dtype, dev), dk = group_tensor(order, cp, a.dk, a.dk.dtype, dev),
+               dv = group_tensor(order, cp, a.dv, a.dv.dtype, dev);
+  for (size_t i = 0; i < order.segments.size(); ++i) {
+    const int64_t at = order.at[i], n = order.segments[i].layout.global_len;
     const auto r = [&](const Tensor& t) { return rows(t, at, n); };
     AttnBackwardArgs s{r(q), r(k), r(v), r(o), r(dout), lse_rows(lse, at, n), r(dq), r(dk), r(dv)};
     s.stream = a.stream;
-    attention::backward(group_params(seqs, i, cp, p), s);
+    attention::backward(group_params(order, i, cp, p), s);
   }
-  sequence_to_heads(comm, seqs, dq, a.dq, a.stream);
-  sequence_to_heads(comm, seqs, dk, a.dk, a.stream);
-  sequence_to_heads(comm, seqs, dv, a.dv, a.stream);
+  sequence_to_heads(comm, order, dq, a.dq, a.stream);
+  sequence_to_heads(comm, order, dk, a.dk, a.stream);
+  sequence_to_heads(comm, order, dv, a.dv, a.stream);
 }
 
 }  // namespace
@@ -176,26 +148,26 @@ void ulysses_attention_forward(comm::Communicator& comm, const AttnParams& p, co
                                int64_t global_len) {
   const ZigzagLayout l = check_heads("all-to-all attention forward", comm, p, global_len);
   attention::validate(p, a);
-  forward(comm, Sequences({{l, 0}}, l.local_len()), p, a);
+  forward(comm, GlobalOrder({{l, 0}}, l.local_len()), p, a);
 }
 
 void ulysses_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
                                 int64_t global_len) {
   const ZigzagLayout l = check_heads("all-to-all attention backward", comm, p, global_len);
   attention::validate(p, a);
-  backward(comm, Sequences({{l, 0}}, l.local_len()), p, a);
+  backward(comm, GlobalOrder({{l, 0}}, l.local_len()), p, a);
 }
 
 void ulysses_packed_attention_forward(comm::Communicator& comm, const AttnParams& p, const AttnForwardArgs& a,
                                       const PackedZigzag& l) {
   DenseSegments d = packed_segments("packed all-to-all attention forward", comm, p, l, check_heads, a);
-  forward(comm, Sequences(std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows));
+  forward(comm, GlobalOrder(std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows));
 }
 
 void ulysses_packed_attention_backward(comm::Communicator& comm, const AttnParams& p, const AttnBackwardArgs& a,
                                        const PackedZigzag& l) {
   DenseSegments d = packed_segments("packed all-to-all attention backward", comm, p, l, check_heads, a);
-  backward(comm, Sequences(std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows));
+  backward(comm, GlobalOrder(std::move(d.segments), d.rows), d.params, packed_as_dense(a, d.rows));
 }
 
 }  // namespace ringtrain::cp
