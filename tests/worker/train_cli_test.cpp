@@ -512,9 +512,18 @@ TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
   const auto mesh = score("mesh.jsonl", "--set parallel.dp=2 parallel.cp=2 policy.sequence_packing.enabled=true");
   const auto reference = score("reference.jsonl", "--reference");
   const auto trained = score("trained.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string());
+  // A scoring config names no training data; the same model, seed and precision score the same.
+  const fs::path scoring = dir.path / "scoring.yaml";
+  std::ofstream(scoring) << "policy:\n  model_name: builtin:tiny\n  precision: float32\n"
+                            "  max_total_sequence_length: 256\ndevice: cpu\ntrain:\n  seed: 1\n";
+  const fs::path scoring_out = dir.path / "scoring.jsonl";
+  const testing::CliResult scored = run_cli("logprobs --config " + scoring.string() + " --data " + data.string() +
+                                            " --timeout 30 --out " + scoring_out.string());
+  EXPECT_EQ(scored.code, 0) << scored.output;
   ASSERT_EQ(start.size(), 8u);
   EXPECT_LE(max_diff(mesh, start), 1e-4);  // fp32 rounding of other shards and batchings (policy_worker_test)
   EXPECT_EQ(max_diff(reference, start), 0.0);
+  EXPECT_LE(max_diff(read_logprobs(scoring_out), start), 1e-4);  // other batch sizes: fp32 rounding at most
   EXPECT_GT(max_diff(trained, start), 1e-3);  // three steps at lr 1e-3 move the scores
 
   // Options the chosen mode would not read are refused, naming them (never silently ignored).

@@ -19,7 +19,8 @@
 namespace ringtrain::cli {
 
 std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigLogprobsOptions& o) {
-  const worker::Config c = worker::load_config(o.config, o.overrides);
+  // Checked as the worker checks it: scoring reads no training data, so a config without train.data serves.
+  const worker::Config c = worker::load_config(o.config, o.overrides, worker::ConfigUse::Worker);
   check_out_is_not_input("--out", o.out, {{c.policy.model_name, "policy.model_name"}});
   const int world = static_cast<int>(c.parallel.world());
   if (!c.device.is_cuda()) check_one_process_on_cpu("ringtrain logprobs", world);
