@@ -227,6 +227,21 @@ std::string run_and_catch(int world, Ms timeout, const std::function<void(Commun
   return "";
 }
 
+// A group's size is refused outside [1, kMaxRanks] before anything (world x world mailboxes) is allocated.
+TEST(InProcessFailures, AWorldOutOfRangeIsRefused) {
+  for (const int world : {0, -1, comm::kMaxRanks + 1, 1 << 16}) {
+    try {
+      comm::make_in_process_group(world, 1000ms);
+      ADD_FAILURE() << "no error for world " << world;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("world size must be in [1, 1024], got " + std::to_string(world)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(comm::make_in_process_group(comm::kMaxRanks, 1000ms).size(), static_cast<size_t>(comm::kMaxRanks));
+}
+
 TEST(InProcessFailures, ThrowingRankFailsTheOthersFast) {
   const int world = 4;
   const Ms timeout = 5000ms;

@@ -225,6 +225,13 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
       {{"train.data=~"}, "train.data is required"},
       {{"policy.train_micro_batch_size"}, "expected KEY=VALUE"},
       {{"policy.train_micro_batch_size=[1"}, "the value is not YAML"},
+      {{"parallel.cp=1025"}, "parallel.cp = 1025: out of range [1, 1024]"},
+      {{"policy.dtensor_cfg.context_parallel_size=65536"}, "out of range [1, 1024]"},
+      {{"parallel.dp=64", "parallel.cp=32", "policy.train_global_batch_size=64", "policy.train_micro_batch_size=1"},
+       "parallel.dp (64) x parallel.cp (32) = 2048 ranks: at most 1024"},
+      // The YAML reader would take these bytes for a UTF-16 byte-order mark and drop them with the value.
+      {{"train.data=\xFF\xFE" "ab"}, "the value starts with a byte-order mark"},
+      {{"train.data=\xEF\xBB\xBF" "ab"}, "starts with a byte-order mark"},
       // From Python a NUL can reach an override; the YAML parser would read only "1".
       {{std::string("train.seed=1\0" "2", 14)}, "override 'train.seed=1\\x002': holds a NUL byte"},
   };

@@ -23,7 +23,7 @@ constexpr int64_t kMaxBatch = int64_t{1} << 16;
 constexpr int64_t kMaxSeq = int64_t{1} << 30;
 constexpr int64_t kMaxHeads = int64_t{1} << 12;
 constexpr int64_t kMaxHeadDim = int64_t{1} << 10;
-constexpr int kMaxRanks = 1024;
+using comm::kMaxRanks;
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxHidden = int64_t{1} << 18;
 constexpr int64_t kMaxVocab = int64_t{1} << 24;

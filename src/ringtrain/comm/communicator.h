@@ -17,6 +17,10 @@
 
 namespace ringtrain::comm {
 
+// The most ranks one group may have: far above any run on hand, and low enough that a mistyped size is refused
+// before anything is allocated (the in-process group keeps world x world mailboxes).
+constexpr int kMaxRanks = 1024;
+
 class CommError : public Error {
  public:
   using Error::Error;

@@ -11,9 +11,11 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "ringtrain/comm/communicator.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/nearest_name.h"
@@ -244,7 +246,7 @@ const std::vector<Field>& schema() {
         [](auto& c) -> auto& { return c.policy.logprob_chunk_size; }, 0, kMaxTokens));
     Field cp_alias = int_field(
         "policy.dtensor_cfg.context_parallel_size", "context-parallel size (= parallel.cp)",
-        [](auto& c) -> auto& { return c.parallel.cp; }, 1, 1 << 16);
+        [](auto& c) -> auto& { return c.parallel.cp; }, 1, comm::kMaxRanks);
     cp_alias.storage = "parallel.cp";
     f.push_back(cp_alias);
     f.push_back(bool_field(
@@ -391,10 +393,10 @@ const std::vector<Field>& schema() {
                  }});
     f.push_back(int_field(
         "parallel.dp", "data-parallel size (world = dp * cp)", [](auto& c) -> auto& { return c.parallel.dp; }, 1,
-        1 << 16));
+        comm::kMaxRanks));
     f.push_back(int_field(
         "parallel.cp", "context-parallel size (ranks sharing each sequence)",
-        [](auto& c) -> auto& { return c.parallel.cp; }, 1, 1 << 16));
+        [](auto& c) -> auto& { return c.parallel.cp; }, 1, comm::kMaxRanks));
     f.push_back(enum_field(
         "parallel.cp_comm",
         "ring, allgather or a2a (heads divisible by cp); a sliding window shorter than the sequence needs allgather "
@@ -589,6 +591,10 @@ std::string apply_override(Config& c, const std::string& text) {
   }
   YAML::Node value;
   const std::string value_text = text.substr(eq + 1);
+  // The YAML reader takes a leading byte-order mark for the text's encoding and drops it, with what it would decode.
+  for (const std::string_view bom : {"\xEF\xBB\xBF", "\xFE\xFF", "\xFF\xFE"})
+    RT_CHECK(!value_text.starts_with(bom), where,
+             ": the value starts with a byte-order mark, which YAML would take for the text's encoding; quote it");
   try {
     value = YAML::Load(value_text);
   } catch (const YAML::Exception& e) {
@@ -679,6 +685,8 @@ void Config::validate(ConfigUse use) const {
   if (is_builtin_model(policy.model_name)) resolve_model_config(policy);  // an unknown builtin name fails here
   RT_CHECK(use == ConfigUse::Worker || !train.data.empty() || !grpo.prompts.empty(),
            "train.data is required (a JSONL or .safetensors file), or grpo.prompts for a GRPO run");
+  RT_CHECK(parallel.world() <= comm::kMaxRanks, "parallel.dp (", parallel.dp, ") x parallel.cp (", parallel.cp,
+           ") = ", parallel.world(), " ranks: at most ", comm::kMaxRanks);
   RT_CHECK(policy.dtensor_cfg.tensor_parallel_size == 1,
            "policy.dtensor_cfg.tensor_parallel_size = ", policy.dtensor_cfg.tensor_parallel_size,
            ": ringtrain has no tensor parallelism (use parallel.dp / cp)");
