@@ -1,26 +1,25 @@
 // The `flash` backward on Hopper (fast mode), warp-specialised in the FlashAttention-3 structure. One CTA per (key
 // tile of 128 keys, 64 above D = 128, kv head, sequence) of three warpgroups:
 //  - the producer (one warp of warpgroup 0, its registers given back) copies K and V once, then for every query tile
-//    (64 rows) of every query head of the GQA group that can see the keys (causally and within a sliding window) its
-//    Q, dO, LSE and Delta into a ring of shared-memory stages (three at D = 64 and 192, two at 128 and 256) guarded
-//    by full and empty mbarriers (tma.cuh):
+//    (128 rows at D = 64, 64 above) of every query head of the GQA group that can see the keys (causally and within
+//    a sliding window) its Q, dO, LSE and Delta into a ring of shared-memory stages (three at D = 64 and 192, two at
+//    128 and 256) guarded by full and empty mbarriers (tma.cuh):
 //    bulk-tensor (TMA) copies, or zero-filling cp.async for tiles that reach past their sequence's end (a NaN there
 //    would survive the zeroed P^T and dS^T in 0 * NaN); LSE and Delta always by cp.async, zero-filled;
 //  - two consumers own 64 keys each and keep their dK and dV in registers. Per query tile each computes
 //      S^T = K Q^T and dP^T = V dO^T (shared operands), P^T and dS^T = P^T (dP^T - Delta) * scale in registers,
 //      dV += P^T dO and dK += dS^T Q (P^T and dS^T as register operands),
-//    and a 64 x 64 block of dQ = dS K over all 128 keys from dS^T in shared memory (double-buffered, so that only
-//    the block's readers wait for its writers): head dim 128 splits dQ's columns between the consumers; at head dim
-//    64 the consumers take turns, one query tile each, so that every dQ element is reduced once per key tile (split
-//    by keys, two reductions would add into the same block and double the atomic traffic into L2).
+//    and blocks of dQ = dS K over all 128 keys from dS^T in shared memory (double-buffered, so that only a block's
+//    readers wait for its writers). At head dim 128 a query tile has 64 rows and the consumers split dQ's columns;
+//    at head dim 64 it has 128 rows (FlashAttention-3's tile there) and each consumer takes the 64 x 64 block of its
+//    own 64 rows. Either way every dQ element is reduced once per key tile (split by keys, two reductions would add
+//    into the same block and double the atomic traffic into L2).
 // Each block is added to an fp32 accumulator in global memory, straight from the registers by vector reductions, in
-// the order the registers hold it; flash_dq_convert_sm90_kernel reads that order back into dq. At D = 64 K and V are
-// also register operands. The accumulator holds, per query head, one 64 x D block per query tile (dq_tile_base).
+// the order the registers hold it; flash_dq_convert_sm90_kernel reads that order back into dq. The accumulator
+// holds, per query head, one 64 x D block per 64 query rows (dq_tile_base).
 // At D = 192 and 256 a CTA has 64 keys, which both consumers share, splitting the work by gradient: one computes P^T
 // and keeps dV, the other dP^T and dS^T and keeps dK (consume_bwd_split), each adding part of dQ from registers.
 #include <cuda.h>
-
-#include <type_traits>
 
 #include "ringtrain/attention/cuda/cuda_util.h"
 #include "ringtrain/attention/cuda/flash_sm90.h"
@@ -41,24 +40,23 @@ struct BwdSm90Config {
   // tile's keys, one keeping dV and the other dK (consume_bwd_split). Below, each consumer owns 64 keys and both
   // gradients.
   static constexpr bool kSplitByGradient = D > 128;
-  static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = 64, BN = kSplitByGradient ? 64 : 128;
+  // At D = 64 a step takes 128 query rows, as FlashAttention-3 does there: its GEMMs are small, and twice the rows
+  // per step halve the barriers and waits per unit of work.
+  static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = D == 64 ? 128 : 64,
+                       BN = kSplitByGradient ? 64 : 128;
   // As many as fit, but two at D = 128: a third fits there and costs 2-3 % of fwd+bwd (PERF.md).
   static constexpr int kStages = D == 64 || D == 192 ? 3 : 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
-  // At D = 64, where shared-memory bandwidth binds as much as the tensor cores: K and V as register operands of
-  // S^T and dP^T (those GEMMs then read only Q and dO from shared memory; their 32 registers fit beside the
-  // accumulators at this head dim only), and dQ blocks added to the accumulator by vector reductions straight from
-  // registers instead of through a shared staging block and a bulk reduction (fwd+bwd +8 % causal, +12 % without a
-  // mask, B = 2, H = 16, 8K; docs/PERF.md).
-  static constexpr bool kKVInRegisters = D == 64;
-  // At D = 128, where the consumer is at its register limit, dV's GEMM is waited for before dS^T is made, so that
-  // P^T's fragments are free for it (backward 1-3 % faster; with the dQ reductions from registers, PERF.md).
-  static constexpr bool kDvBeforeDs = D == 128;
-  // At D = 64 one consumer per step, in turn, computes the whole 64 x D block of dQ (a wider GEMM that reads K once
-  // instead of twice, and half the blocks reduced); at D = 128 each computes and adds its 64 columns every step (one
-  // consumer holding 64 more accumulators spills there and is 1-3 % slower, PERF.md).
-  static constexpr bool kDqByOneConsumer = D == 64;
-  static_assert(!(kSplitByGradient && kKVInRegisters), "the split consumers read K and V from shared memory");
+  // Where dV += P^T dO goes, the consumer being at its register limit either way. With 128 rows it is issued after
+  // dS^T is made, P^T and dS^T packed together so that the fp32 scores die first (issued before, the consumer spills
+  // and fwd+bwd is 14 % slower, PERF.md); with 64 rows it is waited for before dS^T is made, so that P^T's fragments
+  // are free (backward 1-3 % faster).
+  static constexpr bool kDvAfterDs = BM == 128;
+  // Each step's dQ block is 64 x D per 64 query rows, every element reduced once per key tile. With 128 rows each
+  // consumer computes its own 64 rows' block over all the tile's keys; with 64 rows (D = 128) each computes 64 of
+  // the columns (one consumer holding the whole block spills there and is 1-3 % slower, PERF.md).
+  static constexpr bool kDqByRows = BM == 128;
+  static constexpr int kDqCols = kDqByRows ? D : 64;
   static constexpr int kTileKV = BN * D * 2, kTileQ = BM * D * 2;
   static constexpr int kDsBytes = BN * BM * 2;  // dS^T, [BN keys][BM queries]
   // dS^T is double-buffered where each consumer writes its own keys' rows; the split consumers' single buffer is
@@ -243,15 +241,37 @@ __device__ __forceinline__ void score_grads_t(float (&dp)[BM / 2], const float (
   }
 }
 
+// P^T and dS^T = P^T (dP^T - Delta) * scale as register-A fragments, fragment by fragment, so that each fp32 value
+// dies as its pair is packed: the fp32 scores and score gradients are never all live beside both fragment sets.
+template <typename T, int BM>
+__device__ __forceinline__ void to_a_with_score_grads(const float (&sp)[BM / 2], const float (&dp)[BM / 2],
+                                                      const float* s_delta, float scale, int t,
+                                                      uint32_t (&pt)[BM / 16][4], uint32_t (&dst)[BM / 16][4]) {
+#pragma unroll
+  for (int k = 0; k < BM / 16; ++k)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = 8 * k + 2 * r;  // values i and i + 1: query columns 8 (i / 4) + 2t + {0, 1}
+      const float d0 = s_delta[8 * (i / 4) + 2 * t], d1 = s_delta[8 * (i / 4) + 2 * t + 1];
+      pt[k][r] = tile::pack2<T>(sp[i], sp[i + 1]);
+      dst[k][r] = tile::pack2<T>(sp[i] * (dp[i] - d0) * scale, sp[i + 1] * (dp[i + 1] - d1) * scale);
+    }
+}
+
 // This thread's rows (key, key + 8) of dS^T, held as register-A fragments, into the [BN keys][BM queries] panel tile
-// at sDS.
+// at sDS (1024-byte aligned, so a row's swizzle bits are free to XOR). Each store address is one XOR and an
+// immediate from its row's base; the base comes out of an opaque add so that the compiler cannot precompute all
+// BM / 4 addresses once and keep them live across the step loop, where they would spill the consumer's registers.
 template <int BM, int BN>
 __device__ __forceinline__ void store_ds_t(uint32_t sDS, const uint32_t (&dst)[BM / 16][4], int key, int t) {
 #pragma unroll
-  for (int j = 0; j < BM / 8; ++j) {
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t in_tile = static_cast<uint32_t>((key + 8 * half) * 128 + ((key & 7) << 4) + 4 * t);
+    uint32_t row;
+    asm volatile("add.u32 %0, %1, %2;\n" : "=r"(row) : "r"(sDS), "r"(in_tile));
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sDS + wg::panel_off(BN, key + 8 * half, 8 * j + 2 * t)),
+    for (int j = 0; j < BM / 8; ++j)
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"((row ^ ((j % 8) << 4)) + (j / 8) * BN * 128),
                    "r"(j % 2 == 0 ? dst[j / 2][half] : dst[j / 2][2 + half]));
   }
 }
@@ -302,21 +322,9 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
-  // This consumer's K and V rows as register-A fragments (read once; unused unless kKVInRegisters).
-  uint32_t kf[Cfg::kKVInRegisters ? D / 16 : 1][4], vf[Cfg::kKVInRegisters ? D / 16 : 1][4];
   if (w.steps > 0) {
     tma::wait(sm.full_kv(), 0);
     if (n0 + BN > seq.skv) wg::fence_async_smem();  // copied by cp.async: the generic proxy
-    if constexpr (Cfg::kKVInRegisters) {
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const uint32_t off = wg::panel_off(BN, wgi * 64 + warp * 16 + g + 8 * (r % 2), 16 * k + 8 * (r / 2) + 2 * t);
-          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(kf[k][r]) : "r"(sm.k + off));
-          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(vf[k][r]) : "r"(sm.v + off));
-        }
-    }
   }
   for (int step = 0; step < w.steps; ++step) {
     const int stage = step % Cfg::kStages;
@@ -331,109 +339,72 @@ __device__ __forceinline__ void consume_bwd(const BwdSm90Args& a, const BwdSmem<
     float sp[BM / 2], dp[BM / 2];
     wg::fence();
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      if constexpr (Cfg::kKVInRegisters)
-        wg::Mma<T, BM>::template rs<0>(sp, kf[k], wg::desc_k(sQ, BM, 0, k), k > 0);
-      else
-        wg::Mma<T, BM>::template ss<0, 0>(sp, wg::desc_k(sm.k, BN, wgi * 64, k), wg::desc_k(sQ, BM, 0, k), k > 0);
-    }
+    for (int k = 0; k < D / 16; ++k)
+      wg::Mma<T, BM>::template ss<0, 0>(sp, wg::desc_k(sm.k, BN, wgi * 64, k), wg::desc_k(sQ, BM, 0, k), k > 0);
     wg::commit();
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      if constexpr (Cfg::kKVInRegisters)
-        wg::Mma<T, BM>::template rs<0>(dp, vf[k], wg::desc_k(sDO, BM, 0, k), k > 0);
-      else
-        wg::Mma<T, BM>::template ss<0, 0>(dp, wg::desc_k(sm.v, BN, wgi * 64, k), wg::desc_k(sDO, BM, 0, k), k > 0);
-    }
+    for (int k = 0; k < D / 16; ++k)
+      wg::Mma<T, BM>::template ss<0, 0>(dp, wg::desc_k(sm.v, BN, wgi * 64, k), wg::desc_k(sDO, BM, 0, k), k > 0);
     wg::commit();
     wg::wait<1>();
     wg::keep(sp);
     probabilities_t<BM, BN>(sp, s_lse, s, seq, m0, n0, key0, t, scale_log2);
-    uint32_t pt[BM / 16][4];
-    wg::acc_to_a<T, BM>(sp, pt);
+    // P^T and dS^T = P^T (dP^T - Delta) * scale as register operands, dS^T also into shared memory for dQ, and
+    // dV += P^T dO.
+    uint32_t pt[BM / 16][4], dst[BM / 16][4];
+    auto issue_dv = [&] {
+      wg::fence();
+#pragma unroll
+      for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dv, pt[k], wg::desc_mn(sDO, BM, k, 0), 1);
+      wg::commit();
+    };
+    if constexpr (Cfg::kDvAfterDs) {
+      wg::wait<0>();
+      wg::keep(dp);
+      to_a_with_score_grads<T, BM>(sp, dp, s_delta, s.scale, t, pt, dst);
+      store_ds_t<BM, BN>(sDS, dst, wgi * 64 + warp * 16 + g, t);
+      issue_dv();
+    } else {
+      wg::acc_to_a<T, BM>(sp, pt);
+      issue_dv();
+      wg::wait<0>();
+      wg::keep(dv);
+      wg::keep(pt);
+      wg::keep(dp);
+      score_grads_t<BM>(dp, sp, s_delta, s.scale, t);
+      wg::acc_to_a<T, BM>(dp, dst);
+      store_ds_t<BM, BN>(sDS, dst, wgi * 64 + warp * 16 + g, t);
+    }
 
-    // dV += P^T dO
+    // This consumer's block of dQ = dS K over every key of the tile, once dS^T is complete: its own 64 query rows
+    // (kDqByRows) or its own 64 columns. dQ's GEMM goes first, so that its reductions overlap dK's GEMM.
+    const int dq_panel = Cfg::kDqByRows ? wgi : 0, dq_col0 = Cfg::kDqByRows ? 0 : 64 * wgi;
+    const int dq_row0 = m0 + (Cfg::kDqByRows ? 64 * wgi : 0);
+    float dq[Cfg::kDqCols / 2];
+    wg::fence_async_smem();
+    wg::named_sync(3, Cfg::kConsumers * 128);
     wg::fence();
 #pragma unroll
-    for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dv, pt[k], wg::desc_mn(sDO, BM, k, 0), 1);
+    for (int k = 0; k < BN / 16; ++k)
+      wg::Mma<T, Cfg::kDqCols>::template ss<1, 1>(dq, wg::desc_mn(sDS, BN, k, dq_panel),
+                                                  wg::desc_mn(sm.k, BN, k, dq_col0 / 64), k > 0);
     wg::commit();
-    if constexpr (Cfg::kDvBeforeDs) {
-      wg::wait<0>();
-      wg::keep(dv);
-      wg::keep(pt);
-    } else {
-      wg::wait<1>();
-    }
-    wg::keep(dp);
-
-    // dS^T = P^T (dP^T - Delta) * scale, as register operands and, for dQ, into shared memory.
-    score_grads_t<BM>(dp, sp, s_delta, s.scale, t);
-    uint32_t dst[BM / 16][4];
-    wg::acc_to_a<T, BM>(dp, dst);
-    store_ds_t<BM, BN>(sDS, dst, wgi * 64 + warp * 16 + g, t);
-
+    // dK += dS^T Q
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dk, dst[k], wg::desc_mn(sQ, BM, k, 0), 1);
+    wg::commit();
+    wg::wait<1>();
+    wg::keep(dq);
+    if (!Cfg::kDqByRows || dq_row0 < seq.sq)  // the second 64 rows of a sequence's last tile may lie past its end
+      reduce_dq<Cfg::kDqCols>(dq_tile<D>(a, h, tile_base + dq_row0 / 64, dq_col0), dq, warp, lane);
+    wg::wait<0>();
     // The step's GEMMs are done, so its Q, dO and statistics are read. Every thread arrives: its own plain loads of
     // the statistics precede its own arrival, so the producer's refill is ordered after all of them.
-    auto release_stage = [&] {
-      wg::keep(dk);
-      wg::keep(dv);
-      wg::keep(pt);
-      wg::keep(dst);
-      tma::arrive(sm.empty(stage));
-    };
-    // dK += dS^T Q
-    auto issue_dk = [&] {
-      wg::fence();
-#pragma unroll
-      for (int k = 0; k < BM / 16; ++k) wg::Mma<T, D>::template rs<1>(dk, dst[k], wg::desc_mn(sQ, BM, k, 0), 1);
-      wg::commit();
-    };
-    // A block of dQ (the accumulator's columns from col0 on) = dS K, once dS^T is complete, every key's.
-    auto issue_dq = [&](auto& acc, int col0) {
-      constexpr int N = 2 * std::extent_v<std::remove_reference_t<decltype(acc)>>;
-      wg::fence();
-#pragma unroll
-      for (int k = 0; k < BN / 16; ++k)
-        wg::Mma<T, N>::template ss<1, 1>(acc, wg::desc_mn(sDS, BN, k, 0), wg::desc_mn(sm.k, BN, k, col0 / 64), k > 0);
-      wg::commit();
-    };
-    const int64_t tile = tile_base + m0 / BM;
-
-    if constexpr (!Cfg::kDqByOneConsumer) {
-      // Every consumer adds its 64 columns of dQ each step. dQ's GEMM goes first, so that its reductions overlap
-      // dK's GEMM.
-      float dq[32];
-      wg::fence_async_smem();
-      wg::named_sync(3, Cfg::kConsumers * 128);
-      issue_dq(dq, wgi * 64);
-      issue_dk();
-      wg::wait<1>();
-      wg::keep(dq);
-      reduce_dq<64>(dq_tile<D>(a, h, tile, wgi * 64), dq, warp, lane);
-      wg::wait<0>();
-      release_stage();
-    } else {
-      // Consumer (step mod 2) adds the step's whole dQ block, from registers. The other only arrives at the dS^T
-      // barrier, which alternates with the step so that its next arrival cannot complete this step's barrier before
-      // the other consumer's wait.
-      issue_dk();
-      const bool dq_here = step % 2 == wgi;
-      wg::fence_async_smem();
-      const int ds_barrier = 3 + step % 2;
-      if (dq_here) wg::named_sync(ds_barrier, Cfg::kConsumers * 128);
-      else tma::named_arrive(ds_barrier, Cfg::kConsumers * 128);
-      if (!dq_here) {
-        wg::wait<0>();
-        release_stage();
-        continue;
-      }
-      float dq[D / 2];
-      issue_dq(dq, 0);
-      wg::wait<0>();
-      wg::keep(dq);
-      release_stage();
-      reduce_dq<D>(dq_tile<D>(a, h, tile, 0), dq, warp, lane);
-    }
+    wg::keep(dk);
+    wg::keep(dv);
+    wg::keep(pt);
+    wg::keep(dst);
+    tma::arrive(sm.empty(stage));
   }
   store_key_grad<T, D>(c.dk, dk, w, key0, t, c.accumulate);
   store_key_grad<T, D>(c.dv, dv, w, key0, t, c.accumulate);
