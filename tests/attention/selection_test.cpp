@@ -151,58 +151,56 @@ TEST_F(Selection, DecisionIsDeterministicAndCached) {
   EXPECT_NE(candidate(c, BackendId::Flash).reasons.at(0).find("fp64"), std::string::npos);
 }
 
-// The default order by head dim and direction: flash first on CUDA at head dim 64 under a forward-only scope and above
-// head dim 128 either way (the same members), nothing else for other head dims or the CPU; a list set explicitly
-// stays as given.
-TEST_F(Selection, ForwardOnlyScopeReordersOnlyTheDefaultOrder) {
+// The default order by head dim: flash first on CUDA at head dim 64 and above 128 (the same members), cuDNN first at
+// other head dims and on the CPU, whether or not a backward follows; a list set explicitly stays as given.
+TEST_F(Selection, TheDefaultOrderFollowsTheHeadDim) {
   AttnParams gpu64 = cpu_params();
   gpu64.device = Device::cuda(0);
   gpu64.dtype = DType::BF16;
   AttnParams gpu128 = gpu64;
   gpu128.head_dim = 128;
-  std::vector<BackendId> fwd = default_forward_only_backends(gpu64), all = default_backends();
-  EXPECT_EQ(fwd.front(), BackendId::Flash);
-  EXPECT_NE(fwd, all);
-  std::sort(fwd.begin(), fwd.end()), std::sort(all.begin(), all.end());
-  EXPECT_EQ(fwd, all);
-  EXPECT_EQ(default_forward_only_backends(gpu128), default_backends());
+  std::vector<BackendId> flash_first = default_backends(gpu64), all = default_backends();
+  EXPECT_EQ(flash_first.front(), BackendId::Flash);
+  EXPECT_EQ(all.front(), BackendId::Cudnn);
+  std::sort(flash_first.begin(), flash_first.end()), std::sort(all.begin(), all.end());
+  EXPECT_EQ(flash_first, all);
+  for (const int64_t d : {32, 96, 128}) {
+    AttnParams p = gpu64;
+    p.head_dim = d;
+    EXPECT_EQ(default_backends(p), default_backends()) << d;
+  }
+  for (const int64_t d : {192, 256}) {
+    AttnParams p = gpu64;
+    p.head_dim = d;
+    EXPECT_EQ(default_backends(p), default_backends(gpu64)) << d;
+  }
   AttnParams gpu256 = gpu64;
   gpu256.head_dim = 256;
-  EXPECT_EQ(default_forward_only_backends(gpu256), default_forward_only_backends(gpu64));
-  EXPECT_EQ(default_forward_only_backends(cpu_params()), default_backends());
-  // Without the scope: flash first on CUDA above head dim 128 only.
-  AttnParams gpu192 = gpu64;
-  gpu192.head_dim = 192;
-  EXPECT_EQ(default_backends(gpu64), default_backends());
-  EXPECT_EQ(default_backends(gpu128), default_backends());
-  EXPECT_EQ(default_backends(gpu192), default_forward_only_backends(gpu64));
-  EXPECT_EQ(default_backends(gpu256), default_forward_only_backends(gpu64));
-  AttnParams cpu256 = cpu_params();
-  cpu256.head_dim = 256;
-  EXPECT_EQ(default_backends(cpu256), default_backends());
+  for (const int64_t d : {64, 256}) {
+    AttnParams p = cpu_params();
+    p.head_dim = d;
+    EXPECT_EQ(default_backends(p), default_backends()) << d;
+  }
 
   if (std::getenv("RINGTRAIN_SDPA_BACKENDS")) GTEST_SKIP() << "RINGTRAIN_SDPA_BACKENDS sets the order explicitly";
   reset_root_backends();
-  {
-    const BackendScope no_backward = BackendScope::forward_only();
+  for (const bool backward : {true, false}) {
+    const BackendScope no_backward = BackendScope::forward_only(!backward);
     const auto s = explain(gpu64);
     EXPECT_EQ(s.candidates.front().id, BackendId::Flash) << s.report();
-    EXPECT_NE(s.scopes.find("default order for forward-only calls"), std::string::npos) << s.scopes;
-    EXPECT_NE(s.scopes.find("> forward only"), std::string::npos) << s.scopes;
-    EXPECT_EQ(explain(gpu128).candidates.front().id, BackendId::Cudnn);
+    EXPECT_NE(s.scopes.find("default order for head dim 64"), std::string::npos) << s.scopes;
+    EXPECT_EQ(s.scopes.find("> forward only") != std::string::npos, !backward) << s.scopes;
+    const auto s256 = explain(gpu256);
+    EXPECT_EQ(s256.candidates.front().id, BackendId::Flash) << s256.report();
+    EXPECT_NE(s256.scopes.find("default order for head dim 256"), std::string::npos) << s256.scopes;
+    const auto s128 = explain(gpu128);
+    EXPECT_EQ(s128.candidates.front().id, BackendId::Cudnn) << s128.report();
+    EXPECT_EQ(s128.scopes.find("head dim"), std::string::npos) << s128.scopes;
     EXPECT_EQ(select(cpu_params()).id(), BackendId::Flash);
     BackendScope model("model", {BackendId::Math});  // narrows as ever
     EXPECT_EQ(select(cpu_params()).id(), BackendId::Math);
   }
-  const auto outside = explain(gpu64);  // the cache keeps the two decisions apart
-  EXPECT_EQ(outside.candidates.front().id, BackendId::Cudnn) << outside.report();
-  EXPECT_EQ(outside.scopes.find("forward"), std::string::npos) << outside.scopes;
-  EXPECT_EQ(outside.scopes.find("head dim"), std::string::npos) << outside.scopes;
-  const auto training256 = explain(gpu256);  // above head dim 128 flash leads whether or not a backward follows
-  EXPECT_EQ(training256.candidates.front().id, BackendId::Flash) << training256.report();
-  EXPECT_NE(training256.scopes.find("default order for head dim 256"), std::string::npos) << training256.scopes;
   set_root_backends(default_backends(), "test");
-  const BackendScope no_backward = BackendScope::forward_only();
   EXPECT_EQ(explain(gpu64).candidates.front().id, BackendId::Cudnn);  // an explicit list is used as given
 }
 

@@ -60,15 +60,11 @@ Root root_list() {
 
 std::vector<BackendId> all_backends() { return {std::begin(kAllBackends), std::end(kAllBackends)}; }
 
-// The root order for these params: the default order becomes the forward-only one under a forward-only scope, and
-// the head dim's where that differs.
-Root effective_root(const AttnParams& p, const std::vector<ScopeEntry>& scopes) {
+// The root order for these params: the default order becomes the head dim's where that differs.
+Root effective_root(const AttnParams& p) {
   Root r = root_list();
   if (!r.is_default) return r;
-  if (std::any_of(scopes.begin(), scopes.end(), [](const ScopeEntry& sc) { return sc.forward_only; })) {
-    r.ids = default_forward_only_backends(p);
-    r.source = "default order for forward-only calls";
-  } else if (std::vector<BackendId> ids = default_backends(p); ids != r.ids) {
+  if (std::vector<BackendId> ids = default_backends(p); ids != r.ids) {
     r.ids = std::move(ids);
     r.source = cat("default order for head dim ", p.head_dim);
   }
@@ -205,13 +201,8 @@ std::vector<BackendId> flash_first() {
 }  // namespace
 
 std::vector<BackendId> default_backends(const AttnParams& p) {
-  if (p.device.is_cuda() && p.head_dim > 128) return flash_first();
+  if (p.device.is_cuda() && (p.head_dim == 64 || p.head_dim > 128)) return flash_first();
   return default_backends();
-}
-
-std::vector<BackendId> default_forward_only_backends(const AttnParams& p) {
-  if (p.device.is_cuda() && p.head_dim == 64) return flash_first();
-  return default_backends(p);
 }
 
 void set_root_backends(std::vector<BackendId> ids, std::string source) {
@@ -238,7 +229,7 @@ std::vector<BackendId> root_backends() { return root_list().ids; }
 
 Selection explain(const AttnParams& p) {
   validate_params(p);
-  const Root r = effective_root(p, t_scopes);
+  const Root r = effective_root(p);
   std::string key = p.key() + "#" + format_backend_list(r.ids) + "#" + r.source;
   for (const ScopeEntry& sc : t_scopes)
     key += cat("#", sc.label, sc.requires_cp ? "*" : "", sc.forward_only ? "^" : "", format_backend_list(sc.allowed));

@@ -40,8 +40,9 @@ class BackendScope {
   BackendScope(std::string label, std::vector<BackendId> allowed);
   // Context parallelism of size cp (> 1): only implementations declared cp_capable() remain.
   static BackendScope context_parallel(int cp_size);
-  // No backward follows the calls in this scope (scoring, generation): see default_forward_only_backends(). With
-  // `when` false the scope does nothing (for a caller that knows the direction only at run time).
+  // No backward follows the calls in this scope (scoring, generation): backends that have no backward for the params
+  // may serve them. With `when` false the scope does nothing (for a caller that knows the direction only at run
+  // time).
   static BackendScope forward_only(bool when = true);
   ~BackendScope();
   BackendScope(const BackendScope&) = delete;
@@ -56,14 +57,11 @@ class BackendScope {
 };
 
 // The default preference order: measured on H200 (docs/PERF.md); on CPU only flash and math exist. cuDNN leads
-// because its forward+backward is the faster pair at head dims 64 and 128.
+// because its forward+backward is the faster pair at head dim 128 (and its forward there at 16K).
 std::vector<BackendId> default_backends();
-// The default order for these params when a backward may follow: flash first on CUDA above head dim 128 (192, 256),
-// where its forward+backward is the faster pair (docs/PERF.md, "Flash against cuDNN"); default_backends() otherwise.
+// The default order for these params: flash first on CUDA at head dim 64 and above 128 (192, 256), where its forward
+// and its forward+backward are the faster ones (docs/PERF.md, "Flash against cuDNN"); default_backends() otherwise.
 std::vector<BackendId> default_backends(const AttnParams& p);
-// The default order for a call under a forward-only scope: also flash first on CUDA at head dim 64, where its forward
-// alone is the faster one (docs/PERF.md, "Backends for forward-only calls"); default_backends(p) otherwise.
-std::vector<BackendId> default_forward_only_backends(const AttnParams& p);
 // Root allow-list for the process; RINGTRAIN_SDPA_BACKENDS (if set) is read at first use unless this is called.
 // A list set here or by the variable is used as given, forward-only scopes included.
 void set_root_backends(std::vector<BackendId> ids, std::string source);
