@@ -256,6 +256,14 @@ train:
 YAML
 expect_error config-cp-two-overrides 'sets the same setting as the override of parallel.cp; give only one of them' \
   "$bin" config run.yaml parallel.cp=2 policy.dtensor_cfg.context_parallel_size=4
+# A group's size: each of dp and cp, and their product, within the ranks one group may have (1024); a value from a
+# typo would otherwise start that many CPU ranks (threads) or allocate world x world mailboxes.
+expect_error config-cp-too-large 'parallel.cp = 1025: out of range \[1, 1024\]' "$bin" config run.yaml parallel.cp=1025
+expect_error config-world-too-large 'parallel.dp \(64\) x parallel.cp \(32\) = 2048 ranks: at most 1024' \
+  "$bin" logprobs --config run.yaml --data good.jsonl --set parallel.dp=64 parallel.cp=32
+# yaml-cpp takes a leading FF FE for a UTF-16 byte-order mark and drops the value with it.
+expect_error config-override-byte-order-mark 'the value starts with a byte-order mark' \
+  "$bin" config run.yaml "$(printf 'train.data=\xff\xfe')"
 { cat run.yaml; printf -- '---\nbogus: 1\n'; } > two_docs.yaml
 expect_error config-two-documents 'two_docs.yaml: 2 YAML documents' "$bin" config two_docs.yaml
 expect_error config-negative-device "unknown device 'cuda:-1'" "$bin" config run.yaml device=cuda:-1
