@@ -44,7 +44,7 @@ struct BwdSm90Config {
   // per step halve the barriers and waits per unit of work.
   static constexpr int kConsumers = 2, kThreads = 128 * (1 + kConsumers), BM = D == 64 ? 128 : 64,
                        BN = kSplitByGradient ? 64 : 128;
-  // As many as fit, but two at D = 128: a third fits there and costs 2-3 % of fwd+bwd (PERF.md).
+  // As many as fit, but two at D = 128: a third fits there and is no faster (level to 1 % slower, PERF.md).
   static constexpr int kStages = D == 64 || D == 192 ? 3 : 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536
   // Where dV += P^T dO goes, the consumer being at its register limit either way. With 128 rows it is issued after
