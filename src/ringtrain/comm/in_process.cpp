@@ -482,8 +482,8 @@ std::string message_of(const std::exception_ptr& e) {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_in_process_group(int world, std::chrono::milliseconds timeout) {
-  RT_CHECK(world >= 1 && world <= kMaxRanks, "in-process communicator: world size must be in [1, ", kMaxRanks, "], got ",
-           world);
+  RT_CHECK(world >= 1 && world <= kMaxRanks, "in-process communicator: world size must be in [1, ", kMaxRanks,
+           "], got ", world);
   RT_CHECK(timeout.count() > 0, "in-process communicator: timeout must be > 0 ms, got ", timeout.count());
   auto group = std::make_shared<Group>(std::make_shared<Domain>(world), identity_ranks(world), timeout);
   std::vector<std::unique_ptr<Communicator>> comms;
