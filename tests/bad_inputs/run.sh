@@ -307,6 +307,12 @@ expect_error config-grpo-unknown-task 'grpo.prompts = builtin:reverse_words: unk
 expect_error config-grpo-response-past-length 'grpo.max_new_tokens = 100: prompt .* exceeds policy.max_total_sequence_length = 16' \
   "$bin" config run.yaml grpo.prompts=builtin:reverse_digits "${grpo_sizes[@]}" loss_fn.type=clipped_pg \
   grpo.max_new_tokens=100
+# Every record of a prompt file, not only the first step's: a late answer that leaves the warm-up no room.
+printf '{"prompt": "12", "answer": "21"}\n{"prompt": "34", "answer": "%s"}\n' "$(printf '4%.0s' $(seq 30))" \
+  > long_answer.jsonl
+expect_error config-grpo-late-answer-past-length 'long_answer.jsonl:2: SFT warm-up: prompt .34. .* exceeds' \
+  "$bin" config run.yaml grpo.prompts=long_answer.jsonl "${grpo_sizes[@]}" loss_fn.type=clipped_pg \
+  grpo.max_new_tokens=4 grpo.sft_warmup_steps=1 train.checkpoint_dir=late_ck
 expect_error config-grpo-not-clipped-pg 'loss_fn.type = nll: a GRPO run trains with clipped_pg' \
   "$bin" config run.yaml grpo.prompts=builtin:reverse_digits "${grpo_sizes[@]}" --no-model
 mkdir -p earlier_events && : > earlier_events/events.out.tfevents.1.host

@@ -209,13 +209,70 @@ TEST(GrpoLoop, ResumedRunRepeatsTheUninterruptedSteps) {
     run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml", {"train.seed=6"}), true);
   });
   EXPECT_NE(reseeded.find("its rollout order is 'grpo seed 5, prompts builtin:reverse_digits, 2 prompts x 4 samples "
-                          "per step', this run's 'grpo seed 6"),
+                          "per step, after 3 SFT warm-up steps', this run's 'grpo seed 6"),
             std::string::npos)
       << reseeded;
+  // Another warm-up would number the records before GRPO's otherwise and change the reference policy: refused.
+  const std::string rewarmed = error_of([&] {
+    run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml", {"grpo.sft_warmup_steps=1"}), true);
+  });
+  EXPECT_NE(rewarmed.find("after 3 SFT warm-up steps', this run's 'grpo seed 5, prompts builtin:reverse_digits, 2 "
+                          "prompts x 4 samples per step, after 1 SFT warm-up steps'"),
+            std::string::npos)
+      << rewarmed;
   // Resuming where there is no checkpoint yet starts the run: the same steps as a plain start.
   const auto started = run_small(worker::parse_config(small_config(fresh_dir("none"), 1, 1), "c.yaml"), true);
   ASSERT_EQ(started.size(), 1u);
   EXPECT_EQ(started[0].loss, full[0].loss);
+}
+
+// A prompt file is known by its records, not by its path: the same records under another name resume, other records
+// at the same path are refused. Every record's length is checked before the run starts, naming its line.
+TEST(GrpoLoop, APromptFileIsKnownByItsRecordsAndCheckedWhole) {
+  const fs::path d = fresh_dir("prompt_file");
+  fs::create_directories(d);
+  const auto write = [&](const std::string& name, const std::vector<std::pair<std::string, std::string>>& rows) {
+    std::ofstream out(d / name);
+    for (const auto& [prompt, answer] : rows) out << R"({"prompt": ")" << prompt << R"(", "answer": ")" << answer << "\"}\n";
+    return (d / name).string();
+  };
+  const std::vector<std::pair<std::string, std::string>> rows = {{"123", "321"}, {"4567", "7654"}, {"89", "98"}};
+  const std::string file = write("p.jsonl", rows);
+  const auto config = [&](const std::string& prompts, int64_t steps) {
+    return worker::parse_config(small_config(d, 1, steps), "p.yaml", {"grpo.prompts=" + prompts});
+  };
+  ASSERT_EQ(run_small(config(file, 1)).size(), 1u);
+  fs::copy_file(d / "p.jsonl", d / "same.jsonl");
+  const auto resumed = run_small(config((d / "same.jsonl").string(), 2), true);
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_EQ(resumed[0].step, 2);
+
+  std::vector<std::pair<std::string, std::string>> changed = rows;
+  changed[1] = {"4568", "8654"};
+  write("p.jsonl", changed);  // as many records, one digit apart
+  const std::string refused = error_of([&] { run_small(config(file, 3), true); });
+  EXPECT_NE(refused.find("prompts a file of 3 records ("), std::string::npos) << refused;
+  EXPECT_NE(refused.find("grpo.prompts (the same records)"), std::string::npos) << refused;
+
+  // The fourth record's prompt leaves no room for max_new_tokens, a later answer none for the warm-up: refused at
+  // the start, before any file of the run is made, naming the line.
+  std::vector<std::pair<std::string, std::string>> long_prompt = rows;
+  long_prompt.push_back({std::string(30, '1'), "1"});
+  const std::string fresh = (d / "fresh_ck").string();
+  const auto start_error = [&](const std::string& prompts) {
+    return error_of([&] {
+      run_small(worker::parse_config(small_config(d, 1, 1), "p.yaml",
+                                     {"grpo.prompts=" + prompts, "train.checkpoint_dir=" + fresh}));
+    });
+  };
+  const std::string too_long = start_error(write("long_prompt.jsonl", long_prompt));
+  EXPECT_NE(too_long.find("long_prompt.jsonl:4: grpo.max_new_tokens = 7: prompt '111"), std::string::npos) << too_long;
+  std::vector<std::pair<std::string, std::string>> long_answer = rows;
+  long_answer[1].second = std::string(40, '7');
+  const std::string answer_too_long = start_error(write("long_answer.jsonl", long_answer));
+  EXPECT_NE(answer_too_long.find("long_answer.jsonl:2: SFT warm-up: prompt '4567'"), std::string::npos)
+      << answer_too_long;
+  EXPECT_FALSE(fs::exists(fresh));
 }
 
 // A stop asked on one rank while it samples: every rank stops at the same point (the sampling rank at its next token,

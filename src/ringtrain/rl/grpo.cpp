@@ -8,6 +8,7 @@
 
 #include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/fnv1a.h"
 #include "ringtrain/rl/prompt_file.h"
 #include "ringtrain/worker/metrics.h"
 #include "ringtrain/worker/policy_worker.h"
@@ -32,7 +33,8 @@ std::vector<int32_t> checked_prompt(const CharTokenizer& tok, const Example& ex,
                                     const std::string& what, const worker::Config& c) {
   std::vector<int32_t> p = tok.encode_prompt(ex.prompt);
   const int64_t total = static_cast<int64_t>(p.size()) + response_tokens;
-  RT_CHECK(total <= c.policy.max_total_sequence_length, what, ": prompt '", ex.prompt.substr(0, 40), "' (", p.size(),
+  RT_CHECK(total <= c.policy.max_total_sequence_length, ex.origin.empty() ? "" : ex.origin + ": ", what, ": prompt '",
+           ex.prompt.substr(0, 40), "' (", p.size(),
            " tokens) + ", response_tokens, " response tokens exceeds policy.max_total_sequence_length = ",
            c.policy.max_total_sequence_length);
   return p;
@@ -174,9 +176,13 @@ PromptSource::PromptSource(const worker::Config& config, const CharTokenizer& to
     RT_CHECK(p == kBuiltinTask, "grpo.prompts = ", p.substr(0, 60), ": unknown built-in task (known: ", kBuiltinTask,
              ")");
     task_ = std::make_unique<ReverseDigitsTask>(config.train.seed);
+    identity_ = p;
   } else {
     file_ = read_prompt_file(p, tokenizer);
     RT_CHECK(!file_.empty(), "grpo.prompts = ", p, ": the file holds no prompts");
+    Fnv1a hash;
+    for (const Example& e : file_) hash.mix(e.prompt), hash.mix(e.answer);
+    identity_ = cat("a file of ", file_.size(), " records (", hash.hex(), ")");
   }
 }
 
@@ -198,11 +204,20 @@ void check_grpo_run(const worker::Config& config, const model::ModelConfig* mode
   RT_CHECK(g.sft_warmup_steps == 0 || !config.train.checkpoint_dir.empty(),
            "grpo.sft_warmup_steps needs train.checkpoint_dir: the warm-up's weights (the reference policy) are kept "
            "there");
-  // The first step's prompts against grpo.max_new_tokens now, as each step's are before it samples: a length that
-  // cannot fit is refused before the warm-up's steps are spent and before its files are made.
-  for (int64_t i = 0; i < g.num_prompts_per_step; ++i)
-    checked_prompt(tok, prompts.example(static_cast<uint64_t>(i)), g.max_new_tokens,
-                   cat("grpo.max_new_tokens = ", g.max_new_tokens), config);
+  // Prompt lengths against grpo.max_new_tokens (and, with a warm-up, answer lengths) now, as each step's are before
+  // it samples: a length that cannot fit is refused, naming its record, before any step is spent or file made. A
+  // prompt file's every record; the built-in task's first step (its lengths are bounded by its digit counts).
+  const std::string sampling = cat("grpo.max_new_tokens = ", g.max_new_tokens);
+  const auto check = [&](const Example& ex) {
+    checked_prompt(tok, ex, g.max_new_tokens, sampling, config);
+    if (g.sft_warmup_steps > 0)
+      checked_prompt(tok, ex, static_cast<int64_t>(tok.encode_answer(ex.answer).size()), "SFT warm-up", config);
+  };
+  if (!prompts.records().empty()) {
+    for (const Example& ex : prompts.records()) check(ex);
+  } else {
+    for (int64_t i = 0; i < g.num_prompts_per_step; ++i) check(prompts.example(static_cast<uint64_t>(i)));
+  }
 }
 
 // The loss first: a config of another loss is refused before its prompts are read.
@@ -269,17 +284,18 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   const auto t_start = Clock::now();
   worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights, options.stop);
   if (lead) worker::remove_save_leftovers(config, "grpo");  // every rank has checked the folder by now
-  // What fixes the rollouts of step s (prompts and sampling seeds): recorded in each checkpoint, so that a resumed run
-  // continues the same sequence or is refused.
-  const std::string rollout_order = cat("grpo seed ", config.train.seed, ", prompts ", g.prompts, ", ",
+  // What fixes the rollouts of step s (prompts and sampling seeds) and the records before them (the warm-up's):
+  // recorded in each checkpoint, so that a resumed run continues the same sequence or is refused.
+  const std::string rollout_order = cat("grpo seed ", config.train.seed, ", prompts ", prompts.identity(), ", ",
                                         g.num_prompts_per_step, " prompts x ", g.num_generations_per_prompt,
-                                        " samples per step");
+                                        " samples per step, after ", g.sft_warmup_steps, " SFT warm-up steps");
   int64_t start = 0;
   if (from) {
     const train::TrainingProgress position = policy_worker.load(*from);
     RT_CHECK(position.rng == rollout_order, from->string(), ": its rollout order is '", position.rng,
-             "', this run's '", rollout_order, "': a GRPO run resumes only with the train.seed, grpo.prompts, "
-             "grpo.num_prompts_per_step and grpo.num_generations_per_prompt it started with");
+             "', this run's '", rollout_order, "': a GRPO run resumes only with the train.seed, grpo.prompts (the same "
+             "records), grpo.num_prompts_per_step, grpo.num_generations_per_prompt and grpo.sft_warmup_steps it "
+             "started with");
     start = position.index;
     RT_CHECK(start == policy_worker.trainer().steps_taken() && start <= config.train.steps, from->string(),
              ": resumes at GRPO step ", start, " after ", policy_worker.trainer().steps_taken(),

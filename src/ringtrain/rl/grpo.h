@@ -57,10 +57,16 @@ class PromptSource {
  public:
   PromptSource(const worker::Config& config, const CharTokenizer& tokenizer);
   Example example(uint64_t index) const;
+  // A prompt file's records, in file order; empty for the built-in task.
+  std::span<const Example> records() const { return file_; }
+  // What fixes the prompts by index, for checkpoints: the task's name (its examples follow train.seed), or the
+  // file's record count and an FNV-1a hash of its records, whatever the path it is named by.
+  const std::string& identity() const { return identity_; }
 
  private:
   std::unique_ptr<ReverseDigitsTask> task_;
   std::vector<Example> file_;
+  std::string identity_;
 };
 
 // What the loop reports per step, besides metrics.jsonl.

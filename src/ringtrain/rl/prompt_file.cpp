@@ -61,6 +61,7 @@ std::vector<Example> read_prompt_file(const std::filesystem::path& path, const C
       RT_CHECK(value.is_string(), where, ": key '", key, "' must be a string, not ", value.type_name());
     }
     Example e;
+    e.origin = where;
     for (const char* key : {"prompt", "answer"}) {
       RT_CHECK(record.contains(key), where, ": missing key '", key, "'");
       std::string& field = std::string(key) == "prompt" ? e.prompt : e.answer;

@@ -16,6 +16,7 @@ namespace ringtrain::rl {
 // A prompt and the answer a response is rewarded against (texts, without BOS/EOS).
 struct Example {
   std::string prompt, answer;
+  std::string origin;  // where it was read ("FILE:LINE" of a prompt file), for messages; empty for a generated task
 };
 
 // Reverse min_digits..max_digits random digits. Examples are counter-based: example(i) depends only on (seed, i),

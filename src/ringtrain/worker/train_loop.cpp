@@ -13,6 +13,7 @@
 #include "ringtrain/comm/agreed.h"
 #include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/fnv1a.h"
 #include "ringtrain/train/checkpoint.h"
 #include "ringtrain/worker/policy_worker.h"
 
@@ -26,17 +27,12 @@ constexpr std::string_view kStepPrefix = "step_";
 // The data order's state: BatchSchedule draws every epoch's permutation from the seed, over the data's units, in
 // steps of the global batch; the tokens' FNV-1a hash tells another data file of as many units apart.
 std::string data_order(const Config& c, const Dataset& data) {
-  uint64_t hash = 14695981039346656037ull;
-  const auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) hash = (hash ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-  };
+  Fnv1a hash;
   for (const Sample& x : data.samples) {
-    mix(x.input_ids.size());
-    for (int32_t id : x.input_ids) mix(static_cast<uint32_t>(id));
+    hash.mix(x.input_ids.size());
+    for (int32_t id : x.input_ids) hash.mix(static_cast<uint32_t>(id));
   }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-  return cat("batch_schedule seed ", c.train.seed, ", ", data.units(), " units (tokens ", hex, "), ",
+  return cat("batch_schedule seed ", c.train.seed, ", ", data.units(), " units (tokens ", hash.hex(), "), ",
              c.policy.train_global_batch_size, " per step");
 }
 
