@@ -233,7 +233,8 @@ TEST(GrpoLoop, APromptFileIsKnownByItsRecordsAndCheckedWhole) {
   fs::create_directories(d);
   const auto write = [&](const std::string& name, const std::vector<std::pair<std::string, std::string>>& rows) {
     std::ofstream out(d / name);
-    for (const auto& [prompt, answer] : rows) out << R"({"prompt": ")" << prompt << R"(", "answer": ")" << answer << "\"}\n";
+    for (const auto& [prompt, answer] : rows)
+      out << R"({"prompt": ")" << prompt << R"(", "answer": ")" << answer << "\"}\n";
     return (d / name).string();
   };
   const std::vector<std::pair<std::string, std::string>> rows = {{"123", "321"}, {"4567", "7654"}, {"89", "98"}};
