@@ -184,6 +184,11 @@ expect_error out-is-input "out ./good.jsonl is the --data file; refusing to over
 printf '{"step":1,"loss":1.5}\n' > m.jsonl
 expect_error plot-out-is-input "out m.jsonl is the metrics file; refusing to overwrite it" "$bin" plot m.jsonl --out m.jsonl
 grep -q '"loss":1.5' m.jsonl || { echo "FAIL plot-out-is-input: the metrics were overwritten"; failures=$((failures + 1)); }
+mkdir -p metrics_folder
+expect_error plot-metrics-is-a-directory 'cannot read metrics_folder: it is a directory' \
+  "$bin" plot metrics_folder --out metrics_folder/curves.svg
+expect_error plot-metrics-missing 'cannot open no_metrics.jsonl: No such file' "$bin" plot no_metrics.jsonl --out c.svg
+expect_error plot-pattern-matches-nothing "no metric matches 'entropy\*'" "$bin" plot m.jsonl --out c.svg --metrics 'entropy*'
 echo '{"input_ids": [1, 2]}' > link_target.jsonl
 ln -sf link_target.jsonl out_link
 expect_error out-symlink 'refusing to replace out_link: it is a symbolic link' "$bin" logprobs --model ck --data good.jsonl --out out_link

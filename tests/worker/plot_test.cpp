@@ -71,6 +71,17 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
   const std::vector<Series> all = read_metrics(dir / "metrics.jsonl");
   EXPECT_EQ(default_panels(all), (std::vector<std::string>{"loss", "grad_norm", "kl_to_ref", "reward/mean"}));
   const std::vector<Series> panels = select_series(all, {"loss", "kl_to_ref"});
+  // Patterns: every match in file order, each series once; a pattern that matches nothing names what the file has.
+  std::vector<std::string> matched;
+  for (const Series& s : select_series(all, {"*re*", "loss", "kl*"})) matched.push_back(s.name);
+  EXPECT_EQ(matched, (std::vector<std::string>{"kl_to_ref", "reward/mean", "loss"}));
+  try {
+    select_series(all, {"entropy*"});
+    ADD_FAILURE() << "no error for a pattern that matches nothing";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no metric matches 'entropy*' (the file has: "), std::string::npos)
+        << e.what();
+  }
   ASSERT_EQ(panels[0].values, loss);
   ASSERT_EQ(panels[0].steps.size(), 37u);
   EXPECT_TRUE(std::is_sorted(panels[0].steps.begin(), panels[0].steps.end()));

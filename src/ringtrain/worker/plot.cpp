@@ -1,5 +1,7 @@
 #include "ringtrain/worker/plot.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -119,9 +121,7 @@ void render_panel(std::string& svg, const Series& s, double y0) {
 }  // namespace
 
 std::vector<Series> read_metrics(const std::filesystem::path& jsonl) {
-  std::error_code ec;
-  RT_CHECK(std::filesystem::is_regular_file(jsonl, ec), jsonl.string(), ": not a regular file");
-  const std::string text = model::read_file(jsonl);
+  const std::string text = model::read_file(jsonl);  // names a missing file, a directory, a FIFO as such
   // Per metric, in order of first appearance: step -> value, so a step written again (a run resumed from an earlier
   // checkpoint) keeps its latest value and the curve runs left to right.
   std::vector<std::pair<std::string, std::map<double, double>>> by_step;
@@ -173,14 +173,23 @@ std::vector<std::string> default_panels(const std::vector<Series>& all) {
 
 std::vector<Series> select_series(const std::vector<Series>& all, const std::vector<std::string>& names) {
   std::vector<Series> out;
+  std::vector<bool> shown(all.size(), false);
   for (const std::string& n : names) {
-    auto it = std::find_if(all.begin(), all.end(), [&](const Series& s) { return s.name == n; });
-    if (it == all.end()) {
+    const bool pattern = n.find('*') != std::string::npos;
+    bool matched = false;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const bool match = pattern ? ::fnmatch(n.c_str(), all[i].name.c_str(), 0) == 0 : all[i].name == n;
+      if (!match) continue;
+      matched = true;
+      if (!shown[i]) out.push_back(all[i]);
+      shown[i] = true;
+    }
+    if (!matched) {
       std::string known;
       for (const Series& s : all) known += (known.empty() ? "" : ", ") + s.name;
-      throw Error(cat("no metric '", n, "' with a finite value (the file has: ", known.empty() ? "none" : known, ")"));
+      throw Error(cat("no metric ", pattern ? "matches '" : "'", n, "'", pattern ? "" : " with a finite value",
+                      " (the file has: ", known.empty() ? "none" : known, ")"));
     }
-    out.push_back(*it);
   }
   return out;
 }

@@ -21,7 +21,9 @@ std::vector<Series> read_metrics(const std::filesystem::path& jsonl);
 // The panels shown when none are named: loss, grad_norm, then every metric with "reward" or "kl" in its name;
 // only those present.
 std::vector<std::string> default_panels(const std::vector<Series>& all);
-// The named series, in the order named; an error lists the metrics the file has when one is missing.
+// The named series, in the order named; a name with '*' is a shell-style pattern (fnmatch) standing for every
+// metric it matches, in file order. A series is shown once however many names match it. An error lists the metrics
+// the file has when a name matches none.
 std::vector<Series> select_series(const std::vector<Series>& all, const std::vector<std::string>& names);
 
 std::string render_svg(const std::vector<Series>& panels, const std::string& title);
