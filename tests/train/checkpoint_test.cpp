@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -244,6 +245,34 @@ TEST(TrainCheckpoint, DamagedOrForeignCheckpointsAreNamed) {
   fs::remove(shard);
   e = load_error(s, dir);
   EXPECT_NE(e.find(shard.string() + ": missing"), std::string::npos) << e;
+
+  // The recorded mesh and master dtype must describe the files (any mesh may load them): hand edits are refused.
+  run(s, {2, 2}, 1, 2, {}, dir, 2);
+  const fs::path state = dir / "trainer_state.json";
+  const std::string saved = model::read_file(state);
+  const auto with_state = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(saved);
+    edit(j);
+    model::write_file_atomic(state, j.dump());
+    return load_error(s, dir);
+  };
+  EXPECT_EQ(with_state([](nlohmann::json&) {}), "");
+  e = with_state([](nlohmann::json& j) { j["mesh"]["dp"] = 0; });
+  EXPECT_NE(e.find(state.string() + ": mesh 0 x 2 does not match its 4 optimizer files"), std::string::npos) << e;
+  e = with_state([](nlohmann::json& j) { j["mesh"]["cp"] = 4; });
+  EXPECT_NE(e.find("mesh 2 x 4 does not match its 4 optimizer files"), std::string::npos) << e;
+  e = with_state([](nlohmann::json& j) { j["mesh"]["dp"] = -1; });
+  EXPECT_NE(e.find("mesh.dp = -1: expected a non-negative integer"), std::string::npos) << e;
+  e = with_state([](nlohmann::json& j) { j["master_dtype"] = "int32"; });
+  EXPECT_NE(e.find("master_dtype = 'int32': expected fp64, fp32, bf16 or fp16"), std::string::npos) << e;
+  // A float dtype other than the files': the first piece read names it.
+  const std::string master = nlohmann::json::parse(saved).at("master_dtype");
+  const std::string wrong = master == "fp64" ? "fp32" : "fp64";
+  e = with_state([&](nlohmann::json& j) { j["master_dtype"] = wrong; });
+  EXPECT_NE(e.find("must be a 1-D " + wrong + " tensor (the state's master_dtype), got ["), std::string::npos) << e;
+  EXPECT_NE(e.find("] " + master), std::string::npos) << e;
+  model::write_file_atomic(state, saved);
+  EXPECT_EQ(load_error(s, dir), "");
 
   // Another model: hidden 48 instead of 32.
   TrainSetup other = s;

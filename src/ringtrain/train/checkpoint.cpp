@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -267,9 +268,10 @@ PieceKey parse_piece(const std::string& key, const std::string& file) {
   return p;
 }
 
-// Fills this rank's shard (host buffers of the master dtype, 3 × n elements) from every rank's optimizer file.
-void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& files, Trainer& trainer,
-                           std::vector<char> (&host)[3]) {
+// Fills this rank's shard (host buffers of the master dtype, 3 × n elements) from every rank's optimizer file, whose
+// pieces hold the saved master dtype.
+void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& files, DType saved_dtype,
+                           Trainer& trainer, std::vector<char> (&host)[3]) {
   model::Policy& policy = trainer.policy();
   const ShardState& sh = trainer.shard();
   const DType dtype = sh.master.dtype();
@@ -291,8 +293,9 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
       const auto found = index.find(p.name);
       RT_CHECK(found != index.end(), path.string(), ": tensor '", key, "' names no weight of this model");
       const model::ParamSpec& spec = policy.layout().specs()[found->second];
-      RT_CHECK(t.shape.size() == 1 && is_float(t.dtype), path.string(), ": tensor '", key,
-               "' must be a 1-D float tensor, got ", model::shape_string(t.shape), " ", dtype_name(t.dtype));
+      RT_CHECK(t.shape.size() == 1 && t.dtype == saved_dtype, path.string(), ": tensor '", key, "' must be a 1-D ",
+               dtype_name(saved_dtype), " tensor (the state's master_dtype), got ", model::shape_string(t.shape), " ",
+               dtype_name(t.dtype));
       const int64_t len = t.shape[0];
       RT_CHECK(len <= spec.numel - p.start, path.string(), ": tensor '", key, "' covers elements ", p.start, "..",
                p.start + len, " of a tensor of ", spec.numel);
@@ -436,8 +439,24 @@ TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& train
       std::vector<std::string> files = st.at("optimizer_files").get<std::vector<std::string>>();
       for (const std::string& f : files)
         RT_CHECK(st["files"].contains(f), state_path.string(), ": optimizer file ", f, " has no recorded size");
+      // The saving mesh and master dtype: any may load, but they must describe the files (one per saving rank).
+      const int64_t dp = counter(st.at("mesh").at("dp"), "mesh.dp"), cp = counter(st.at("mesh").at("cp"), "mesh.cp");
+      RT_CHECK(dp >= 1 && cp >= 1 && dp <= comm::kMaxRanks && cp <= comm::kMaxRanks &&
+                   dp * cp == static_cast<int64_t>(files.size()),
+               state_path.string(), ": mesh ", dp, " x ", cp, " does not match its ", files.size(), " optimizer files");
+      const std::string master = st.at("master_dtype").get<std::string>();
+      const auto float_dtype = [&]() -> std::optional<DType> {
+        try {
+          if (const DType t = parse_dtype(master); is_float(t)) return t;
+        } catch (const Error&) {
+        }
+        return std::nullopt;
+      }();
+      RT_CHECK(float_dtype.has_value(), state_path.string(), ": master_dtype = '", master.substr(0, 40),
+               "': expected fp64, fp32, bf16 or fp16");
+      const DType saved_dtype = *float_dtype;
       for (auto& h : host) h.resize(sh.master.nbytes());
-      read_optimizer_shards(dir, files, trainer, host);
+      read_optimizer_shards(dir, files, saved_dtype, trainer, host);
     } catch (const nlohmann::json::exception& e) {
       throw Error(cat(state_path.string(), ": ", e.what()));
     }
