@@ -200,7 +200,7 @@ if [ -e /dev/full ]; then
   expect_error out-device 'refusing to replace /dev/full: it is a device' "$bin" logprobs --model ck --data good.jsonl --out /dev/full
 fi
 expect_error init-over-checkpoint 'ck already holds a checkpoint' "$bin" init-model --out ck --layers 1 --hidden 16 --heads 2
-expect_error init-nan-theta "'rope_theta' = nan: must be finite" "$bin" init-model --out ck_nan --rope-theta nan
+expect_error init-nan-theta '--rope-theta: Value nan is not a number' "$bin" init-model --out ck_nan --rope-theta nan
 expect_error init-huge-layers '--layers: Value 1000000000 not in range 1 to' "$bin" init-model --out ck_big --layers 1000000000
 expect_error init-huge-hidden '--hidden: Value 4611686018427387904 not in range' "$bin" init-model --out ck_big --hidden 4611686018427387904
 # An unsigned option read by strtoull would wrap -1 and saturate 2^64.

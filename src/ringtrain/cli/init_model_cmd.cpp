@@ -25,7 +25,7 @@ void add_init_model_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "storage dtype: fp32, bf16 or fp16")
       ->check(dtype_name_check())
       ->capture_default_str();
-  cmd->add_option("--rope-theta", o->rope_theta)->check(CLI::Range(1e-3, 1e12))->capture_default_str();
+  add_bounded(*cmd, "--rope-theta", o->rope_theta, "RoPE base frequency", 1e-3, 1e12)->capture_default_str();
   cmd->add_flag("--tie", o->tie, "tie the LM head to the embeddings");
   cmd->add_option("--out", o->out, "checkpoint folder")->required();
   cmd->add_flag("--force", o->force, "replace a checkpoint already in --out");
