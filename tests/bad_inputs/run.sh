@@ -467,10 +467,10 @@ fi
 grpo_args=(grpo.prompts=builtin:reverse_digits policy.train_global_batch_size=2 grpo.num_prompts_per_step=1
   grpo.num_generations_per_prompt=2 loss_fn.type=clipped_pg)
 cp run.yaml run_copy.yaml
-expect_error grpo-plot-over-config 'run_copy.yaml: an SVG file.s name ends in .svg' \
+expect_error grpo-plot-over-config 'run_copy.yaml: the curves go to a file named NAME.svg' \
   "$bin" grpo --config run_copy.yaml "${grpo_args[@]}" train.metrics_dir=plot_metrics --plot run_copy.yaml
 cmp -s run.yaml run_copy.yaml || { echo "FAIL grpo-plot-over-config: the config changed"; failures=$((failures + 1)); }
-expect_error grpo-plot-over-metrics 'plot_metrics/metrics.jsonl: an SVG file.s name ends in .svg' \
+expect_error grpo-plot-over-metrics 'plot_metrics/metrics.jsonl: the curves go to a file named NAME.svg' \
   "$bin" grpo --config run.yaml "${grpo_args[@]}" train.metrics_dir=plot_metrics --plot plot_metrics/metrics.jsonl
 ln -sf run_copy.yaml plot_link.svg
 expect_error grpo-plot-symlink 'plot_link.svg: exists and is not a regular file' \

@@ -141,9 +141,11 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
   fs::create_directories(dir / "adir.svg");
   EXPECT_NE(error_of_writing(dir / "adir.svg").find("adir.svg: exists and is not a regular file"), std::string::npos);
   std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1}\n";
-  EXPECT_NE(error_of_writing(dir / "metrics.jsonl").find("metrics.jsonl: an SVG file's name ends in .svg"),
+  EXPECT_NE(error_of_writing(dir / "metrics.jsonl").find("metrics.jsonl: the curves go to a file named NAME.svg"),
             std::string::npos);
   EXPECT_EQ(model::read_file(dir / "metrics.jsonl"), "{\"step\": 1}\n");
+  // A hidden file named ".svg" has no extension: the same refusal, whose message fits it too.
+  EXPECT_NE(error_of_writing(dir / ".svg").find(".svg: the curves go to a file named NAME.svg"), std::string::npos);
 }
 
 TEST(WorkerPlot, BadInputsAreNamed) {

@@ -214,7 +214,7 @@ std::string render_svg(const std::vector<Series>& panels, const std::string& tit
 }
 
 void check_svg_out(const std::filesystem::path& out) {
-  RT_CHECK(out.extension() == ".svg", out.string(), ": an SVG file's name ends in .svg; refusing to write the curves "
+  RT_CHECK(out.extension() == ".svg", out.string(), ": the curves go to a file named NAME.svg; refusing to write them "
            "over what may be another file");
   std::error_code ec;
   const auto st = std::filesystem::symlink_status(out, ec);
