@@ -10,6 +10,7 @@
 #include <new>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -29,13 +30,26 @@
 namespace ringtrain::python {
 namespace {
 
+// Text from the engine (messages, YAML, a checkpoint's RNG state) as a Python str. Paths and values may hold bytes
+// that are not UTF-8, which a strict decode turns into an empty exception or a UnicodeDecodeError; they come back as
+// surrogate escapes, from which os.fsencode gives the bytes again.
+py::str to_python_text(std::string_view s) {
+  PyObject* text = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (!text) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(text);
+}
+
+// Sets `type` with the message of `e` (a translator's or a wrapper's raise).
+void set_error(PyObject* type, const std::exception& e) { PyErr_SetObject(type, to_python_text(e.what()).ptr()); }
+
 // Config errors (unknown key, bad value, a model that does not fit the config) as ValueError.
 template <typename F>
 auto as_value_error(F&& f) {
   try {
     return f();
   } catch (const Error& e) {
-    throw py::value_error(e.what());
+    set_error(PyExc_ValueError, e);
+    throw py::error_already_set();
   }
 }
 
@@ -218,7 +232,7 @@ class Worker {
     py::dict out;
     out["epoch"] = p.epoch;
     out["index"] = p.index;
-    out["rng"] = p.rng;
+    out["rng"] = to_python_text(p.rng);
     return out;
   }
 
@@ -295,7 +309,7 @@ class Worker {
     return out;
   }
 
-  std::string config_yaml() const { return worker::to_yaml(config_); }
+  py::str config_yaml() const { return to_python_text(worker::to_yaml(config_)); }
   std::string model_config_json() const { return model::config_to_json(model_).dump(); }
   int rank() const { return group_->rank(); }
   int world_size() const { return group_->world_size(); }
@@ -382,12 +396,17 @@ PYBIND11_MODULE(_core, m) {
   using ringtrain::python::Worker;
   using ringtrain::python::initialized;
   m.doc() = "The C++ side of the ringtrain package (use `import ringtrain`).";
-  static py::exception<Error> error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  py::register_exception<comm::CommError>(m, "CommError", error.ptr());
-  // Host memory running out is a MemoryError that says what would need less, not a bare "std::bad_alloc".
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<comm::CommError> comm_error(m, "CommError", error.ptr());
+  // The messages through to_python_text (a path in them need not be UTF-8). Host memory running out is a MemoryError
+  // that says what would need less, not a bare "std::bad_alloc".
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const comm::CommError& e) {
+      ringtrain::python::set_error(comm_error.ptr(), e);
+    } catch (const Error& e) {
+      ringtrain::python::set_error(error.ptr(), e);
     } catch (const std::bad_alloc&) {
       PyErr_SetString(PyExc_MemoryError,
                       "out of host memory (std::bad_alloc); a smaller batch, policy.logprob_batch_size or "
@@ -424,7 +443,8 @@ PYBIND11_MODULE(_core, m) {
       "resolve_config",
       [](const std::string& config, bool is_text, const std::string& source,
          const std::vector<std::string>& overrides) {
-        return worker::to_yaml(ringtrain::python::read_config(config, is_text, source, overrides));
+        return ringtrain::python::to_python_text(
+            worker::to_yaml(ringtrain::python::read_config(config, is_text, source, overrides)));
       },
       py::arg("config"), py::arg("is_text"), py::arg("source"), py::arg("overrides"));
 

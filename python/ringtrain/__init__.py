@@ -65,6 +65,8 @@ def _config_args(config, overrides):
     for o in overrides:
         if not isinstance(o, str):
             raise TypeError(f"overrides: expected 'key=value' strings, got {type(o).__name__}")
+    # Bytes as a shell passes them: a value that is no UTF-8 (a path, say) reaches the config as its bytes.
+    overrides = [_text_bytes(o, "overrides") for o in overrides]
     if isinstance(config, _Mapping):
         # JSON is YAML: the dict goes through the same loader as a file, one key per line for the error positions.
         return _json.dumps(_plain(config, "config", 0), indent=2), True, "<config dict>", overrides
@@ -76,7 +78,7 @@ def _config_args(config, overrides):
             raise IsADirectoryError(f"config: {path} is a directory; expected a YAML file")
         if not _os.path.isfile(path):
             raise FileNotFoundError(f"config: no such file: {path}")
-        return path, False, path, overrides
+        return _os.fsencode(path), False, _os.fsencode(path), overrides
     raise TypeError(f"config: expected a YAML path or a dict, got {type(config).__name__}")
 
 
@@ -120,6 +122,16 @@ def _flag(value, name):
     if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):  # NumPy 1 and 2
         return bool(value)
     raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r:.40}")
+
+
+def _text_bytes(value, name, errors="surrogateescape"):
+    """A str as the engine's bytes: UTF-8, with the surrogate escapes of undecodable bytes (os.fsdecode's, and the
+    engine's own text) turned back into those bytes; any other lone surrogate (or, with errors="strict", any
+    surrogate) is a ValueError naming the argument."""
+    try:
+        return value.encode("utf-8", errors)
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name}: {value!r:.60} holds {value[e.start:e.end]!r}, which is not UTF-8 text") from None
 
 
 def _path(value, name):
@@ -281,7 +293,7 @@ class PolicyWorker:
                 raise ValueError(f"{name} = {position[name]}: expected an integer in [0, 2^63)")
         if not isinstance(rng, str):
             raise TypeError(f"rng: expected a str, got {type(rng).__name__}")
-        self._w.save(_path(path, "path"), position["epoch"], position["index"], rng)
+        self._w.save(_path(path, "path"), position["epoch"], position["index"], _text_bytes(rng, "rng", "strict"))  # kept in JSON
 
     def load(self, path):
         """Restores a state written by save() (the reference weights stay the config's model); returns the data

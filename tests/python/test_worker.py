@@ -134,6 +134,22 @@ class TestConfig(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"attention.backends\[1\] = math: listed twice"):
             ringtrain.PolicyWorker(cfg)
 
+    def test_text_that_is_not_utf8_comes_back_as_its_bytes(self):
+        # Bytes that are no UTF-8 in a value (a Latin-1 path) reach the config as given and come back, in the YAML
+        # and in messages, as surrogate escapes of those bytes; a lone surrogate that stands for no byte is refused.
+        yaml = ringtrain.load_config(base_config(), ["train.data=/data/caf\udce9.jsonl"])
+        self.assertIn(b"data: /data/caf\xe9.jsonl", os.fsencode(yaml))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(os.fsencode(tmp), b"conf\xffig.yaml")
+            with open(path, "wb") as f:
+                f.write(b"policy:\n  model_name: /no/such/mod\xffel\ndevice: cpu\n")
+            with self.assertRaises(ValueError) as caught:
+                ringtrain.PolicyWorker(path)
+            self.assertIn(b"/no/such/mod\xffel/config.json: No such file or directory",
+                          os.fsencode(str(caught.exception)))
+        with self.assertRaisesRegex(ValueError, r"overrides: 'train.data=\\ud800' holds '\\ud800', which is not UTF-8"):
+            ringtrain.load_config(base_config(), ["train.data=\ud800"])
+
 
 class TestLogprobs(unittest.TestCase):
     @classmethod
@@ -434,6 +450,11 @@ print("after:", w.get_logprobs({"input_ids": np.ones((2, 4), np.int64)})["logpro
             self.worker.load("/nonexistent/checkpoint")
         self.assertIsInstance(caught.exception, RuntimeError)
         self.assertIn("/nonexistent/checkpoint", str(caught.exception))
+        # A path that is no UTF-8 keeps its message (a strict decode would leave it empty).
+        with self.assertRaises(ringtrain.Error) as caught:
+            self.worker.load(b"/nonexistent/\xffcheckpoint")
+        self.assertIn(b"cannot open /nonexistent/\xffcheckpoint/trainer_state.json: No such file",
+                      os.fsencode(str(caught.exception)))
         lp = self.worker.get_logprobs({"input_ids": self.ids})["logprobs"]
         self.assertTrue(np.all(lp[:, 1:] < 0))
 
@@ -533,7 +554,9 @@ class TestCheckpoint(unittest.TestCase):
                                          ({"epoch": 1.7}, TypeError, "epoch: expected an integer, got float"),
                                          ({"index": "3"}, TypeError, "index: expected an integer, got str"),
                                          ({"rng": None}, TypeError, "rng: expected a str, got NoneType"),
-                                         ({"rng": b"ab"}, TypeError, "rng: expected a str, got bytes")]:
+                                         ({"rng": b"ab"}, TypeError, "rng: expected a str, got bytes"),
+                                         # kept in JSON: a surrogate escape of a byte is no text there
+                                         ({"rng": "a\udcffb"}, ValueError, "rng: .* holds .*, which is not UTF-8")]:
                 with self.subTest(**{k: repr(v) for k, v in kwargs.items()}):
                     with self.assertRaisesRegex(exc, pattern):
                         w.save(good, **kwargs)
