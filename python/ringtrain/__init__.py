@@ -293,7 +293,8 @@ class PolicyWorker:
                 raise ValueError(f"{name} = {position[name]}: expected an integer in [0, 2^63)")
         if not isinstance(rng, str):
             raise TypeError(f"rng: expected a str, got {type(rng).__name__}")
-        self._w.save(_path(path, "path"), position["epoch"], position["index"], _text_bytes(rng, "rng", "strict"))  # kept in JSON
+        rng_text = _text_bytes(rng, "rng", "strict")  # kept in JSON, which holds only UTF-8
+        self._w.save(_path(path, "path"), position["epoch"], position["index"], rng_text)
 
     def load(self, path):
         """Restores a state written by save() (the reference weights stay the config's model); returns the data
