@@ -204,18 +204,17 @@ TEST(GrpoLoop, ResumedRunRepeatsTheUninterruptedSteps) {
   // Without --resume an existing checkpoint is not overwritten.
   EXPECT_NE(error_of([&] { run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml")); }).find("--resume"),
             std::string::npos);
+  const auto resume_error = [&](const std::string& override_) {
+    return error_of([&] { run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml", {override_}), true); });
+  };
   // Another seed would draw other samples from step 3 on: resuming with it is refused, naming both orders.
-  const std::string reseeded = error_of([&] {
-    run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml", {"train.seed=6"}), true);
-  });
+  const std::string reseeded = resume_error("train.seed=6");
   EXPECT_NE(reseeded.find("its rollout order is 'grpo seed 5, prompts builtin:reverse_digits, 2 prompts x 4 samples "
                           "per step, after 3 SFT warm-up steps', this run's 'grpo seed 6"),
             std::string::npos)
       << reseeded;
   // Another warm-up would number the records before GRPO's otherwise and change the reference policy: refused.
-  const std::string rewarmed = error_of([&] {
-    run_small(worker::parse_config(small_config(split, 1, 3), "b.yaml", {"grpo.sft_warmup_steps=1"}), true);
-  });
+  const std::string rewarmed = resume_error("grpo.sft_warmup_steps=1");
   EXPECT_NE(rewarmed.find("after 3 SFT warm-up steps', this run's 'grpo seed 5, prompts builtin:reverse_digits, 2 "
                           "prompts x 4 samples per step, after 1 SFT warm-up steps'"),
             std::string::npos)

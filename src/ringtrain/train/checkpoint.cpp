@@ -445,18 +445,15 @@ TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& train
                    dp * cp == static_cast<int64_t>(files.size()),
                state_path.string(), ": mesh ", dp, " x ", cp, " does not match its ", files.size(), " optimizer files");
       const std::string master = st.at("master_dtype").get<std::string>();
-      const auto float_dtype = [&]() -> std::optional<DType> {
-        try {
-          if (const DType t = parse_dtype(master); is_float(t)) return t;
-        } catch (const Error&) {
-        }
-        return std::nullopt;
-      }();
-      RT_CHECK(float_dtype.has_value(), state_path.string(), ": master_dtype = '", master.substr(0, 40),
+      std::optional<DType> saved_dtype;
+      try {
+        saved_dtype = parse_dtype(master);
+      } catch (const Error&) {  // refused below, with the value and what is expected
+      }
+      RT_CHECK(saved_dtype && is_float(*saved_dtype), state_path.string(), ": master_dtype = '", master.substr(0, 40),
                "': expected fp64, fp32, bf16 or fp16");
-      const DType saved_dtype = *float_dtype;
       for (auto& h : host) h.resize(sh.master.nbytes());
-      read_optimizer_shards(dir, files, saved_dtype, trainer, host);
+      read_optimizer_shards(dir, files, *saved_dtype, trainer, host);
     } catch (const nlohmann::json::exception& e) {
       throw Error(cat(state_path.string(), ": ", e.what()));
     }
