@@ -389,6 +389,12 @@ expect_error resume-epoch-overflow 'data position \(epoch 2305843009213693952, i
 sed -i 's/"epoch": 2305843009213693952,/"epoch": 0.5,/' tampered/step_2/trainer_state.json
 expect_error resume-fractional-epoch 'data.epoch = 0.5: expected a non-negative integer' \
   "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
+sed -i 's/"epoch": 0.5,/"epoch": 0,/; s/"dp": 1/"dp": 0/' tampered/step_2/trainer_state.json
+expect_error resume-mesh-edited 'mesh 0 x 1 does not match its 1 optimizer files' \
+  "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
+sed -i 's/"dp": 0/"dp": 1/; s/"master_dtype": "[a-z0-9]*"/"master_dtype": "int32"/' tampered/step_2/trainer_state.json
+expect_error resume-master-dtype-edited "master_dtype = 'int32': expected fp64, fp32, bf16 or fp16" \
+  "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
 
 expect_error rollouts-model-and-shape 'bench rollouts: --model names the model; drop --layers' \
   "$bin" bench rollouts --device cpu --model builtin:tiny --layers 3
