@@ -178,8 +178,21 @@ bool passes_through(const py::error_already_set& e) {
 
 // nullopt: the producer could not export this array (NumPy's bool arrays), and the buffer protocol is there instead.
 std::optional<Exported> export_dlpack(py::handle obj, const std::string& key) {
-  const py::tuple dev = obj.attr("__dlpack_device__")();
-  const int device_type = dev[0].cast<int>(), device_id = dev[1].cast<int>();
+  int device_type = 0, device_id = 0;
+  try {
+    const py::object dev = obj.attr("__dlpack_device__")();
+    if (!py::isinstance<py::tuple>(dev) || py::len(dev) != 2)
+      throw py::value_error(cat(key, ": __dlpack_device__() returned ", py::str(py::repr(dev)).cast<std::string>(),
+                                ", not a (device_type, device_id) pair"));
+    const py::tuple pair = dev.cast<py::tuple>();
+    device_type = pair[0].cast<int>();
+    device_id = pair[1].cast<int>();
+  } catch (py::cast_error&) {
+    throw py::value_error(cat(key, ": __dlpack_device__() returned a pair that is not two ints"));
+  } catch (py::error_already_set& e) {
+    if (passes_through(e)) throw;
+    throw py::value_error(cat(key, ": __dlpack_device__() failed: ", e.what()));
+  }
   if (device_type != dl::kCPU && device_type != dl::kCUDAHost && device_type != dl::kCUDA)
     throw py::value_error(cat(key, ": arrays on DLPack device type ", device_type,
                               " are not supported (CPU and CUDA are)"));
@@ -570,6 +583,14 @@ void check_train_batch(const Batch& batch, const worker::Config& c) {
   const bool empty = batch.samples.empty();
   check_train_fields(static_cast<int64_t>(batch.samples.size()), !empty && !batch.samples[0].advantages.empty(),
                      !empty && !batch.samples[0].generation_logprobs.empty(), c);
+  if (c.loss_fn.type != worker::LossType::Dpo) return;
+  // A pair is in the loss or out of it as a whole: one of its sequences masked alone has no preference to score.
+  for (size_t i = 0; i + 1 < batch.samples.size(); i += 2) {
+    const float chosen = batch.samples[i].sample_mask, rejected = batch.samples[i + 1].sample_mask;
+    if (chosen != rejected)
+      throw py::value_error(cat("train: sample_mask: DPO pair ", i / 2, " (rows ", i, " and ", i + 1, ") has ",
+                                chosen, " on the chosen sequence but ", rejected, " on the rejected one"));
+  }
 }
 
 void check_train_fields(int64_t n, bool has_advantages, bool has_generation_logprobs, const worker::Config& c) {

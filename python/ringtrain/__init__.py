@@ -48,7 +48,7 @@ handler raises).
 import json as _json
 import operator as _operator
 import os as _os
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 
 from . import _core
 from ._core import BatchSchedule, CommError, Error
@@ -265,9 +265,11 @@ class PolicyWorker:
         a group of distinct samples; the same seed and prompts give the same samples."""
         if prompts is None or isinstance(prompts, (str, bytes, _Mapping)):
             raise TypeError(f"prompts: expected a list of token-id sequences, got {type(prompts).__name__}")
+        if not isinstance(prompts, _Iterable):
+            raise TypeError(f"prompts: expected a list of token-id sequences, got {type(prompts).__name__}")
         seqs = []
         for b, p in enumerate(prompts):
-            if isinstance(p, (str, bytes, _Mapping)):
+            if isinstance(p, (str, bytes, _Mapping)) or not isinstance(p, _Iterable):
                 raise TypeError(f"prompts[{b}]: expected a sequence of token ids, got {type(p).__name__}")
             seqs.append([_token(t, f"prompts[{b}][{i}]") for i, t in enumerate(p)])
         seed = _integer(seed, "seed")
@@ -275,7 +277,7 @@ class PolicyWorker:
             raise ValueError(f"seed: {seed} is not in [0, 2**64)")
         if stop_tokens is None:
             stop_tokens = ()
-        if isinstance(stop_tokens, (str, bytes, _Mapping)):
+        if isinstance(stop_tokens, (str, bytes, _Mapping)) or not isinstance(stop_tokens, _Iterable):
             raise TypeError(f"stop_tokens: expected a sequence of token ids, got {type(stop_tokens).__name__}")
         stops = [_token(t, f"stop_tokens[{i}]") for i, t in enumerate(stop_tokens)]
         n, k = _integer(max_new_tokens, "max_new_tokens"), _integer(top_k, "top_k")

@@ -264,13 +264,15 @@ class TestMultiRank(unittest.TestCase):
                 self.assertEqual(f.read(), "keep")
 
     def test_a_batch_the_ranks_refuse_leaves_them_usable_and_an_empty_one_moves_nothing(self):
-        # DPO over dp = 2: a pair whose masks differ is named whichever rank's part it is in, and the group trains
-        # on; a batch whose masks leave no valid token is reported skipped and leaves the logprobs as they were.
+        # DPO over dp = 2: a pair whose masks differ is named (a ValueError, before any rank sees the batch, as every
+        # other bad entry), and the group trains on; a batch whose masks leave no valid token is reported skipped
+        # and leaves the logprobs as they were.
         w = ringtrain.PolicyWorker(os.path.join(SOURCE_DIR, "configs", "dpo.yaml"),
                                    ["policy.train_global_batch_size=2", "policy.train_micro_batch_size=1"])
         ids = np.random.default_rng(SEED).integers(1, 200, (4, 12))
         for mask, pair in [([1, 0, 1, 1], 0), ([1, 1, 0, 1], 1), ([1, 1, 1, 0], 1)]:
-            with self.assertRaisesRegex(ringtrain.Error, rf"DPO pair {pair} \(sequences {2 * pair} and {2 * pair + 1}\)"):
+            with self.assertRaisesRegex(ValueError, rf"train: sample_mask: DPO pair {pair} \(rows {2 * pair} and "
+                                                    rf"{2 * pair + 1}\) has {mask[2 * pair]} on the chosen"):
                 w.train({"input_ids": ids, "sample_mask": np.array(mask, np.float32)})
         before = w.get_logprobs({"input_ids": ids})["logprobs"]
         r = w.train({"input_ids": ids, "sample_mask": np.zeros(4, np.float32)})
@@ -403,6 +405,29 @@ print("after:", w.get_logprobs({"input_ids": np.ones((2, 4), np.int64)})["logpro
         self.bad({1: ids}, r"batch keys must be strings", TypeError)
         self.bad({"input_ids": ids.astype(np.float64)}, r"get_reference_logprobs: input_ids: expected an integer",
                  method="get_reference_logprobs")
+
+    def test_a_dlpack_device_that_is_not_a_pair_of_ints_is_named(self):
+        ids = self.ids
+
+        class Odd:
+            def __init__(self, device):
+                self.device = device
+
+            def __dlpack__(self, *args, **kwargs):
+                return ids.__dlpack__()
+
+            def __dlpack_device__(self):
+                if isinstance(self.device, Exception):
+                    raise self.device
+                return self.device
+
+        for device in [(1,), (1, 0, 0), "cpu", None, [1, 0]]:
+            self.bad({"input_ids": Odd(device)}, r"input_ids: __dlpack_device__\(\) returned .*, not a "
+                                                 r"\(device_type, device_id\) pair")
+        for device in [(1, "0"), (1.5, 0), (2**70, 0)]:
+            self.bad({"input_ids": Odd(device)}, r"input_ids: __dlpack_device__\(\) returned a pair that is not two ints")
+        self.bad({"input_ids": Odd(OSError("gone"))}, r"input_ids: __dlpack_device__\(\) failed: OSError: gone")
+        self.bad({"input_ids": Odd((1, 0))}, None)  # a CPU pair reads as the array itself
 
     def test_hostile_sizes_values_and_flags_are_named_before_any_large_allocation(self):
         ids = self.ids
@@ -651,6 +676,9 @@ class TestGenerate(unittest.TestCase):
             (lambda: w.generate([[1, 2.5]], 4), TypeError, r"prompts\[0\]\[1\]: expected an integer, got float"),
             (lambda: w.generate([[1, True]], 4), TypeError, r"prompts\[0\]\[1\]: expected an integer, got bool"),
             (lambda: w.generate("12", 4), TypeError, "prompts: expected a list"),
+            (lambda: w.generate([1, 2, 3], 2), TypeError, r"prompts\[0\]: expected a sequence of token ids, got int"),
+            (lambda: w.generate(7, 2), TypeError, "prompts: expected a list of token-id sequences, got int"),
+            (lambda: w.generate([[1]], 2, stop_tokens=5), TypeError, "stop_tokens: expected a sequence of token ids"),
             (lambda: w.generate(None, 4), TypeError, "prompts: expected a list of token-id sequences, got NoneType"),
             (lambda: w.generate([[1]], 4, stop_tokens="7"), TypeError, "stop_tokens: expected a sequence"),
             (lambda: w.generate([[1]], 0), ValueError, "max_new_tokens 0 must be in"),
