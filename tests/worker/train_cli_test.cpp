@@ -549,6 +549,36 @@ TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
   }
 }
 
+// train.epochs = 0 leaves train.steps the only limit (the run crosses epochs); a step whose batch has no loss target
+// changes nothing and the run's last line counts it.
+TEST(TrainCli, EpochsZeroLeavesTrainStepsTheLimitAndSkippedStepsAreCounted) {
+  const Deadline test_deadline(120);
+  TempDir dir("rt_train_epochs0");
+  const fs::path data = dir.path / "data.jsonl";
+  write_data(data, "sft", 8, testing::fresh_seed());
+  const testing::CliResult five = run_cli(train_args("sft", data, dir.path, 1, 1, "train.steps=5 train.epochs=0"));
+  ASSERT_EQ(five.code, 0) << five.output;
+  EXPECT_NE(five.output.find("5 of 5 steps done (5 in this run)"), std::string::npos) << five.output;
+  EXPECT_EQ(logged_steps(dir.path / "metrics"), (std::vector<int64_t>{1, 2, 3, 4, 5}));  // two steps per epoch
+
+  // One sequence per step, the second one masked out whichever order the seed gives.
+  const fs::path masked = dir.path / "masked.jsonl";
+  std::mt19937_64 rng(testing::fresh_seed());
+  {
+    std::ofstream out(masked);
+    for (int i = 0; i < 2; ++i)
+      out << nlohmann::json{{"input_ids", random_ids(rng, 12)}, {"sample_mask", i}}.dump() << "\n";
+  }
+  const testing::CliResult one_skip =
+      run_cli(train_args("sft", masked, dir.path / "second", 1, 1,
+                         "train.steps=4 train.epochs=1 policy.train_global_batch_size=1 policy.logprob_batch_size=1"));
+  ASSERT_EQ(one_skip.code, 0) << one_skip.output;
+  EXPECT_NE(one_skip.output.find("2 of 2 steps done (2 in this run); 1 of them skipped (a non-finite gradient norm or "
+                                 "no valid token: no weight changed"),
+            std::string::npos)
+      << one_skip.output;
+}
+
 TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {
   const Deadline test_deadline(240);
   TempDir dir("rt_train_bad");

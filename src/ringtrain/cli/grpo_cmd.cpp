@@ -133,8 +133,10 @@ void add_grpo_command(CLI::App& app) {
       }
     });
     if (!lead) return;
-    std::printf("done: %zu GRPO steps in %.1f s (SFT warm-up %.1f s)\n", summary.steps.size(), summary.grpo_seconds,
-                summary.warmup_seconds);
+    const auto skipped = std::count_if(summary.steps.begin(), summary.steps.end(), [](auto& s) { return s.skipped; });
+    std::printf("done: %zu GRPO steps in %.1f s (SFT warm-up %.1f s)%s\n", summary.steps.size(), summary.grpo_seconds,
+                summary.warmup_seconds,
+                skipped > 0 ? cat("; ", skipped, " of them skipped", worker::kSkippedWhy).c_str() : "");
     std::vector<double> reward, exact;
     if (!c.train.metrics_dir.empty()) {
       const std::filesystem::path jsonl = std::filesystem::path(c.train.metrics_dir) / "metrics.jsonl";

@@ -333,6 +333,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     saved = done;
   };
   int64_t step = start;
+  int64_t skipped = 0;  // steps of this run that changed no weight
   try {
     for (; step < config.train.steps; ++step) {
       const auto t0 = Clock::now();
@@ -393,6 +394,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
       log.exact_match = mean_of(exact);
       log.loss = r.step.loss;
       log.grad_norm = r.step.grad_norm;
+      log.skipped = r.step.skipped;
+      skipped += r.step.skipped ? 1 : 0;
       double var = 0;
       for (double x : rewards) var += (x - log.reward_mean) * (x - log.reward_mean);
       if (metrics) {
@@ -419,7 +422,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
       if (progress) {
         char note[64];
         std::snprintf(note, sizeof note, "reward %.3f | exact %.3f", log.reward_mean, log.exact_match);
-        progress->update(step + 1, tokens, r.step.loss, note);
+        progress->update(step + 1, tokens, r.step.loss, skipped > 0 ? cat(note, " | ", skipped, " skipped") : note);
       }
       const bool last = step + 1 == config.train.steps;
       const int64_t every = config.train.checkpoint_every;

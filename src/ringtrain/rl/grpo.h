@@ -74,6 +74,7 @@ struct GrpoStepLog {
   int64_t step = 0;  // GRPO step, 1-based (warm-up steps are not counted)
   double reward_mean = 0, exact_match = 0;
   double loss = 0, grad_norm = 0;
+  bool skipped = false;  // the step changed no weight (worker::kSkippedWhy)
 };
 
 struct GrpoOptions {

@@ -416,7 +416,7 @@ const std::vector<Field>& schema() {
         "train.steps", "optimizer steps; 0 = as many as train.epochs give",
         [](auto& c) -> auto& { return c.train.steps; }, 0, std::numeric_limits<int32_t>::max()));
     f.push_back(int_field(
-        "train.epochs", "passes over the data; the first limit reached ends the run",
+        "train.epochs", "passes over the data (train); 0 = no limit; the first limit reached ends the run",
         [](auto& c) -> auto& { return c.train.epochs; }, 0, 1 << 20));
     f.push_back(string_field(
         "train.data", "JSONL rows or a .safetensors batch file", [](auto& c) -> auto& { return c.train.data; }));

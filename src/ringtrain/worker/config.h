@@ -111,7 +111,7 @@ struct ParallelConfig {
 
 struct TrainConfig {
   int64_t steps = 0;             // optimizer steps; 0 = as many as `epochs` passes over the data give
-  int64_t epochs = 1;            // passes over the data; the run ends at whichever limit comes first
+  int64_t epochs = 1;            // passes over the data (train); 0 = no limit; the first limit reached ends the run
   std::string data;              // JSONL rows (data.h) or a .safetensors batch file
   std::string checkpoint_dir;    // empty = no checkpoints
   int64_t checkpoint_every = 0;  // optimizer steps between checkpoints; 0 = only at the end

@@ -39,6 +39,7 @@ std::string data_order(const Config& c, const Dataset& data) {
 }  // namespace
 
 int64_t total_train_steps(const Config& c, int64_t units) {
+  if (c.train.epochs == 0) return c.train.steps;  // no epoch limit: train.steps alone (validate() refuses both 0)
   const BatchSchedule schedule(units, c.policy.train_global_batch_size, c.train.seed);
   const int64_t by_epochs = c.train.epochs * schedule.steps_per_epoch();
   return c.train.steps > 0 ? std::min(c.train.steps, by_epochs) : by_epochs;
@@ -214,6 +215,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   };
 
   const int64_t start = step;
+  int64_t skipped = 0;  // steps of this run that changed no weight
   try {
     for (; step < total; ++step) {
       std::vector<Sample> batch;
@@ -239,7 +241,8 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
         for (const train::Metric& m : r.step.metrics) values.emplace_back(m.name, m.value);
         metrics->write(step + 1, values);
       }
-      if (progress) progress->update(step + 1, tokens, r.step.loss);
+      skipped += r.step.skipped ? 1 : 0;
+      if (progress) progress->update(step + 1, tokens, r.step.loss, skipped > 0 ? cat(skipped, " skipped") : "");
       const bool last = step + 1 == total;
       if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0)))
         checkpoint(step + 1);
@@ -259,10 +262,11 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
                                                       " steps over this data) ended the run before train.steps = ",
                                                       c.train.steps)
                                                 : std::string();
+  const std::string skips = skipped > 0 ? cat("; ", skipped, " of them skipped", kSkippedWhy) : std::string();
   if (lead)
-    std::fprintf(stderr, "ringtrain train: %lld of %lld steps done (%lld in this run)%s%s%s\n",
+    std::fprintf(stderr, "ringtrain train: %lld of %lld steps done (%lld in this run)%s%s%s%s\n",
                  static_cast<long long>(step), static_cast<long long>(total), static_cast<long long>(step - start),
-                 cut.c_str(), ckpt_dir.empty() ? "" : "; checkpoints in ", ckpt_dir.string().c_str());
+                 skips.c_str(), cut.c_str(), ckpt_dir.empty() ? "" : "; checkpoints in ", ckpt_dir.string().c_str());
   return step - start;
 }
 

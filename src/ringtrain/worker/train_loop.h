@@ -55,6 +55,10 @@ void check_fresh_run(const Config& c, const TrainRunOptions& o);
 // The steps the run takes in all (train.steps and train.epochs over `units` batches' worth of data).
 int64_t total_train_steps(const Config& c, int64_t units);
 
+// What a skipped step (train::StepResult::skipped) is, for the end-of-run lines that count them.
+inline constexpr const char* kSkippedWhy =
+    " (a non-finite gradient norm or no valid token: no weight changed; `skipped` in metrics.jsonl)";
+
 // The newest checkpoint DIR/step_N (highest N), if any. DIR must be a directory (or absent); a step_N that is not a
 // complete checkpoint (a directory holding trainer_state.json) is an error: a save that did not finish leaves
 // step_N.saving, never step_N.
