@@ -281,6 +281,9 @@ expect_error config-backend-twice 'attention.backends\[1\] = math: listed twice'
 printf 'policy:\n  model_name: "builtin:tiny\\x00evil"\n' > nul_value.yaml
 expect_error config-nul-in-value 'nul_value.yaml:2: policy.model_name: holds a NUL byte' "$bin" config nul_value.yaml
 expect_error train-missing-data 'nothere.jsonl: no such file' "$bin" train --config run.yaml train.data=nothere.jsonl
+ln -sfn loop_b.jsonl loop_a.jsonl && ln -sfn loop_a.jsonl loop_b.jsonl
+expect_error train-data-symlink-loop 'loop_a.jsonl: Too many levels of symbolic links' \
+  "$bin" train --config run.yaml train.data=loop_a.jsonl
 expect_error train-cpu-under-a-launcher 'ringtrain train on the CPU runs its 1 rank\(s\) .* as threads of one process, but this process is rank 1 of 2 \(torchrun variables\): start it once, without a launcher' \
   env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "$bin" train --config run.yaml
 expect_error grpo-cpu-under-a-launcher 'ringtrain grpo on the CPU runs its 1 rank\(s\) .* this process is rank 0 of 2' \

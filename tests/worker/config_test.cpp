@@ -225,6 +225,7 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
       {{"train.data=~"}, "train.data is required"},
       {{"policy.train_micro_batch_size"}, "expected KEY=VALUE"},
       {{"policy.train_micro_batch_size=[1"}, "the value is not YAML"},
+      {{"train.seed=" + std::string(20000, '[') + std::string(20000, ']')}, "levels deep, where the reader stops"},
       {{"parallel.cp=1025"}, "parallel.cp = 1025: out of range [1, 1024]"},
       {{"policy.dtensor_cfg.context_parallel_size=65536"}, "out of range [1, 1024]"},
       {{"parallel.dp=64", "parallel.cp=32", "policy.train_global_batch_size=64", "policy.train_micro_batch_size=1"},
@@ -326,14 +327,19 @@ TEST(WorkerConfig, HostileFilesAreErrorsNotCrashes) {
   EXPECT_NE(error_of(write("comments.yaml", "# nothing\n")).find("empty config"), std::string::npos);
   EXPECT_NE(error_of(dir).find("not a regular file"), std::string::npos);
   EXPECT_NE(error_of(dir / "missing.yaml").find("no such config file"), std::string::npos);
+  fs::create_symlink("loop_b.yaml", dir / "loop_a.yaml");
+  fs::create_symlink("loop_a.yaml", dir / "loop_b.yaml");
+  const std::string loop = error_of(dir / "loop_a.yaml");
+  EXPECT_NE(loop.find("loop_a.yaml: Too many levels of symbolic links"), std::string::npos) << loop;
   EXPECT_NE(error_of(write("list.yaml", "- 1\n- 2\n")).find("expected a mapping of sections"), std::string::npos);
   EXPECT_NE(error_of(write("scalar.yaml", "42\n")).find("got a value"), std::string::npos);
   const std::string dup = error_of(write("dup.yaml", kMinimal + "policy:\n  logprob_batch_size: 2\n"));
   EXPECT_NE(dup.find("dup.yaml:7: duplicate key 'policy'"), std::string::npos) << dup;
   const std::string dup_leaf = error_of(write("dup2.yaml", "train:\n  steps: 1\n  steps: 2\n"));
   EXPECT_NE(dup_leaf.find("duplicate key 'train.steps'"), std::string::npos) << dup_leaf;
-  EXPECT_NE(error_of(write("deep_flow.yaml", "policy: " + std::string(100000, '['))).find("YAML error"),
-            std::string::npos);
+  const std::string deep_flow = error_of(write("deep_flow.yaml", "policy: " + std::string(100000, '[')));
+  EXPECT_NE(deep_flow.find("deep_flow.yaml:1:"), std::string::npos) << deep_flow;
+  EXPECT_NE(deep_flow.find("levels deep, where the reader stops"), std::string::npos) << deep_flow;
   std::string deep_block;
   for (int i = 0; i < 1000; ++i) deep_block += std::string(static_cast<size_t>(i), ' ') + "k:\n";
   EXPECT_NE(error_of(write("deep_block.yaml", deep_block)).find("YAML error"), std::string::npos);

@@ -1,5 +1,6 @@
 #include "ringtrain/worker/config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -29,6 +30,13 @@ constexpr uintmax_t kMaxConfigBytes = 4u << 20;
 // Token counts live in int32 cu_seqlens and positions.
 constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
 constexpr int64_t kMaxBatch = int64_t{1} << 24;
+
+// The reader's message, except where it says "bad file" for nesting past its depth limit.
+std::string yaml_error_text(const YAML::Exception& e) {
+  if (const auto* deep = dynamic_cast<const YAML::DeepRecursion*>(&e))
+    return cat("nested ", deep->depth(), " levels deep, where the reader stops; a config is a few levels of sections");
+  return e.msg;
+}
 
 // Where a value came from: "FILE:LINE" for a file, "override 'k=v'" for the command line.
 struct Origin {
@@ -598,7 +606,7 @@ std::string apply_override(Config& c, const std::string& text) {
   try {
     value = YAML::Load(value_text);
   } catch (const YAML::Exception& e) {
-    throw Error(cat(where, ": the value is not YAML: ", e.msg));
+    throw Error(cat(where, ": the value is not YAML: ", yaml_error_text(e)));
   }
   check_quotes_closed(value, value_text, Origin{where, false});
   f->set(c, value, where);
@@ -615,7 +623,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     RT_CHECK(docs.size() <= 1, source, ": ", docs.size(), " YAML documents (separated by ---); a config is one");
     if (!docs.empty()) root = docs.front();
   } catch (const YAML::Exception& e) {
-    throw Error(cat(source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML error: ", e.msg));
+    throw Error(cat(source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML error: ", yaml_error_text(e)));
   }
   check_quotes_closed(root, yaml_text, Origin{source, true});
   RT_CHECK(!root.IsNull(), source, ": empty config (expected a mapping of sections: policy, loss_fn, train, ...)");
@@ -640,7 +648,9 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
 Config load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides, ConfigUse use) {
   std::error_code ec;
   const auto status = std::filesystem::status(file, ec);
-  RT_CHECK(!ec && std::filesystem::exists(status), file.string(), ": no such config file");
+  RT_CHECK(status.type() != std::filesystem::file_type::not_found, file.string(), ": no such config file");
+  RT_CHECK(!ec, file.string(), ": ", ec.message());  // a symlink loop, a component that is no directory, ...
+  RT_CHECK(std::filesystem::exists(status), file.string(), ": no such config file");
   RT_CHECK(std::filesystem::is_regular_file(status), file.string(), ": not a regular file");
   const uintmax_t size = std::filesystem::file_size(file, ec);
   RT_CHECK(!ec && size <= kMaxConfigBytes, file.string(), ": ", size, " bytes is too large for a config (at most ",

@@ -350,6 +350,7 @@ Dataset load_dataset(const std::filesystem::path& file, const DataSpec& spec) {
   const std::filesystem::file_type type = std::filesystem::status(file, ec).type();
   RT_CHECK(type != std::filesystem::file_type::not_found, file.string(), ": no such file",
            std::filesystem::is_symlink(file, ec) ? " (a symbolic link to nothing)" : "");
+  RT_CHECK(!ec, file.string(), ": ", ec.message());  // a symlink loop, a component that is no directory, ...
   RT_CHECK(type == std::filesystem::file_type::regular, file.string(), ": not a regular file");
   if (file.extension() == ".safetensors") return read_batch_safetensors(file, spec);
   return parse_jsonl(model::read_file(file), file.string(), spec);
