@@ -16,6 +16,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringtrain/attention/backend.h"
@@ -265,6 +266,14 @@ TEST(FlashCuda, Bf16NoMaskLength4097HeadDim64) {
   check_case({.hq = 4, .hkv = 4, .d = 64, .sq = 4097, .skv = 4097, .mask = MaskType::None});
 }
 
+// No mask at head dim 128: key counts on both sides of a tile's end, a sequence of one key and an empty one, GQA.
+TEST(FlashCuda, NoMaskHeadDim128PackedAndGqa) {
+  RT_REQUIRE_GPU();
+  check_case({.batch = 2, .hq = 8, .hkv = 2, .d = 128, .sq = 500, .skv = 1000, .mask = MaskType::None});
+  check_case({.dtype = DType::F16, .hq = 4, .hkv = 2, .d = 128, .mask = MaskType::None,
+              .q_lens = {60, 177, 1, 0, 300, 129}, .kv_lens = {176, 177, 1, 0, 352, 529}});
+}
+
 TEST(FlashCuda, Fp16BottomRightFewerQueries) {
   RT_REQUIRE_GPU();
   check_case({.dtype = DType::F16, .hq = 4, .hkv = 2, .d = 128, .sq = 300, .skv = 1000,
@@ -446,12 +455,16 @@ TEST(FlashCuda, Bf16Causal131072RowSlices) {
 }
 
 // A packed forward whose K/V tensors hold NaN in the rows after the last sequence: a key tile that reaches past its
-// sequence's end must not let them in (0 * NaN is NaN in P V), on both the sequence-end tiles of each head dim.
+// sequence's end must not let them in (0 * NaN is NaN in P V), on both the sequence-end tiles of each head dim (at
+// 128 also without a mask, where no causal limit hides the keys past the end).
 TEST(FlashCuda, PackedForwardIgnoresNanRowsPastTheSequences) {
   RT_REQUIRE_GPU();
-  for (const int64_t d : {int64_t(64), int64_t(128), int64_t(192), int64_t(256)}) {
-    const Case c{.hq = 4, .hkv = 2, .d = d, .mask = MaskType::CausalBottomRight, .q_lens = {200, 77},
-                 .kv_lens = {300, 129}, .forward_only = true};
+  const std::pair<int64_t, MaskType> cases[] = {{64, MaskType::CausalBottomRight}, {128, MaskType::CausalBottomRight},
+                                                {128, MaskType::None}, {192, MaskType::CausalBottomRight},
+                                                {256, MaskType::CausalBottomRight}};
+  for (const auto& [d, mask] : cases) {
+    const Case c{.hq = 4, .hkv = 2, .d = d, .mask = mask, .q_lens = {200, 77}, .kv_lens = {300, 129},
+                 .forward_only = true};
     std::mt19937_64 rng(testing::fresh_seed());
     const Problem pr = make_problem(c, rng);
     AttnParams p = pr.p;
