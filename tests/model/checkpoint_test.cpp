@@ -119,6 +119,13 @@ TEST_F(Checkpoint, ShardedIndexIsRead) {
   std::ofstream(dir_ / "ck" / "model.safetensors.index.json") << idx.dump();
   expect_error([&] { model::read_checkpoint_tensors(dir_ / "ck"); },
                {"model.safetensors.index.json", "'model.extra.weight'", "does not hold it"});
+  // Beside the index, a model.safetensors of other weights: read first, as transformers does.
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c2 = model::load_config(dir_ / "ck");
+  const std::vector<float> other = testing::tiny_params(c2, rng);
+  model::write_safetensors(dir_ / "ck" / "model.safetensors", model::params_to_tensors(model::ParamLayout(c2), other.data(),
+                                                                                         DType::F32));
+  EXPECT_EQ(model::load_checkpoint_params(dir_ / "ck", c2), other);
 }
 
 TEST_F(Checkpoint, MalformedFilesNameFileAndProblem) {
@@ -246,9 +253,20 @@ TEST(HfConfig, UnsupportedValuesNameTheKey) {
       {"head_dim", 5, "key 'head_dim' = 5"},
       {"mlp_bias", true, "key 'mlp_bias' = true"},
       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "key 'rope_type' = \"yarn\""},
+      // Keys that change the rotation are read or refused, never left unread.
+      {"partial_rotary_factor", 0.5, "key 'partial_rotary_factor' = 0.5: only 1.0 is supported"},
+      {"rope_scaling", {{"factor", 8.0}}, "key 'rope_scaling' = {\"factor\":8.0}: gives scaling values but no"},
+      {"rope_scaling", {{"rope_type", "llama3"}, {"mscale", 1.2}}, "key 'mscale' = 1.2: not a RoPE parameter"},
+      {"rope_parameters",
+       {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}}},
+       "key 'full_attention' = {\"rope_theta\":1000000.0,\"rope_type\":\"default\"}: RoPE parameters per layer type"},
+      // transformers builds the model from model_type: a class that says otherwise is refused, not resolved.
+      {"model_type", "mistral", "key 'model_type' = \"mistral\": disagrees with 'architectures' = LlamaForCausalLM"},
       {"rms_norm_eps", -1.0, "key 'rms_norm_eps' = -1.0"},
       {"torch_dtype", "int8", "key 'torch_dtype' = \"int8\""},
       {"hidden_size", "64", "key 'hidden_size' = \"64\""},
+      {"eos_token_id", "2", "key 'eos_token_id' = \"2\": expected a token id"},
+      {"bos_token_id", json::array(), "key 'bos_token_id' = []"},
   };
   for (const Case& k : cases) {
     json j = base_config();
@@ -258,6 +276,24 @@ TEST(HfConfig, UnsupportedValuesNameTheKey) {
   json missing = base_config();
   missing.erase("num_hidden_layers");
   expect_error([&] { model::parse_config(missing, "c.json"); }, {"c.json", "'num_hidden_layers'", "missing"});
+}
+
+// The special token ids come back as given (transformers' generation stops at eos_token_id), only those given.
+TEST(HfConfig, SpecialTokenIdsAreKept) {
+  json j = base_config();
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = {2, 31};
+  j["pad_token_id"] = nullptr;
+  const json back = model::config_to_json(model::parse_config(j, "c"));
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    ASSERT_TRUE(back.contains(key)) << key;
+    EXPECT_EQ(back.at(key), j.at(key)) << key;
+  }
+  j.erase("pad_token_id");
+  j["bos_token_id"] = -1;  // released configs hold such ids; no weight depends on them
+  const json again = model::config_to_json(model::parse_config(j, "c"));
+  EXPECT_FALSE(again.contains("pad_token_id"));
+  EXPECT_EQ(again.at("bos_token_id"), -1);
 }
 
 // transformers' rules (configuration_qwen2.py, modeling_mistral.py): Mistral windows every layer when sliding_window
@@ -273,6 +309,10 @@ TEST(HfConfig, SlidingWindowRules) {
   EXPECT_EQ(c.layer_window(1), 16);
   m["sliding_window"] = nullptr;
   EXPECT_EQ(model::parse_config(m, "c").sliding_window, 0);
+  m.erase("sliding_window");  // missing: MistralConfig's default
+  EXPECT_EQ(model::parse_config(m, "c").sliding_window, 4096);
+  m["model_type"] = "mistral";  // agreeing with the class
+  EXPECT_EQ(model::parse_config(m, "c").sliding_window, 4096);
 
   json q = base_config();
   q["architectures"] = {"Qwen2ForCausalLM"};
@@ -302,6 +342,10 @@ TEST(HfConfig, SlidingWindowRules) {
   EXPECT_EQ(again.full_attention_layers, c.full_attention_layers);
   q["use_sliding_window"] = false;  // transformers sets sliding_window to None then
   EXPECT_EQ(model::parse_config(q, "c").sliding_window, 0);
+  q["use_sliding_window"] = true;
+  q.erase("sliding_window");  // missing: Qwen2Config's default
+  EXPECT_EQ(model::parse_config(q, "c").layer_window(1), 4096);
+  q["sliding_window"] = 16;
   q["architectures"] = {"Qwen3ForCausalLM"};
   q["use_sliding_window"] = true;
   EXPECT_EQ(model::parse_config(q, "c").layer_window(1), 16);
@@ -396,7 +440,7 @@ TEST_F(Checkpoint, SaveRefusesOrReplacesAnExistingCheckpointWithoutStaleShards) 
   model::save_checkpoint(ck, c, p, model::ExistingCheckpoint::Refuse);
   expect_error([&] { model::save_checkpoint(ck, c, p, model::ExistingCheckpoint::Refuse); },
                {ck.string(), "already holds a checkpoint"});
-  // A stale sharded checkpoint in the folder: its index would win over the new model.safetensors.
+  // A stale sharded checkpoint in the folder: a second set of weights beside the new model.safetensors.
   const std::string shard = "model-00001-of-00001.safetensors";
   std::filesystem::copy_file(ck / "model.safetensors", ck / shard);
   json index;

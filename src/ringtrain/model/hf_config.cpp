@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <optional>
 
 #include "ringtrain/attention/params.h"
 #include "ringtrain/core/checked.h"
@@ -62,38 +64,68 @@ struct Reader {
   }
 };
 
+// The architecture from "architectures" or "model_type". Where both are given they must agree: transformers builds
+// the model from model_type, and the two differ in the math (a window, biases), so a mismatch is refused, not
+// resolved either way.
 Arch arch_from_json(const Reader& r) {
-  std::string name;
+  constexpr Arch kArchs[] = {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Mistral};
+  std::optional<Arch> by_class;
   if (r.has("architectures")) {
     const json& a = r.j.at("architectures");
     if (!a.is_array() || a.size() != 1 || !a[0].is_string()) r.bad("architectures", "expected one class name");
-    name = a[0].get<std::string>();
-    for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Mistral})
-      if (name == arch_class_name(arch)) return arch;
-    r.bad("architectures", "unsupported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
+    const std::string name = a[0].get<std::string>();
+    for (Arch arch : kArchs)
+      if (name == arch_class_name(arch)) by_class = arch;
+    if (!by_class)
+      r.bad("architectures", "unsupported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
   }
-  name = r.string_or("model_type", "");
-  for (Arch arch : {Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Mistral})
-    if (name == arch_model_type(arch)) return arch;
-  r.bad("model_type", "unsupported or missing and no 'architectures' (llama, qwen2, qwen3, mistral)");
+  if (!r.has("model_type")) {
+    if (!by_class) r.bad("model_type", "missing, and no 'architectures' (llama, qwen2, qwen3, mistral)");
+    return *by_class;
+  }
+  const std::string type = r.string_or("model_type", "");
+  for (Arch arch : kArchs) {
+    if (type != arch_model_type(arch)) continue;
+    if (by_class && *by_class != arch)
+      r.bad("model_type", cat("disagrees with 'architectures' = ", arch_class_name(*by_class), " (model_type '",
+                              arch_model_type(*by_class), "'); transformers builds the model from model_type"));
+    return arch;
+  }
+  r.bad("model_type", "unsupported (llama, qwen2, qwen3, mistral)");
 }
 
 // RoPE: transformers 5 writes "rope_parameters" {rope_type, rope_theta, ...}; older files "rope_theta" and
 // "rope_scaling" {rope_type|type, ...}.
+// Every key that changes the rotation is read or refused: one left unread would run other math than transformers.
 RopeConfig rope_from_json(const Reader& r) {
   RopeConfig rope;
   const char* obj_key = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
   rope.theta = r.number_or("rope_theta", rope.theta);
   if (!(rope.theta > 0)) r.bad("rope_theta", "must be positive");
+  if (r.number_or("partial_rotary_factor", 1.0) != 1.0) r.bad("partial_rotary_factor", "only 1.0 is supported");
   if (!r.has(obj_key)) return rope;
   const json& s = r.j.at(obj_key);
   if (!s.is_object()) r.bad(obj_key, "expected an object");
   const std::string src = cat(r.source, ": ", obj_key);
   const Reader sr{s, src};
+  for (const auto& [key, value] : s.items()) {
+    constexpr const char* kKnown[] = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor",
+                                      "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown))
+      sr.bad(key.c_str(), value.is_object() ? "RoPE parameters per layer type are not supported"
+                                            : "not a RoPE parameter this reader knows (rope_type, rope_theta, "
+                                              "factor, low_freq_factor, high_freq_factor, "
+                                              "original_max_position_embeddings)");
+  }
   rope.theta = sr.number_or("rope_theta", rope.theta);
   if (!(rope.theta > 0)) sr.bad("rope_theta", "must be positive");
-  const std::string type = sr.has("rope_type") ? sr.string_or("rope_type", "") : sr.string_or("type", "default");
   if (sr.number_or("partial_rotary_factor", 1.0) != 1.0) sr.bad("partial_rotary_factor", "only 1.0 is supported");
+  // transformers looks the type up and fails without one; scaling values with no type would otherwise go unread.
+  if (!sr.has("rope_type") && !sr.has("type") && (sr.has("factor") || sr.has("low_freq_factor") ||
+                                                   sr.has("high_freq_factor") ||
+                                                   sr.has("original_max_position_embeddings")))
+    r.bad(obj_key, "gives scaling values but no 'rope_type' (or 'type')");
+  const std::string type = sr.has("rope_type") ? sr.string_or("rope_type", "") : sr.string_or("type", "default");
   if (type == "default") return rope;
   if (type != "llama3") sr.bad(sr.has("rope_type") ? "rope_type" : "type", "unsupported (default, llama3)");
   rope.llama3 = true;
@@ -116,7 +148,11 @@ RopeConfig rope_from_json(const Reader& r) {
 void sliding_window_from_json(const Reader& r, ModelConfig& c) {
   c.sliding_window = 0, c.full_attention_layers.clear();
   if (c.arch == Arch::Llama) return;
-  const int64_t w = r.has("sliding_window") ? r.integer("sliding_window") : 0;
+  // A missing key takes transformers' default (4096 for all three configs); null is no window.
+  constexpr int64_t kDefaultWindow = 4096;
+  const int64_t w = r.has("sliding_window")        ? r.integer("sliding_window")
+                    : r.j.contains("sliding_window") ? 0
+                                                     : kDefaultWindow;
   if (r.has("sliding_window") && (w <= 0 || w > kMaxPositions))
     r.bad("sliding_window", cat("must be in [1, ", kMaxPositions, "] or null"));
   if (c.arch == Arch::Mistral) {
@@ -215,6 +251,17 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   c.qk_norm = c.arch == Arch::Qwen3;
   c.rope = rope_from_json(r);
   sliding_window_from_json(r, c);
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (!r.j.contains(key)) continue;
+    // Kept as given, unchecked against the vocabulary: no weight depends on them, and released configs hold ids
+    // such as a pad_token_id of -1.
+    const json& v = r.j.at(key);
+    const auto is_id = [](const json& x) { return x.is_number_integer(); };
+    const bool ok = v.is_null() || is_id(v) ||
+                    (v.is_array() && !v.empty() && v.size() <= 64 && std::all_of(v.begin(), v.end(), is_id));
+    if (!ok) r.bad(key, "expected a token id, a list of up to 64 of them, or null");
+    c.special_tokens[key] = v;
+  }
   const char* dtype_key = r.has("dtype") ? "dtype" : "torch_dtype";
   const std::string dt = r.string_or(dtype_key, "float32");
   if (dt == "float32") c.dtype = DType::F32;
@@ -251,6 +298,7 @@ json config_to_json(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_embeddings;
   if (c.arch != Arch::Qwen2 && c.arch != Arch::Mistral) j["attention_bias"] = c.o_bias;
   j["attention_dropout"] = 0.0;
+  for (const auto& [key, value] : c.special_tokens.items()) j[key] = value;
   j["torch_dtype"] = c.dtype == DType::BF16 ? "bfloat16" : c.dtype == DType::F16 ? "float16" : "float32";
   // The legacy keys: transformers 4 reads them and transformers 5 converts them to rope_parameters.
   j["rope_theta"] = c.rope.theta;

@@ -43,6 +43,9 @@ struct ModelConfig {
   // (Qwen2/Qwen3's "full_attention" layer_types). Mistral windows every layer.
   std::vector<bool> full_attention_layers;
   DType dtype = DType::F32;  // storage dtype of the checkpoint ("torch_dtype" / "dtype")
+  // bos_token_id, eos_token_id and pad_token_id as the source gave them (each an id, a list of ids or null), kept
+  // through checkpoints and exports, since transformers' generation stops at eos_token_id. Only the keys given.
+  nlohmann::json special_tokens = nlohmann::json::object();
 
   // The sliding window of `layer` (0: it sees every earlier key).
   int64_t layer_window(int64_t layer) const;

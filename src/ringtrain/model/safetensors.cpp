@@ -140,12 +140,10 @@ TensorMap read_safetensors(const std::filesystem::path& path, TensorData data) {
 }
 
 TensorMap read_checkpoint_tensors(const std::filesystem::path& dir, TensorData data) {
-  const std::filesystem::path index = dir / "model.safetensors.index.json";
-  if (!std::filesystem::exists(index)) {
-    const std::filesystem::path single = dir / "model.safetensors";
-    RT_CHECK(std::filesystem::exists(single), dir.string(), ": no model.safetensors or model.safetensors.index.json");
-    return read_safetensors(single, data);
-  }
+  // model.safetensors first, as transformers looks for it before an index.
+  const std::filesystem::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  if (std::filesystem::exists(single)) return read_safetensors(single, data);
+  RT_CHECK(std::filesystem::exists(index), dir.string(), ": no model.safetensors or model.safetensors.index.json");
   const json j = parse_json(read_file(index), index.string());
   RT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
            ": expected an object with a 'weight_map' object");

@@ -210,9 +210,11 @@ std::unique_ptr<model::StagingFolder> prepare_saving_dir(const fs::path& dest, c
 
 json read_json(const fs::path& path) { return parse_json(model::read_file(path), path.string()); }
 
-// The config as JSON without the storage dtype (a bf16 and an fp32 checkpoint of one model are the same model).
+// The config as JSON without the storage dtype and the special token ids (a bf16 and an fp32 checkpoint of one model
+// are the same model, and the ids change no weight).
 json model_fingerprint(model::ModelConfig c) {
   c.dtype = DType::F32;
+  c.special_tokens = json::object();
   return model::config_to_json(c);
 }
 
