@@ -299,6 +299,66 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
             model::load_checkpoint_params(dir.path / "full" / "ckpt" / "step_8", m));
 }
 
+std::string file_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// export carries the tokenizer, chat template and generation files over (from the checkpoint folder or
+// --files-from, a link followed as in the Hugging Face cache), may replace them in an export of its own, and never
+// replaces a model folder of the user's that holds them.
+TEST(TrainCli, ExportCarriesTheTokenizerFilesAndLeavesAUsersModelFolderAlone) {
+  const Deadline test_deadline(120);
+  TempDir dir("rt_export_files");
+  const fs::path base = dir.path / "base", hf = dir.path / "hf", blob = dir.path / "blob";
+  const testing::CliResult made = run_cli("init-model --arch llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 "
+                                          "--vocab 256 --out " + base.string());
+  ASSERT_EQ(made.code, 0) << made.output;
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::string tokenizer = nlohmann::json{{"ids", random_ids(rng, 8)}}.dump();
+  std::ofstream(base / "tokenizer.json") << tokenizer;
+  std::ofstream(base / "generation_config.json") << "{\"eos_token_id\": 2}";
+  std::ofstream(blob) << "sentencepiece " << rng();
+  fs::create_symlink(blob, base / "tokenizer.model");
+  for (int round = 0; round < 2; ++round) {  // the second over the first
+    const testing::CliResult ex = run_cli("export " + base.string() + " --out " + hf.string());
+    ASSERT_EQ(ex.code, 0) << ex.output;
+  }
+  EXPECT_EQ(file_text(hf / "tokenizer.json"), tokenizer);
+  EXPECT_EQ(file_text(hf / "generation_config.json"), file_text(base / "generation_config.json"));
+  EXPECT_EQ(fs::symlink_status(hf / "tokenizer.model").type(), fs::file_type::regular);
+  EXPECT_EQ(file_text(hf / "tokenizer.model"), file_text(blob));
+
+  const std::string before = file_text(base / "model.safetensors");
+  const testing::CliResult over_base = run_cli("export " + hf.string() + " --out " + base.string());
+  EXPECT_NE(over_base.code, 0);
+  EXPECT_NE(over_base.output.find(base.string() + " holds "), std::string::npos) << over_base.output;
+  EXPECT_NE(over_base.output.find("(or writes only beside .ringtrain-export, in a folder of its own); refusing to "
+                                  "replace it"),
+            std::string::npos)
+      << over_base.output;
+  EXPECT_EQ(file_text(base / "model.safetensors"), before);
+  EXPECT_EQ(file_text(base / "tokenizer.json"), tokenizer);
+
+  const testing::CliResult no_dir =
+      run_cli("export " + base.string() + " --out " + (dir.path / "hf2").string() + " --files-from " + blob.string());
+  EXPECT_NE(no_dir.code, 0);
+  EXPECT_NE(no_dir.output.find(blob.string() + ", where the tokenizer and generation files come from, is not a "
+                                               "directory"),
+            std::string::npos)
+      << no_dir.output;
+  EXPECT_FALSE(fs::exists(dir.path / "hf2"));
+  fs::create_directory(dir.path / "odd");
+  fs::create_directory(dir.path / "odd" / "vocab.json");
+  const testing::CliResult odd =
+      run_cli("export " + base.string() + " --out " + (dir.path / "hf3").string() + " --files-from " +
+              (dir.path / "odd").string());
+  EXPECT_NE(odd.code, 0);
+  EXPECT_NE(odd.output.find((dir.path / "odd" / "vocab.json").string() + ": not a regular file"), std::string::npos)
+      << odd.output;
+  EXPECT_FALSE(fs::exists(dir.path / "hf3"));
+}
+
 // Ctrl-C during a run: the step in progress stops at its next microbatch on every rank (dp x cp = 2 x 2) having
 // changed nothing, the run saves the steps it finished (train.checkpoint_on_stop, on by default; off, the newest
 // checkpoint is the last of train.checkpoint_every's), says which step it stopped in and which checkpoint --resume

@@ -87,7 +87,7 @@ void add_train_command(CLI::App& app) {
 
 void add_export_command(CLI::App& app) {
   struct Opts {
-    std::string checkpoint, out;
+    std::string checkpoint, out, files_from;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("export", "A checkpoint's weights as a Hugging Face folder");
@@ -95,9 +95,13 @@ void add_export_command(CLI::App& app) {
       ->required();
   cmd->add_option("--out", o->out, "the Hugging Face folder to write (an earlier export or an empty folder is replaced)")
       ->required();
+  cmd->add_option("--files-from", o->files_from,
+                  "the folder whose tokenizer, chat template and generation config files the export copies (default: "
+                  "the checkpoint folder; a training step_N has none: give the base model's folder)");
   cmd->callback([o] {
     const model::ModelConfig m = model::load_config(o->checkpoint);
-    worker::write_hf_folder(o->out, m, model::load_checkpoint_params(o->checkpoint, m));
+    worker::write_hf_folder(o->out, m, model::load_checkpoint_params(o->checkpoint, m),
+                            o->files_from.empty() ? o->checkpoint : o->files_from);
   });
 }
 

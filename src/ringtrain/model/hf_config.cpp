@@ -183,6 +183,14 @@ void sliding_window_from_json(const Reader& r, ModelConfig& c) {
 
 }  // namespace
 
+const std::vector<std::string>& hf_companion_files() {
+  static const std::vector<std::string> names = {
+      "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+      "tokenizer.model",        "vocab.json",     "merges.txt",            "added_tokens.json",
+      "chat_template.jinja",    "chat_template.json"};
+  return names;
+}
+
 std::string arch_class_name(Arch a) {
   switch (a) {
     case Arch::Llama: return "LlamaForCausalLM";

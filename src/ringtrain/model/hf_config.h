@@ -51,6 +51,10 @@ struct ModelConfig {
   int64_t layer_window(int64_t layer) const;
 };
 
+// The files of a Hugging Face model folder beside config.json and the weights that its users need: generation
+// settings, tokenizer, chat template. An export carries them over.
+const std::vector<std::string>& hf_companion_files();
+
 // Parses and validates; `source` names the file in errors.
 ModelConfig parse_config(const nlohmann::json& j, const std::string& source);
 ModelConfig load_config(const std::filesystem::path& checkpoint_dir);

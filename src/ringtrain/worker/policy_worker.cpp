@@ -517,9 +517,14 @@ namespace {
 // without it (a user's export saved as Y.exporting) is never removed.
 constexpr const char* kExportMarker = ".ringtrain-exporting";
 
+// Left in every finished export: the tokenizer and generation files an export copies may be replaced only in a
+// folder that an export wrote, never in a model folder of the user's that holds them.
+constexpr const char* kFinishedExport = ".ringtrain-export";
+
 // What an export writes: an existing folder is replaced only when it holds nothing else (an earlier export, a
 // leftover of one, or an empty folder), so that no user file, and no checkpoint, is ever deleted by an export. A
-// leftover may also hold the temporary names its files were being written under.
+// folder without kFinishedExport (an export of an earlier version) may hold config.json and model.safetensors only.
+// A leftover may also hold the temporary names its files were being written under.
 enum class ExportFolder : uint8_t { Destination, Leftover };
 void check_replaceable_export(const fs::path& p, ExportFolder kind) {
   if (!model::exists_no_follow(p)) return;
@@ -529,14 +534,21 @@ void check_replaceable_export(const fs::path& p, ExportFolder kind) {
            "); refusing to ", what, " it (export to the folder itself)");
   RT_CHECK(fs::symlink_status(p).type() == fs::file_type::directory, "export: ", p.string(),
            " exists and is not a directory; refusing to ", what, " it");
+  const bool finished = fs::symlink_status(p / kFinishedExport).type() == fs::file_type::regular;
+  const auto ours = [&](const std::string& name) {
+    const std::vector<std::string>& companions = model::hf_companion_files();
+    return name == "config.json" || name == "model.safetensors" || name == kFinishedExport ||
+           ((finished || leftover) && std::find(companions.begin(), companions.end(), name) != companions.end());
+  };
   for (const fs::directory_entry& e : fs::directory_iterator(p)) {
     const std::string name = e.path().filename().string();
-    const bool written = name == "config.json" || name == "model.safetensors" || name == kExportMarker ||
-                         (leftover && (name.starts_with(".config.json.tmp.") ||
-                                       name.starts_with(".model.safetensors.tmp.")));
+    const size_t tmp = name.find(".tmp.");  // write_file_atomic's temporary ".NAME.tmp.PID"
+    const bool written = ours(name) || name == kExportMarker ||
+                         (leftover && name.starts_with('.') && tmp != std::string::npos && ours(name.substr(1, tmp - 1)));
     RT_CHECK(written && e.symlink_status().type() == fs::file_type::regular, "export: ", p.string(), " holds ",
-             e.path().string(), ", which an export does not write; refusing to ", what,
-             " it (export into a new or empty folder, or over an earlier export)");
+             e.path().string(), written ? ", not a regular file" : ", which an export does not write",
+             finished || leftover ? "" : cat(" (or writes only beside ", kFinishedExport, ", in a folder of its own)"),
+             "; refusing to ", what, " it (export into a new or empty folder, or over an earlier export)");
   }
   RT_CHECK(!leftover || fs::is_empty(p) || fs::symlink_status(p / kExportMarker).type() == fs::file_type::regular,
            "export: refusing to remove ", p.string(), ": it is an export, but not a leftover of one (no ",
@@ -558,9 +570,31 @@ void remove_export_leftover(const fs::path& p) {
                     "); remove it yourself, or export elsewhere"));
 }
 
+// The companion files of `from` (model::hf_companion_files) copied into `to`; a link is followed (the Hugging Face
+// cache links its files into blobs), anything but a regular file under the name is an error naming it.
+void copy_companion_files(const fs::path& from, const fs::path& to) {
+  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 30;  // tokenizers are a few tens of MB
+  std::error_code ec;
+  RT_CHECK(fs::is_directory(from, ec), "export: ", from.string(), ", where the tokenizer and generation files come "
+           "from, is not a directory");
+  for (const std::string& name : model::hf_companion_files()) {
+    const fs::path src = from / name;
+    const fs::file_status st = fs::status(src, ec);
+    if (st.type() == fs::file_type::not_found) continue;
+    RT_CHECK(!ec, src.string(), ": ", ec.message());
+    RT_CHECK(st.type() == fs::file_type::regular, src.string(), ": not a regular file; an export copies ", name,
+             " as a file");
+    const uintmax_t size = fs::file_size(src, ec);
+    RT_CHECK(!ec && size <= kMaxBytes, src.string(), ": ", size, " bytes; a companion file of a model is at most ",
+             kMaxBytes);
+    model::write_file_atomic(to / name, model::read_file(src));
+  }
+}
+
 }  // namespace
 
-void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, const std::vector<float>& values) {
+void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, const std::vector<float>& values,
+                     const fs::path& companions_from) {
   RT_CHECK(!dir.empty(), "export: the output folder is empty");
   fs::path dest = dir.lexically_normal();
   if (!dest.has_filename()) dest = dest.parent_path();  // "out/" is the folder out, never what a link there points to
@@ -577,6 +611,8 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
     model::write_config(tmp, config);
     model::write_safetensors(tmp / "model.safetensors",
                              model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
+    if (!companions_from.empty()) copy_companion_files(companions_from, tmp);
+    model::write_file_atomic(tmp / kFinishedExport, "");
     staging.publish(dest, old, [](const fs::path& p) { check_replaceable_export(p, ExportFolder::Destination); });
   });
 }
@@ -587,7 +623,8 @@ void PolicyWorker::export_hf(const fs::path& dir) {
     if (s.world->rank() != 0) return;  // every rank holds all weights
     model::ModelConfig config = s.model;
     config.dtype = s.policy->dtype() == DType::BF16 ? DType::BF16 : DType::F32;
-    write_hf_folder(dir, config, s.policy->params());
+    const std::string& source = s.config.policy.model_name;
+    write_hf_folder(dir, config, s.policy->params(), is_builtin_model(source) ? fs::path() : fs::path(source));
   });
 }
 

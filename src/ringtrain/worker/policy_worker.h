@@ -123,8 +123,9 @@ class PolicyWorker {
   // weights as they were (the config's model).
   void save(const std::filesystem::path& dir, const train::TrainingProgress& position = {});
   train::TrainingProgress load(const std::filesystem::path& dir);
-  // The current weights as a Hugging Face checkpoint (config.json + safetensors), written atomically by rank 0
-  // (write_hf_folder); collective: every rank returns or throws rank 0's error.
+  // The current weights as a Hugging Face checkpoint (config.json + safetensors, and the tokenizer and generation
+  // files of policy.model_name's folder), written atomically by rank 0 (write_hf_folder); collective: every rank
+  // returns or throws rank 0's error.
   void export_hf(const std::filesystem::path& dir);
   // The tensors an inference engine receives, in layout order (a tied lm_head is served by the embedding), with the
   // dtype of the compute weights (fp32 for an fp64 policy).
@@ -135,9 +136,10 @@ class PolicyWorker {
   std::unique_ptr<State> state_;
 };
 
-// config.json + model.safetensors (in config.dtype) written into DIR.exporting, then renamed to DIR; an existing
-// DIR is replaced only when it is a directory holding nothing but those two files (an earlier export) or nothing.
+// config.json + model.safetensors (in config.dtype), and the model::hf_companion_files() that `companions_from`
+// holds (none when empty), written into DIR.exporting, then renamed to DIR; an existing DIR is replaced only when it
+// is a directory holding nothing but such files (an earlier export) or nothing.
 void write_hf_folder(const std::filesystem::path& dir, const model::ModelConfig& config,
-                     const std::vector<float>& values);
+                     const std::vector<float>& values, const std::filesystem::path& companions_from = {});
 
 }  // namespace ringtrain::worker
