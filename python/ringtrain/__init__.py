@@ -85,22 +85,26 @@ def _config_args(config, overrides):
 _MAX_CONFIG_DEPTH = 64
 
 
-def _plain(value, where, depth):
+def _plain(value, where, depth, enclosing=()):
     """A config dict's value as JSON-ready Python (str keys; NumPy and 0-d tensor scalars as Python numbers); anything
-    else is a TypeError naming where it sits."""
+    else is a TypeError naming where it sits. `enclosing`: the ids of the dicts and lists around it."""
     if depth > _MAX_CONFIG_DEPTH:
         raise ValueError(f"{where}: nested more than {_MAX_CONFIG_DEPTH} levels deep")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, (_Mapping, list, tuple)):
+        if id(value) in enclosing:
+            raise ValueError(f"{where}: a dict or list inside itself (the config refers back to an enclosing one)")
+        enclosing = enclosing + (id(value),)
     if isinstance(value, _Mapping):
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(f"{where}: keys must be str, got {type(key).__name__} {key!r:.40}")
-            out[key] = _plain(item, f"{where}.{key}" if where != "config" else key, depth + 1)
+            out[key] = _plain(item, f"{where}.{key}" if where != "config" else key, depth + 1, enclosing)
         return out
     if isinstance(value, (list, tuple)):
-        return [_plain(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+        return [_plain(item, f"{where}[{i}]", depth + 1, enclosing) for i, item in enumerate(value)]
     if getattr(value, "shape", None) == () and hasattr(value, "item"):  # a NumPy scalar or a 0-d array / tensor
         item = value.item()
         if isinstance(item, (bool, int, float)):

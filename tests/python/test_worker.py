@@ -117,6 +117,19 @@ class TestConfig(unittest.TestCase):
             node = node["x"]
         with self.assertRaisesRegex(ValueError, r"train\.x\.x.*nested more than 64 levels deep"):
             ringtrain.PolicyWorker(deep)
+        looped = base_config()
+        looped["policy"]["self"] = looped["policy"]
+        looped["train"]["items"] = [1]
+        looped["train"]["items"].append(looped["train"]["items"])
+        with self.assertRaisesRegex(ValueError, r"^policy\.self: a dict or list inside itself"):
+            ringtrain.load_config(looped)
+        del looped["policy"]["self"]
+        with self.assertRaisesRegex(ValueError, r"^train\.items\[1\]: a dict or list inside itself"):
+            ringtrain.load_config(looped)
+        shared = base_config()
+        shared["train"]["a"] = shared["train"]["b"] = [1, 2]  # the same list twice, not inside itself: no loop
+        with self.assertRaisesRegex(ValueError, r"train\.a"):  # refused as an unknown key, not as a loop
+            ringtrain.load_config(shared)
 
     def test_hostile_timeouts_and_override_bytes_are_named(self):
         # Refused before the seconds become an int64 of milliseconds (NaN, inf and 1e300 do not fit one).
