@@ -110,6 +110,14 @@ copy_ck cfg_array && printf '[1, 2]' >cfg_array/config.json
 expect_error config-not-object 'config.json: expected a JSON object' "$bin" logprobs --model cfg_array --data good.jsonl
 copy_ck cfg_dir && rm cfg_dir/config.json && mkdir cfg_dir/config.json
 expect_error config-is-directory 'cfg_dir/config.json: it is a directory' "$bin" logprobs --model cfg_dir --data good.jsonl
+copy_ck cfg_type && set_key cfg_type model_type '"mistral"'
+expect_error config-model-type-disagrees "key 'model_type' = \"mistral\": disagrees with 'architectures'" \
+  "$bin" logprobs --model cfg_type --data good.jsonl
+copy_ck cfg_partial && set_key cfg_partial rope_theta '10000.0, "partial_rotary_factor": 0.5'
+expect_error config-partial-rotary "key 'partial_rotary_factor' = 0.5: only 1.0 is supported" \
+  "$bin" logprobs --model cfg_partial --data good.jsonl
+expect_error export-files-from-a-file 'good.jsonl, where the tokenizer and generation files come from, is not a directory' \
+  "$bin" export ck --out export_files --files-from good.jsonl
 copy_ck cfg_long && set_key cfg_long hidden_act "\"$(printf '%0500d' 0)\""
 expect_error config-long-value-truncated "key 'hidden_act' = \"0+\.\.\.: unsupported" "$bin" logprobs --model cfg_long --data good.jsonl
 
@@ -172,10 +180,12 @@ copy_ck st_nan
 header_len=$(od -An -t u8 -N 8 st_nan/model.safetensors | tr -d ' ')
 printf '\x00\x00\xc0\x7f' | dd of=st_nan/model.safetensors bs=1 seek=$((8 + header_len + 4)) conv=notrunc status=none
 expect_error st-nan-weight "st_nan/model.safetensors: tensor '.*': element 1 is nan" "$bin" logprobs --model st_nan --data good.jsonl
-copy_ck st_index && printf '{"weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"}}' \
-  >st_index/model.safetensors.index.json
+# An index is read only where no model.safetensors is (transformers' order).
+copy_ck st_index && rm st_index/model.safetensors && \
+  printf '{"weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"}}' >st_index/model.safetensors.index.json
 expect_error st-index-missing-shard 'model-00001-of-00002.safetensors: No such file' "$bin" logprobs --model st_index --data good.jsonl
-copy_ck st_index_deep && { printf '{"weight_map": '; nested 100000; printf '}'; } >st_index_deep/model.safetensors.index.json
+copy_ck st_index_deep && rm st_index_deep/model.safetensors && \
+  { printf '{"weight_map": '; nested 100000; printf '}'; } >st_index_deep/model.safetensors.index.json
 expect_error st-index-deep 'model.safetensors.index.json: JSON nested deeper' "$bin" logprobs --model st_index_deep --data good.jsonl
 
 # --- outputs and CLI values ---
