@@ -123,8 +123,8 @@ TEST_F(Checkpoint, ShardedIndexIsRead) {
   std::mt19937_64 rng(testing::fresh_seed());
   const ModelConfig c2 = model::load_config(dir_ / "ck");
   const std::vector<float> other = testing::tiny_params(c2, rng);
-  model::write_safetensors(dir_ / "ck" / "model.safetensors", model::params_to_tensors(model::ParamLayout(c2), other.data(),
-                                                                                         DType::F32));
+  model::write_safetensors(dir_ / "ck" / "model.safetensors",
+                           model::params_to_tensors(model::ParamLayout(c2), other.data(), DType::F32));
   EXPECT_EQ(model::load_checkpoint_params(dir_ / "ck", c2), other);
 }
 

@@ -164,8 +164,8 @@ void remove_or_throw(const std::filesystem::path& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) throw_sys_error("cannot remove", path.string());
 }
 
-// Moves the files of the finished checkpoint in `staged` over those of `dir`: the stale index first (the folder
-// must not hold a second set of weights), then each file by rename, then the shards the index named. Every file it replaces
+// Moves the files of the finished checkpoint in `staged` over those of `dir`: the stale index first (the folder must
+// not hold a second set of weights), then each file by rename, then the shards the index named. Every file it replaces
 // or removes is checked before the first is touched and kept as a link in `staged` until the new files are in, so
 // that a failing move puts it back: the folder holds the previous checkpoint or the new one, never a mix.
 void replace_checkpoint_files(const std::filesystem::path& staged, const std::filesystem::path& dir) {

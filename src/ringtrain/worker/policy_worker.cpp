@@ -543,8 +543,9 @@ void check_replaceable_export(const fs::path& p, ExportFolder kind) {
   for (const fs::directory_entry& e : fs::directory_iterator(p)) {
     const std::string name = e.path().filename().string();
     const size_t tmp = name.find(".tmp.");  // write_file_atomic's temporary ".NAME.tmp.PID"
-    const bool written = ours(name) || name == kExportMarker ||
-                         (leftover && name.starts_with('.') && tmp != std::string::npos && ours(name.substr(1, tmp - 1)));
+    const bool temporary =
+        leftover && name.starts_with('.') && tmp != std::string::npos && ours(name.substr(1, tmp - 1));
+    const bool written = ours(name) || name == kExportMarker || temporary;
     RT_CHECK(written && e.symlink_status().type() == fs::file_type::regular, "export: ", p.string(), " holds ",
              e.path().string(), written ? ", not a regular file" : ", which an export does not write",
              finished || leftover ? "" : cat(" (or writes only beside ", kFinishedExport, ", in a folder of its own)"),
