@@ -650,7 +650,6 @@ Config load_config(const std::filesystem::path& file, const std::vector<std::str
   const auto status = std::filesystem::status(file, ec);
   RT_CHECK(status.type() != std::filesystem::file_type::not_found, file.string(), ": no such config file");
   RT_CHECK(!ec, file.string(), ": ", ec.message());  // a symlink loop, a component that is no directory, ...
-  RT_CHECK(std::filesystem::exists(status), file.string(), ": no such config file");
   RT_CHECK(std::filesystem::is_regular_file(status), file.string(), ": not a regular file");
   const uintmax_t size = std::filesystem::file_size(file, ec);
   RT_CHECK(!ec && size <= kMaxConfigBytes, file.string(), ": ", size, " bytes is too large for a config (at most ",
