@@ -138,6 +138,27 @@ TEST(Launch, FailingRankStopsTheOthersQuickly) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
+// A rank that dies first leaves a child of its own (a wrapper script's worker) behind: the stop reaches it too.
+TEST(Launch, AFailedRanksOwnChildrenAreStoppedToo) {
+  const testing::TempDir tmp("rt_launch_orphan");
+  const std::string child_file = (tmp.path / "child").string();
+  LaunchOptions o;
+  o.nproc = 2;
+  o.grace = std::chrono::milliseconds(500);
+  const std::string script = "if [ \"$RANK\" = 1 ]; then sleep 60 & echo $! > " + child_file +
+                             "; sleep 0.2; kill -9 $$; fi; sleep 60";
+  const auto t0 = std::chrono::steady_clock::now();
+  const LaunchResult r = launch_local(o, {"sh", "-c", script});
+  EXPECT_EQ(r.code, 128 + SIGKILL);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  const pid_t child = static_cast<pid_t>(std::stol(read_file(child_file)));
+  ASSERT_GT(child, 1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (::kill(child, 0) == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_NE(::kill(child, 0), 0) << "rank 1's child " << child << " outlived the launch";
+}
+
 TEST(Launch, SignalToTheLauncherStopsTheRanks) {
   LaunchOptions o;
   o.nproc = 2;

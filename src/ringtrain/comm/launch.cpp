@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +98,12 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
   g_stop_signal = 0;
   g_stop_signals = 0;
   std::vector<pid_t> pids;
+  // Each rank's process group (its leader's pid), kept after the leader is reaped: a rank that failed first may
+  // leave children of its own (a wrapper script's worker), which the stop must reach too.
+  std::vector<pid_t> groups;
+  const auto signal_groups = [&](int sig) {
+    for (pid_t g : groups) ::kill(-g, sig);
+  };
   for (int r = 0; r < o.nproc; ++r) {
     const pid_t pid = spawn(o, r, argv);
     if (pid < 0) {
@@ -107,6 +114,7 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
                       "); the started ranks were stopped"));
     }
     pids.push_back(pid);
+    groups.push_back(pid);
   }
   LaunchResult result;
   int running = o.nproc;
@@ -123,13 +131,11 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
         if (!terminating) result.code = 128 + g_stop_signal;
         result.signal = g_stop_signal;
         terminating = signalled = true;
-        for (pid_t p : pids)
-          if (p > 0) ::kill(-p, SIGTERM);
+        signal_groups(SIGTERM);
         kill_after = std::min(kill_after, std::chrono::steady_clock::now() + o.stop_grace);
       }
       if (!killed && ((terminating && std::chrono::steady_clock::now() >= kill_after) || g_stop_signals >= 2)) {
-        for (pid_t p : pids)
-          if (p > 0) ::kill(-p, SIGKILL);
+        signal_groups(SIGKILL);
         killed = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -151,10 +157,18 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
       std::fprintf(stderr, "ringtrain launch: rank %d failed (%s); stopping the other ranks\n", rank, how.c_str());
       result = {code, 0};
       terminating = true;
-      for (pid_t p : pids)
-        if (p > 0) ::kill(-p, SIGTERM);
+      signal_groups(SIGTERM);
       kill_after = std::chrono::steady_clock::now() + o.grace;
     }
+  }
+  if (terminating) {
+    // The leaders are gone; what is left of their groups gets the rest of the same grace, then SIGKILL.
+    const auto alive = [&] {
+      return std::any_of(groups.begin(), groups.end(), [](pid_t g) { return ::kill(-g, 0) == 0; });
+    };
+    while (!killed && alive() && std::chrono::steady_clock::now() < kill_after)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    signal_groups(SIGKILL);
   }
   restore_handlers(old_term, old_int, old_hup);
   return result;
