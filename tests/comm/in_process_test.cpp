@@ -3,6 +3,8 @@
 // every rank with a clear CommError within the timeout instead of hanging; an error all ranks agree on
 // (all_or_none) leaves the group usable.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -353,6 +355,57 @@ TEST(InProcessFailures, RankThatNeverJoinsTimesOut) {
     EXPECT_GE(elapsed_ms[r], 250) << "rank " << r << " gave up before the timeout";
     EXPECT_LT(elapsed_ms[r], 300 + 700) << "rank " << r << " took " << elapsed_ms[r] << " ms (timeout 300 ms)";
   }
+}
+
+// In a sub-group the timeout names the world ranks too: with dp x cp = 2 x 2 the second cp group's ranks 0 and 1 are
+// world ranks 2 and 3, and the user's launcher and logs number them so.
+TEST(InProcessFailures, ASubGroupsTimeoutNamesTheWorldRanks) {
+  std::atomic<bool> stop{false};
+  const std::string root = run_and_catch(4, 300ms, [&](Communicator& c) {
+    const std::unique_ptr<Communicator> cp = c.split(c.rank() / 2, c.rank() % 2);
+    if (c.rank() == 3) {  // busy elsewhere until world rank 2 has given up
+      while (!stop) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    if (c.rank() != 2) return;
+    try {
+      double x = 1;
+      cp->all_reduce(&x, 1, DType::F64, ReduceOp::Max);
+    } catch (const CommError&) {
+      stop = true;
+      throw;
+    }
+  });
+  stop = true;
+  EXPECT_NE(root.find("all_reduce #1 on rank 0 (world rank 2) timed out after 300 ms waiting for rank(s) 1 (world 3) "
+                      "to join"),
+            std::string::npos)
+      << root;
+}
+
+// Every rank is a thread of this process, so a stop (SIGSTOP, Ctrl-Z) halts the rank a wait waits for as much as the
+// wait: the SIGCONT that continues the process starts the wait's timeout again. Here no stop happens, only the
+// continue: rank 1 joins 450 ms in, after the 300 ms timeout, but 200 ms after a SIGCONT at 250 ms.
+TEST(InProcessFailures, AContinueAfterAStopStartsTheTimeoutAgain) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string root = run_and_catch(2, 300ms, [&](Communicator& c) {
+    if (c.rank() == 1) {
+      std::this_thread::sleep_until(start + 250ms);
+      ::kill(::getpid(), SIGCONT);
+      std::this_thread::sleep_until(start + 450ms);
+    }
+    double x = c.rank();
+    c.all_reduce(&x, 1, DType::F64, ReduceOp::Max);
+    EXPECT_EQ(x, 1.0);
+  });
+  EXPECT_EQ(root, "") << "the wait timed out despite the continue";
+  // Without one, the same lateness is a timeout.
+  const std::string late = run_and_catch(2, 300ms, [&](Communicator& c) {
+    if (c.rank() == 1) std::this_thread::sleep_for(450ms);
+    double x = c.rank();
+    c.all_reduce(&x, 1, DType::F64, ReduceOp::Max);
+  });
+  EXPECT_NE(late.find("timed out after 300 ms waiting for rank(s) 1 to join"), std::string::npos) << late;
 }
 
 TEST(InProcessFailures, MismatchedCollectiveRejected) {

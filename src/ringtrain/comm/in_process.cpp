@@ -13,8 +13,12 @@
 // another group of the domain fails fast too instead of waiting for the timeout.
 #include "ringtrain/comm/in_process.h"
 
-#include <condition_variable>
+#include <signal.h>
+#include <time.h>
+
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <new>
@@ -28,6 +32,36 @@ namespace ringtrain::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// When the process last continued after a stop (SIGCONT: Ctrl-Z then fg, a scheduler's suspend), in steady_clock
+// nanoseconds; 0 before any. Every rank of an in-process group is a thread of this one process, so a stop halts the
+// rank that a wait waits for as much as the wait: the wait's timeout starts again from the continue.
+std::atomic<int64_t> g_continued_ns{0};
+
+extern "C" void on_continue(int) {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // steady_clock's clock, and safe in a signal handler
+  g_continued_ns.store(int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec, std::memory_order_relaxed);
+}
+
+// Installs on_continue once, unless the program has a SIGCONT handler of its own.
+void watch_continues() {
+  static const bool installed = [] {
+    struct sigaction old {};
+    ::sigaction(SIGCONT, nullptr, &old);
+    if (old.sa_handler != SIG_DFL) return false;
+    struct sigaction sa {};
+    sa.sa_handler = on_continue;
+    sa.sa_flags = SA_RESTART;
+    ::sigemptyset(&sa.sa_mask);
+    return ::sigaction(SIGCONT, &sa, nullptr) == 0;
+  }();
+  (void)installed;
+}
+
+Clock::time_point last_continue() {
+  return Clock::time_point(std::chrono::nanoseconds(g_continued_ns.load(std::memory_order_relaxed)));
+}
 
 std::string reduce_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "max"; }
 
@@ -86,6 +120,7 @@ class Group {
         cv_(domain_->cv),
         world_ranks_(std::move(world_ranks)),
         world_(static_cast<int>(world_ranks_.size())),
+        is_world_(world_ranks_ == identity_ranks(static_cast<int>(domain_->failure.size()))),
         timeout_(timeout),
         points_(world_, 0),
         slots_(world_),
@@ -96,6 +131,12 @@ class Group {
 
   int world() const { return world_; }
   int world_rank(int r) const { return world_ranks_[r]; }
+  // Rank r as errors name it: with its world rank where this group is a sub-group, so that a user is pointed at
+  // the rank the launcher and the logs number.
+  std::string who(int r) const {
+    if (is_world_ || r < 0 || r >= world_) return cat("rank ", r);  // out of range: named as given, in the error
+    return cat("rank ", r, " (world rank ", world_ranks_[r], ")");
+  }
 
   // The sub-group of `color` formed by the split numbered `split` of this group, with `world_ranks` as its ranks:
   // the first member to arrive makes it, the others of the color take the same one.
@@ -145,12 +186,12 @@ class Group {
   // Throws when this rank or a peer has failed (lock held).
   void check_failures_locked(int self, const std::string& what) {
     if (failure_order_[self] >= 0)
-      throw CommError(cat(what, " on rank ", self, ": this rank was aborted earlier: ", failure_[self]));
+      throw CommError(cat(what, " on ", who(self), ": this rank was aborted earlier: ", failure_[self]));
     int first = -1;
     for (int r = 0; r < world_; ++r)
       if (failure_order_[r] >= 0 && (first < 0 || failure_order_[r] < failure_order_[first])) first = r;
     if (first >= 0)
-      throw fail_locked(self, cat(what, " on rank ", self, ": rank ", first, " failed: ", failure_[first]));
+      throw fail_locked(self, cat(what, " on ", who(self), ": ", who(first), " failed: ", failure_[first]));
     // A failure in another group of the domain.
     int first_world = -1;
     for (size_t w = 0; w < domain_->failure_order.size(); ++w)
@@ -158,7 +199,7 @@ class Group {
           (first_world < 0 || domain_->failure_order[w] < domain_->failure_order[first_world]))
         first_world = static_cast<int>(w);
     if (first_world >= 0)
-      throw fail_locked(self, cat(what, " on rank ", self, ": world rank ", first_world, " failed in another group: ",
+      throw fail_locked(self, cat(what, " on ", who(self), ": world rank ", first_world, " failed in another group: ",
                                   domain_->failure[first_world]));
   }
 
@@ -166,14 +207,18 @@ class Group {
   template <typename Ready, typename Pending>
   void wait_locked(std::unique_lock<std::mutex>& lock, int self, const std::string& what, Ready&& ready,
                    Pending&& pending) {
-    const auto deadline = Clock::now() + timeout_;
+    auto since = Clock::now();
     for (;;) {
       check_failures_locked(self, what);
       if (ready()) return;
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      if (cv_.wait_until(lock, since + timeout_) == std::cv_status::timeout) {
         check_failures_locked(self, what);
         if (ready()) return;
-        throw fail_locked(self, cat(what, " on rank ", self, " timed out after ", timeout_.count(), " ms waiting for ",
+        if (last_continue() > since) {  // stopped and continued while waiting: the others were stopped too
+          since = last_continue();
+          continue;
+        }
+        throw fail_locked(self, cat(what, " on ", who(self), " timed out after ", timeout_.count(), " ms waiting for ",
                                     pending()));
       }
     }
@@ -191,10 +236,13 @@ class Group {
           return true;
         },
         [&] {
-          std::string missing;
+          std::string missing, in_world;
           for (int r = 0; r < world_; ++r)
-            if (points_[r] < point) missing += cat(missing.empty() ? "" : ", ", r);
-          return cat("rank(s) ", missing, " to join");
+            if (points_[r] < point) {
+              missing += cat(missing.empty() ? "" : ", ", r);
+              in_world += cat(in_world.empty() ? "" : ", ", world_ranks_[r]);
+            }
+          return cat("rank(s) ", missing, is_world_ ? "" : cat(" (world ", in_world, ")"), " to join");
         });
   }
 
@@ -241,7 +289,7 @@ class Group {
     std::unique_lock<std::mutex> lock(mu_);
     std::map<int64_t, Message>& box = mail_[static_cast<size_t>(src) * world_ + self];
     wait_locked(
-        lock, self, what, [&] { return box.count(seq) > 0; }, [&] { return cat("rank ", src, "'s send"); });
+        lock, self, what, [&] { return box.count(seq) > 0; }, [&] { return cat(who(src), "'s send"); });
     Message m = std::move(box.at(seq));
     box.erase(seq);
     return m;
@@ -258,6 +306,7 @@ class Group {
   std::condition_variable& cv_;
   const std::vector<int> world_ranks_;  // rank r of this group is world rank world_ranks_[r]
   const int world_;
+  const bool is_world_;  // the ranks are the world's, in its order
   const std::chrono::milliseconds timeout_;
   std::vector<int64_t> points_;
   std::vector<Slot> slots_;
@@ -354,7 +403,7 @@ class InProcessCommunicator final : public Communicator {
 
   std::unique_ptr<Request> exchange(std::span<const Transfer> parts, int dst, int src, DType dtype,
                                     void*) override {
-    const std::string what = cat("send_recv #", ++ops_, " (to rank ", dst, ", from rank ", src, ")");
+    const std::string what = cat("send_recv #", ++ops_, " (to ", g_->who(dst), ", from ", g_->who(src), ")");
     if (dst < 0 || dst >= size() || src < 0 || src >= size())
       throw g_->fail(rank_, cat(what, " on rank ", rank_, ": peer out of range for a group of ", size()));
     std::vector<InProcessRequest::Part> expected;
@@ -485,6 +534,7 @@ std::vector<std::unique_ptr<Communicator>> make_in_process_group(int world, std:
   RT_CHECK(world >= 1 && world <= kMaxRanks, "in-process communicator: world size must be in [1, ", kMaxRanks,
            "], got ", world);
   RT_CHECK(timeout.count() > 0, "in-process communicator: timeout must be > 0 ms, got ", timeout.count());
+  watch_continues();
   auto group = std::make_shared<Group>(std::make_shared<Domain>(world), identity_ranks(world), timeout);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < world; ++r) comms.push_back(std::make_unique<InProcessCommunicator>(group, r));
