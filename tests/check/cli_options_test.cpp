@@ -30,6 +30,9 @@ TEST(CliOptions, BadSizesAreRefusedWithTheOptionNamed) {
       {"bench cp --iters 0", "--iters: Value 0 not in range"},
       {"bench model --seq 1", "--seq: Value 1 not in range"},
       {"logprobs --model m --data d --timeout 0", "--timeout: Value 0 not in range"},
+      // Text that is no integer is said to be one, not called out of range.
+      {"logprobs --model m --data d --timeout 1e3", "--timeout: Value 1e3 is not an integer"},
+      {"backends --heads 7.0", "--heads: Value 7.0 is not an integer"},
       {"logprobs --model m --data d --model-backends flash,nope", "unknown attention backend 'nope'"},
       {"attention-check --comm ringg", "unknown context-parallel communication 'ringg'"},
       {"backends --dtype fp8", "--dtype"},

@@ -41,6 +41,14 @@ CLI::Option* add_bounded(CLI::App& cmd, const std::string& name, T& value, const
           return std::isnan(std::strtod(s.c_str(), nullptr)) ? "Value " + s + " is not a number" : std::string();
         },
         "", "NUMBER"));
+  // Text that is no integer (1e3, 7.0) would otherwise be reported by the range check as out of range.
+  if constexpr (std::is_integral_v<T>)
+    o->check(CLI::Validator(
+        [](std::string& s) {
+          T parsed{};
+          return CLI::detail::lexical_cast(s, parsed) ? std::string() : "Value " + s + " is not an integer";
+        },
+        "", "INTEGER"));
   return o->check(CLI::Range(lo, hi));
 }
 
