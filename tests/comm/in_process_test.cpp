@@ -385,14 +385,15 @@ TEST(InProcessFailures, ASubGroupsTimeoutNamesTheWorldRanks) {
 
 // Every rank is a thread of this process, so a stop (SIGSTOP, Ctrl-Z) halts the rank a wait waits for as much as the
 // wait: the SIGCONT that continues the process starts the wait's timeout again. Here no stop happens, only the
-// continue: rank 1 joins 450 ms in, after the 300 ms timeout, but 200 ms after a SIGCONT at 250 ms.
+// continue: rank 1 joins 1.2 s in, after the 1 s timeout, but 0.8 s after a SIGCONT at 0.4 s (margins of 0.2 s and
+// more either way for a loaded machine).
 TEST(InProcessFailures, AContinueAfterAStopStartsTheTimeoutAgain) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string root = run_and_catch(2, 300ms, [&](Communicator& c) {
+  const std::string root = run_and_catch(2, 1000ms, [&](Communicator& c) {
     if (c.rank() == 1) {
-      std::this_thread::sleep_until(start + 250ms);
+      std::this_thread::sleep_until(start + 400ms);
       ::kill(::getpid(), SIGCONT);
-      std::this_thread::sleep_until(start + 450ms);
+      std::this_thread::sleep_until(start + 1200ms);
     }
     double x = c.rank();
     c.all_reduce(&x, 1, DType::F64, ReduceOp::Max);
@@ -400,12 +401,12 @@ TEST(InProcessFailures, AContinueAfterAStopStartsTheTimeoutAgain) {
   });
   EXPECT_EQ(root, "") << "the wait timed out despite the continue";
   // Without one, the same lateness is a timeout.
-  const std::string late = run_and_catch(2, 300ms, [&](Communicator& c) {
-    if (c.rank() == 1) std::this_thread::sleep_for(450ms);
+  const std::string late = run_and_catch(2, 1000ms, [&](Communicator& c) {
+    if (c.rank() == 1) std::this_thread::sleep_for(1200ms);
     double x = c.rank();
     c.all_reduce(&x, 1, DType::F64, ReduceOp::Max);
   });
-  EXPECT_NE(late.find("timed out after 300 ms waiting for rank(s) 1 to join"), std::string::npos) << late;
+  EXPECT_NE(late.find("timed out after 1000 ms waiting for rank(s) 1 to join"), std::string::npos) << late;
 }
 
 TEST(InProcessFailures, MismatchedCollectiveRejected) {
