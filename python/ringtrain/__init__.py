@@ -267,9 +267,7 @@ class PolicyWorker:
         a stop token included), 'logprobs' (float32, the policy's logprob of each: the generation_logprobs of the
         loss) and 'finish' ('stop' or 'length'). Prompt b's randomness is keyed by (seed, b): repeat a prompt to draw
         a group of distinct samples; the same seed and prompts give the same samples."""
-        if prompts is None or isinstance(prompts, (str, bytes, _Mapping)):
-            raise TypeError(f"prompts: expected a list of token-id sequences, got {type(prompts).__name__}")
-        if not isinstance(prompts, _Iterable):
+        if isinstance(prompts, (str, bytes, _Mapping)) or not isinstance(prompts, _Iterable):
             raise TypeError(f"prompts: expected a list of token-id sequences, got {type(prompts).__name__}")
         seqs = []
         for b, p in enumerate(prompts):

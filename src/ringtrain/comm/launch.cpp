@@ -97,12 +97,11 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
   take_unless_ignored(SIGHUP, sa, old_hup);
   g_stop_signal = 0;
   g_stop_signals = 0;
+  // Each rank's leader, also its process group. A reaped leader's group is still signalled: a rank that failed first
+  // may leave children of its own (a wrapper script's worker), which the stop must reach too.
   std::vector<pid_t> pids;
-  // Each rank's process group (its leader's pid), kept after the leader is reaped: a rank that failed first may
-  // leave children of its own (a wrapper script's worker), which the stop must reach too.
-  std::vector<pid_t> groups;
   const auto signal_groups = [&](int sig) {
-    for (pid_t g : groups) ::kill(-g, sig);
+    for (pid_t g : pids) ::kill(-g, sig);
   };
   for (int r = 0; r < o.nproc; ++r) {
     const pid_t pid = spawn(o, r, argv);
@@ -114,7 +113,6 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
                       "); the started ranks were stopped"));
     }
     pids.push_back(pid);
-    groups.push_back(pid);
   }
   LaunchResult result;
   int running = o.nproc;
@@ -144,7 +142,7 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
     if (pid < 0) break;
     int rank = -1;
     for (int r = 0; r < o.nproc; ++r)
-      if (pids[r] == pid) rank = r, pids[r] = -1;
+      if (pids[r] == pid) rank = r;
     if (rank < 0) continue;
     --running;
     const int code = exit_code(status);
@@ -164,7 +162,7 @@ LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>
   if (terminating) {
     // The leaders are gone; what is left of their groups gets the rest of the same grace, then SIGKILL.
     const auto alive = [&] {
-      return std::any_of(groups.begin(), groups.end(), [](pid_t g) { return ::kill(-g, 0) == 0; });
+      return std::any_of(pids.begin(), pids.end(), [](pid_t g) { return ::kill(-g, 0) == 0; });
     };
     while (!killed && alive() && std::chrono::steady_clock::now() < kill_after)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
