@@ -118,6 +118,8 @@ expect_error config-partial-rotary "key 'partial_rotary_factor' = 0.5: only 1.0 
   "$bin" logprobs --model cfg_partial --data good.jsonl
 expect_error export-files-from-a-file 'good.jsonl, where the tokenizer and generation files come from, is not a directory' \
   "$bin" export ck --out export_files --files-from good.jsonl
+expect_error export-files-from-nothing 'no_such_dir, where the tokenizer and generation files come from, is not a directory' \
+  "$bin" export ck --out export_files --files-from no_such_dir
 copy_ck cfg_long && set_key cfg_long hidden_act "\"$(printf '%0500d' 0)\""
 expect_error config-long-value-truncated "key 'hidden_act' = \"0+\.\.\.: unsupported" "$bin" logprobs --model cfg_long --data good.jsonl
 
