@@ -84,9 +84,9 @@ TEST(Losses, ClippedPGHandComputed) {
   EXPECT_DOUBLE_EQ(metric(r, "clip_fraction"), 0.5);  // p1, p3
   EXPECT_DOUBLE_EQ(metric(r, "dual_clip_fraction"), 0.25);
   EXPECT_DOUBLE_EQ(metric(r, "ratio"), 6.5 / 4);
-  // k3 of prev vs cur with x = prev - cur = -log r: 1/r - 1 + log r =
-  // 0.0721318 (r=1.5), 0.3068528 (r=0.5, twice), 0.6362944 (r=4); mean 1.3221318/4.
-  EXPECT_NEAR(metric(r, "approx_kl"), (0.07213177 + 2 * 0.30685282 + 0.63629436) / 4, 1e-8);
+  // k3 of KL(prev || cur) with x = cur - prev = log r: r - 1 - log r =
+  // 0.0945349 (r=1.5), 0.1931472 (r=0.5, twice), 1.6137056 (r=4); mean 2.0945349/4.
+  EXPECT_NEAR(metric(r, "approx_kl"), (0.09453489 + 2 * 0.19314718 + 1.61370564) / 4, 1e-8);
 }
 
 TEST(Losses, ClippedPGWithoutDualClipKeepsTheUnboundedBranch) {
@@ -160,6 +160,28 @@ TEST(Losses, ImportanceWeightsAndSequenceMean) {
   EXPECT_NEAR(metric(r, "importance_weight"), (0.5 + 3) / 4, 1e-15);
 }
 
+TEST(Losses, ImportanceWeightsCorrectThePolicyGradientOnly) {
+  // r = 1 (cur = prev = -1), A = 1, beta = 0.5, k3, two tokens, global 2.
+  //  p1: w = 0.5 (gen = prev + log 2), x = ref - cur = 1: loss -w + beta(e - 2), grad -w - beta(e - 1): the KL term
+  //      keeps its full weight;
+  //  p2: gen = -1000, so exp(prev - gen) overflows: w = 0 and the token's policy gradient drops out (ref = cur: no KL).
+  Masks m(1, 3);
+  const std::vector<double> cur(3, -1.0), adv = {0, 1, 1}, ref = {0, 0, -1}, gen = {0, -1 + std::log(2.0), -1000};
+  ClippedPGConfig cfg;
+  cfg.kl_beta = 0.5;
+  auto grad = poisoned(3);
+  const LossResult r = clipped_pg_loss<double>(m.view(), {cur, cur, adv, ref, gen}, cfg, {2, 1}, grad);
+  const double e = std::exp(1.0);
+  EXPECT_NEAR(r.loss, (-0.5 + 0.5 * (e - 2)) / 2, 1e-15);
+  EXPECT_NEAR(grad[1], (-0.5 - 0.5 * (e - 1)) / 2, 1e-15);
+  EXPECT_EQ(grad[2], 0);
+  EXPECT_NEAR(metric(r, "importance_weight"), 0.5 / 2, 1e-15);
+  const TokenLocalGradient local = TokenLocalGradient::clipped_pg<double>(m.view(), {{}, cur, adv, ref, gen}, cfg,
+                                                                          {2, 1});
+  EXPECT_EQ(local(0, 1, -1.0), grad[1]);
+  EXPECT_EQ(local(0, 2, -1.0), 0);
+}
+
 TEST(Losses, EntropyMetricIsTheMeanOverCountedTokens) {
   Masks m(1, 4);
   m.token = {1, 1, 0, 1};  // positions 1, 3 count
@@ -190,11 +212,12 @@ TEST(Losses, DPOHandComputed) {
   EXPECT_DOUBLE_EQ(metric(r, "chosen_reward"), 1);
   EXPECT_DOUBLE_EQ(metric(r, "rejected_reward"), -1);
 
-  // With the NLL term (coef 0.1, 2 chosen tokens globally): + 0.1·(1 + 2)/2 = 0.15; chosen grads -0.1/2 more.
+  // With the NLL term (coef 0.1): the chosen answer's summed NLL over the pairs (1), not its mean over the 2 chosen
+  // tokens: + 0.1·(1 + 2)/1 = 0.3; chosen grads -0.1 more.
   cfg.nll_coef = 0.1;
   r = dpo_loss<double>(m.view(), lp, ref, cfg, {1, 2}, grad);
-  EXPECT_NEAR(r.loss, 0.31326169 + 0.15, 1e-8);
-  EXPECT_NEAR(grad[1], -0.13447071 - 0.05, 1e-8);
+  EXPECT_NEAR(r.loss, 0.31326169 + 0.3, 1e-8);
+  EXPECT_NEAR(grad[1], -0.13447071 - 0.1, 1e-8);
   EXPECT_NEAR(grad[4], 0.13447071, 1e-8);
   EXPECT_DOUBLE_EQ(metric(r, "chosen_nll"), 1.5);
 }

@@ -19,9 +19,23 @@ RT_HOST_DEVICE inline double sigmoid(double x) {
   return e / (1.0 + e);
 }
 
+// The importance weight exp(prev - gen) of a token sampled from the generator's policy; one too large for a double
+// is 0, so that the token drops out instead of making the step's loss infinite (as NeMo RL's nan_to_num does).
+RT_HOST_DEVICE inline double importance_weight(double prev, double gen) {
+  const double w = exp(prev - gen);
+  return isinf(w) ? 0.0 : w;
+}
+
+// The k3 estimate of KL(prev || cur) at a token sampled from prev: e^x - 1 - x with x = cur - prev (PPO's
+// "approx_kl" as CleanRL computes it).
+RT_HOST_DEVICE inline double approx_kl_term(double cur, double prev) {
+  const double x = cur - prev;
+  return expm1(x) - x;
+}
+
 // One counted token of the clipped PG.
 struct PGToken {
-  double loss;  // w·(pg + beta·kl)
+  double loss;  // w·pg + beta·kl
   double grad;  // d(loss)/d(cur)
   bool clipped;  // the ratio-clipped branch is strictly larger
   bool dual_clipped;
@@ -63,8 +77,9 @@ RT_HOST_DEVICE inline PGToken pg_token(double cur, double prev, double adv, doub
     t.kl = clamp_to(k, -10.0, 10.0);
     dkl = t.kl == k ? dk * dx : 0.0;
   }
-  t.loss = weight * (pg + cfg.kl_beta * t.kl);
-  t.grad = weight * (dpg + cfg.kl_beta * dkl);
+  // The importance weight corrects the policy gradient only; the KL to the reference is not reweighted (NeMo RL).
+  t.loss = weight * pg + cfg.kl_beta * t.kl;
+  t.grad = weight * dpg + cfg.kl_beta * dkl;
   if (isnan(cur) || isnan(prev) || isnan(adv) || isnan(ref) || isnan(weight)) t.loss = t.grad = NAN;
   return t;
 }

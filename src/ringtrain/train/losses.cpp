@@ -138,14 +138,13 @@ LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in
       const double cur = static_cast<double>(in.logprobs[i]);
       const double prev = static_cast<double>(in.prev_logprobs[i]);
       const double ref = cfg.kl_beta == 0 ? 0.0 : static_cast<double>(in.ref_logprobs[i]);
-      const double w = in.gen_logprobs.empty() ? 1.0 : std::exp(prev - static_cast<double>(in.gen_logprobs[i]));
+      const double w = in.gen_logprobs.empty() ? 1.0 : importance_weight(prev, static_cast<double>(in.gen_logprobs[i]));
       const PGToken t = pg_token(cur, prev, static_cast<double>(in.advantages[i]), ref, w, cfg);
       loss += t.loss * scale;
       grad_logprobs[i] = static_cast<T>(t.grad * scale);
       clipped += t.clipped;
       dual_clipped += t.dual_clipped;
-      const double log_prev_over_cur = prev - cur;
-      approx_kl += std::expm1(log_prev_over_cur) - log_prev_over_cur;
+      approx_kl += approx_kl_term(cur, prev);
       ratio += std::exp(cur - prev);
       ref_kl += t.kl;
       weights += w;
@@ -195,7 +194,7 @@ double TokenLocalGradient::operator()(int64_t b, int64_t p, double logprob) cons
   const size_t i = static_cast<size_t>(b * masks_.seq + p);
   const double prev = prev_[i];
   const double ref = cfg_.kl_beta == 0 ? 0.0 : ref_[i];
-  const double w = gen_.empty() ? 1.0 : std::exp(prev - gen_[i]);
+  const double w = gen_.empty() ? 1.0 : importance_weight(prev, gen_[i]);
   return pg_token(logprob, prev, adv_[i], ref, w, cfg_).grad * scale;
 }
 
@@ -225,7 +224,6 @@ LossResult dpo_loss(const TokenMasks& masks, std::span<const T> logprobs, std::s
   RT_CHECK(std::isfinite(cfg.nll_coef) && cfg.nll_coef >= 0, "DPO: nll_coef ", cfg.nll_coef, " must be >= 0");
   const DPOCounts local = count_dpo_pairs(masks);
   check_normaliser(global.pairs, local.pairs, "pairs");
-  if (cfg.nll_coef != 0) check_normaliser(global.chosen_tokens, local.chosen_tokens, "chosen tokens");
 
   auto reward = [&](int64_t b) {
     double r = 0;
@@ -250,8 +248,8 @@ LossResult dpo_loss(const TokenMasks& masks, std::span<const T> logprobs, std::s
         const double lp = static_cast<double>(logprobs[bc * masks.seq + p]);
         double g = dz;
         if (cfg.nll_coef != 0) {
-          out.loss -= cfg.nll_coef * lp / global.chosen_tokens;
-          g -= cfg.nll_coef / global.chosen_tokens;
+          out.loss -= cfg.nll_coef * lp / global.pairs;
+          g -= cfg.nll_coef / global.pairs;
           chosen_nll -= lp;
         }
         grad_logprobs[bc * masks.seq + p] = static_cast<T>(std::isnan(z) ? kNaN : g);

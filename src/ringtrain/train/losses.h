@@ -78,10 +78,11 @@ struct ClippedPGInputs {
 
 // Per counted token: r = exp(cur - prev); pg = max(-A·r, -A·clip(r, 1-eps_low, 1+eps_high)), then min(pg, -A·c)
 // where A < 0 and the dual clip is on; kl = clamp(k(clamp(ref - cur, ±20)), ±10) with k1 = -x, k2 = x²/2,
-// k3 = eˣ - 1 - x; token loss = w·(pg + beta·kl) with w = exp(prev - gen) (1 without gen_logprobs; no gradient
-// through w). Where a clamp or clip is active its branch has zero gradient.
+// k3 = eˣ - 1 - x; token loss = w·pg + beta·kl with w = exp(prev - gen) (1 without gen_logprobs, 0 where it
+// overflows; no gradient through w), as NeMo RL's ClippedPGLossFn. Where a clamp or clip is active its branch has
+// zero gradient.
 // Metrics (count = counted tokens, summed): "clip_fraction" (tokens where the clipped branch is strictly larger),
-// "dual_clip_fraction", "approx_kl" (k3 of prev vs cur: e^(prev-cur) - 1 - (prev-cur)), "ratio", and with the
+// "dual_clip_fraction", "approx_kl" (k3 of KL(prev || cur): e^(cur-prev) - 1 - (cur-prev)), "ratio", and with the
 // optional inputs "ref_kl" (the clamped kl value), "importance_weight", "entropy".
 template <typename T>
 LossResult clipped_pg_loss(const TokenMasks& masks, const ClippedPGInputs<T>& in, const ClippedPGConfig& cfg,
@@ -120,7 +121,9 @@ DPOCounts count_dpo_pairs(const TokenMasks& masks);
 
 struct DPOConfig {
   double beta = 0.1;
-  double nll_coef = 0;  // adds nll_coef · (-Σ logπ over chosen tokens) / global.chosen_tokens
+  // adds nll_coef · Σ_pairs (-Σ logπ over the chosen tokens) / global.pairs: each chosen answer's summed NLL, averaged
+  // over pairs (NeMo RL's DPO with sft_average_log_probs off)
+  double nll_coef = 0;
 };
 
 // loss = Σ_pairs softplus(-beta·(r_chosen - r_rejected)) / global.pairs (+ the NLL term).

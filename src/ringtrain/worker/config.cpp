@@ -363,7 +363,7 @@ const std::vector<Field>& schema() {
         "loss_fn.preference_loss_weight", "dpo: weight of the preference loss (the worker takes 1 only)",
         [](auto& c) -> auto& { return c.loss_fn.preference_loss_weight; }, 0.0, 1e6));
     f.push_back(double_field(
-        "loss_fn.sft_loss_weight", "dpo: weight of the chosen responses' NLL",
+        "loss_fn.sft_loss_weight", "dpo: weight of the chosen answers' NLL (each summed over its tokens, averaged over pairs)",
         [](auto& c) -> auto& { return c.loss_fn.sft_loss_weight; }, 0.0, 1e6));
     f.push_back({"attention.backends",
                  "allow-list, most preferred first (cudnn, flash, efficient, decode, math); [] = all",

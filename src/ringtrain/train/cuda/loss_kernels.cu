@@ -105,7 +105,7 @@ __global__ void row_scale_kernel(DeviceMicro m, bool sequence_mean, double globa
 __device__ PGToken pg_at(const DeviceMicro& m, const ClippedPGConfig& cfg, int64_t i, double cur, double* weight) {
   const double prev = m.prev[i];
   const double ref = cfg.kl_beta == 0 ? 0.0 : static_cast<double>(m.ref[i]);
-  *weight = m.gen ? exp(prev - static_cast<double>(m.gen[i])) : 1.0;
+  *weight = m.gen ? importance_weight(prev, static_cast<double>(m.gen[i])) : 1.0;
   return pg_token(cur, prev, m.advantages[i], ref, *weight, cfg);
 }
 
@@ -145,8 +145,7 @@ __global__ void token_loss_kernel(LossKind kind, ClippedPGConfig cfg, DeviceMicr
     v[0] += t.loss * scale;
     v[1] += t.clipped;
     v[2] += t.dual_clipped;
-    const double log_prev_over_cur = static_cast<double>(m.prev[i]) - cur;
-    v[3] += expm1(log_prev_over_cur) - log_prev_over_cur;
+    v[3] += approx_kl_term(cur, static_cast<double>(m.prev[i]));
     v[4] += exp(cur - static_cast<double>(m.prev[i]));
     v[5] += t.kl;
     v[6] += w;
@@ -180,8 +179,7 @@ __global__ void dpo_row_kernel(DeviceMicro m, const float* logprobs, double* scr
 }
 
 // One block: the pairs' loss and metric sums, and scratch[3b + 2] = d(loss)/d(logπ) for row b's counted tokens.
-__global__ void dpo_pair_kernel(DPOConfig cfg, DeviceMicro m, double pairs, double chosen_tokens, double* scratch,
-                                double* sums) {
+__global__ void dpo_pair_kernel(DPOConfig cfg, DeviceMicro m, double pairs, double* scratch, double* sums) {
   double v[6] = {0, 0, 0, 0, 0, 0};  // loss, accuracy, margin, chosen reward, rejected reward, chosen nll
   for (int64_t pair = threadIdx.x; pair < m.batch / 2; pair += kReduceThreads) {
     const int64_t bc = 2 * pair, br = 2 * pair + 1;
@@ -192,8 +190,8 @@ __global__ void dpo_pair_kernel(DPOConfig cfg, DeviceMicro m, double pairs, doub
     const double dz = -sigmoid(-z) * cfg.beta / pairs;
     double g = dz;
     if (cfg.nll_coef != 0) {
-      v[0] -= cfg.nll_coef * scratch[3 * bc + 1] / chosen_tokens;
-      g -= cfg.nll_coef / chosen_tokens;
+      v[0] -= cfg.nll_coef * scratch[3 * bc + 1] / pairs;
+      g -= cfg.nll_coef / pairs;
       v[5] -= scratch[3 * bc + 1];
     }
     scratch[3 * bc + 2] = isnan(z) ? nan("") : g;
@@ -266,7 +264,7 @@ class CudaLossKernels final : public DeviceLossKernels {
       dpo_row_kernel<<<static_cast<unsigned>(m.batch), kReduceThreads>>>(m, logprobs, scratch);
       RT_CUDA_CHECK_LAUNCH("DPO's rewards");
     }
-    dpo_pair_kernel<<<1, kReduceThreads>>>(cfg, m, global.pairs, global.chosen_tokens, scratch, sums);
+    dpo_pair_kernel<<<1, kReduceThreads>>>(cfg, m, global.pairs, scratch, sums);
     RT_CUDA_CHECK_LAUNCH("DPO's pairs");
     if (m.batch * m.seq == 0) return;
     dpo_grad_kernel<<<grid_for(m.batch * m.seq), kThreads>>>(m, scratch, d_logprobs);
