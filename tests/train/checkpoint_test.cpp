@@ -516,6 +516,39 @@ TEST(TrainCheckpoint, NeverReplacesWhatIsNotACheckpoint) {
   EXPECT_TRUE(fs::is_symlink(link));
   EXPECT_EQ(fs::last_write_time(real / "trainer_state.json"), state_time);
   EXPECT_FALSE(fs::exists(tmp.path / "link.saving"));
+
+  // A checkpoint that holds what a save does not write (an export into it, a user's notes, a file where the optimizer
+  // shards go): refused, naming the entry, and kept whole; one holding only a save's files is replaced.
+  fs::remove(link);
+  const std::vector<std::pair<fs::path, bool>> extras = {
+      {real / "hf" / "config.json", false}, {real / "NOTES.txt", false}, {real / "optimizer" / "notes", false},
+      {real / "tokenizer.json", true}};
+  for (const auto& [extra, replaceable] : extras) {
+    SCOPED_TRACE(extra.string());
+    fs::create_directories(extra.parent_path());
+    std::ofstream(extra) << "keep me";
+    std::string refused;
+    try {
+      run(s, {1, 1}, 1, 2, {}, real, 2);
+    } catch (const std::exception& x) {
+      refused = x.what();
+    }
+    if (replaceable) {
+      EXPECT_EQ(refused, "");
+      EXPECT_FALSE(fs::exists(extra));  // the save wrote no tokenizer: the new checkpoint has none
+      continue;
+    }
+    const fs::path named = extra.parent_path() == real ? extra : extra.parent_path() == real / "optimizer"
+                                                                      ? real / "optimizer" : extra.parent_path();
+    EXPECT_NE(refused.find("refusing to replace " + real.string() + ": it holds " + named.string() +
+                           ", which a save does not write"),
+              std::string::npos)
+        << refused;
+    EXPECT_TRUE(fs::exists(extra));
+    EXPECT_EQ(fs::last_write_time(real / "trainer_state.json"), state_time);
+    fs::remove_all(extra.parent_path() == real ? extra : extra.parent_path() == real / "optimizer" ? extra
+                                                                                                  : extra.parent_path());
+  }
 }
 
 }  // namespace

@@ -94,8 +94,9 @@ TEST(WorkerMetrics, EventFileAndJsonlReadBack) {
     for (int64_t step = 1; step <= 5; ++step) {
       Scalars s = {{"loss", std::normal_distribution<double>(2.0, 0.5)(rng)},
                    {"grad_norm", std::exponential_distribution<double>()(rng)},
-                   {"lr", 1e-5 * static_cast<double>(step)}};
+                   {"lr", 1e-5 * static_cast<double>(step)}, {"skipped", 0.0}};
       if (step == 3) s.push_back({"reward/mean", std::nan("")});
+      if (step == 4) s.push_back({"clip_fraction", -0.0});
       w.write(step, s);
       written.push_back(s);
     }
@@ -121,7 +122,12 @@ TEST(WorkerMetrics, EventFileAndJsonlReadBack) {
     ASSERT_EQ(e.summary().value_size(), static_cast<int>(want.size()));
     for (size_t k = 0; k < want.size(); ++k) {
       EXPECT_EQ(e.summary().value(static_cast<int>(k)).tag(), want[k].first);
-      const float got = e.summary().value(static_cast<int>(k)).simple_value();
+      const tb::SummaryValue& v = e.summary().value(static_cast<int>(k));
+      // Every value on the wire, 0 included (field 2, fixed32: tag byte 0x15 and the 4 bytes of the float last).
+      const std::string wire = v.SerializeAsString();
+      ASSERT_GE(wire.size(), 5u);
+      EXPECT_EQ(static_cast<unsigned char>(wire[wire.size() - 5]), 0x15) << want[k].first;
+      const float got = v.simple_value();
       if (std::isnan(want[k].second)) EXPECT_TRUE(std::isnan(got));
       else EXPECT_EQ(got, static_cast<float>(want[k].second));  // float32 in the file: exact after rounding
     }
@@ -258,6 +264,12 @@ TEST(WorkerMetrics, ProgressText) {
   s.tokens_per_second = std::nan("");
   s.loss = std::nan("");
   EXPECT_EQ(progress_text(s), "step 12/10000 | 0 tok/s | loss nan | ETA 5h32m");  // 9988 steps x 2 s
+  // Resumed after 9 steps: the 24 s are this run's 3 steps, 8 s each.
+  s.first_step = 9;
+  s.total_steps = 100;
+  EXPECT_EQ(progress_text(s), "step 12/100 | 0 tok/s | loss nan | ETA 11m44s");
+  s.step = 9;  // no step of this run yet: no pace to tell
+  EXPECT_EQ(progress_text(s), "step 9/100 | 0 tok/s | loss nan");
 }
 
 TEST(WorkerMetrics, ProgressLineOnAPipeIsPlainLines) {
@@ -265,7 +277,7 @@ TEST(WorkerMetrics, ProgressLineOnAPipeIsPlainLines) {
   ASSERT_EQ(::pipe(fds), 0);
   std::FILE* w = ::fdopen(fds[1], "w");
   {
-    ProgressLine line(3, w);
+    ProgressLine line(3, 0, w);
     line.update(1, 100, 2.0);
     line.update(2, 100, 1.5);
     line.finish();
@@ -298,7 +310,7 @@ TEST(WorkerMetrics, ProgressLineOnATerminalIsRewrittenInPlace) {
   ASSERT_EQ(::tcsetattr(terminal, TCSANOW, &raw), 0);
   std::FILE* w = ::fdopen(terminal, "w");
   {
-    ProgressLine line(2, w);
+    ProgressLine line(2, 0, w);
     line.update(1, 10, 0.5);
     line.update(2, 10, 0.25);
     line.finish();

@@ -359,6 +359,51 @@ TEST(TrainCli, ExportCarriesTheTokenizerFilesAndLeavesAUsersModelFolderAlone) {
   EXPECT_FALSE(fs::exists(dir.path / "hf3"));
 }
 
+// A run from a Hugging Face folder writes its tokenizer and generation files into every checkpoint as they were when
+// the run started, so that an export of a step_N carries them with no --files-from; a base folder whose companion
+// name holds something else stops the run before any step, naming it.
+TEST(TrainCli, CheckpointsCarryTheBaseModelsTokenizerIntoTheirExports) {
+  const Deadline test_deadline(120);
+  TempDir dir("rt_ckpt_files");
+  const fs::path base = dir.path / "base", data = dir.path / "data.jsonl";
+  const testing::CliResult made = run_cli("init-model --arch llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 "
+                                          "--vocab 256 --out " + base.string());
+  ASSERT_EQ(made.code, 0) << made.output;
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::string tokenizer = nlohmann::json{{"ids", random_ids(rng, 8)}}.dump(), chat = "{{ messages }}";
+  std::ofstream(base / "tokenizer.json") << tokenizer;
+  std::ofstream(base / "chat_template.jinja") << chat;
+  write_data(data, "sft", 8, rng());
+  const std::string model =
+      " policy.model_name=" + base.string() + " policy.precision=float32 policy.scheduler.total_steps=10";
+  const testing::CliResult run =
+      run_cli(train_args("sft", data, dir.path, 2, 1, "train.steps=2 train.checkpoint_every=1" + model));
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ofstream(base / "tokenizer.json") << "changed after the run started";
+  for (const char* step : {"step_1", "step_2"}) {
+    SCOPED_TRACE(step);
+    const fs::path ckpt = dir.path / "ckpt" / step, hf = dir.path / (std::string("hf_") + step);
+    EXPECT_EQ(file_text(ckpt / "tokenizer.json"), tokenizer);
+    EXPECT_EQ(file_text(ckpt / "chat_template.jinja"), chat);
+    EXPECT_FALSE(fs::exists(ckpt / "generation_config.json"));  // the base has none
+    const testing::CliResult ex = run_cli("export " + ckpt.string() + " --out " + hf.string());
+    ASSERT_EQ(ex.code, 0) << ex.output;
+    EXPECT_EQ(file_text(hf / "tokenizer.json"), tokenizer);
+    EXPECT_EQ(file_text(hf / "chat_template.jinja"), chat);
+    EXPECT_EQ(file_text(hf / "model.safetensors"), file_text(ckpt / "model.safetensors"));
+  }
+  const testing::CliResult resumed =
+      run_cli(train_args("sft", data, dir.path, 2, 1, "train.steps=3 train.checkpoint_every=1" + model) + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_EQ(file_text(dir.path / "ckpt" / "step_3" / "tokenizer.json"), "changed after the run started");
+
+  fs::create_directory(base / "vocab.json");
+  const testing::CliResult odd = run_cli(train_args("sft", data, dir.path / "odd", 1, 1, "train.steps=1" + model));
+  EXPECT_NE(odd.code, 0);
+  EXPECT_NE(odd.output.find((base / "vocab.json").string() + ": not a regular file"), std::string::npos) << odd.output;
+  EXPECT_FALSE(fs::exists(dir.path / "odd" / "ckpt" / "step_1"));
+}
+
 // Ctrl-C during a run: the step in progress stops at its next microbatch on every rank (dp x cp = 2 x 2) having
 // changed nothing, the run saves the steps it finished (train.checkpoint_on_stop, on by default; off, the newest
 // checkpoint is the last of train.checkpoint_every's), says which step it stopped in and which checkpoint --resume
@@ -554,8 +599,10 @@ TEST(TrainCli, ASecondRunOnTheFoldersIsRefusedWhileTheFirstLives) {
             std::string::npos)
       << second.output;
 
-  const testing::CliResult next = run_cli(train_args("sft", data, dir.path, 1, 1, "") +
-                                          " --resume train.steps=100 policy.scheduler.kind=constant train.epochs=1");
+  // The first run's locks die with it; having saved no checkpoint, it can only be started again.
+  const testing::CliResult next =
+      run_cli(train_args("sft", data, dir.path, 1, 1, "") +
+              " --resume --overwrite-metrics train.steps=100 policy.scheduler.kind=constant train.epochs=1");
   ASSERT_EQ(next.code, 0) << next.output;
   EXPECT_NE(next.output.find("4 of 4 steps done (4 in this run); train.epochs = 1 (4 steps over this data) ended the "
                              "run before train.steps = 100"),
@@ -648,6 +695,31 @@ TEST(TrainCli, EpochsZeroLeavesTrainStepsTheLimitAndSkippedStepsAreCounted) {
                                  "no valid token: no weight changed"),
             std::string::npos)
       << one_skip.output;
+}
+
+// --resume with no checkpoint to continue from would start at step 0 and drop an earlier run's metrics: refused
+// before any step, naming the file and leaving it whole; with --overwrite-metrics the run starts again.
+TEST(TrainCli, AResumeWithoutACheckpointKeepsTheEarlierMetrics) {
+  const Deadline test_deadline(120);
+  TempDir dir("rt_train_resume_none");
+  const fs::path data = dir.path / "data.jsonl";
+  write_data(data, "sft", 8, testing::fresh_seed());
+  const std::string schedule = " train.epochs=0 policy.scheduler.total_steps=10";
+  const testing::CliResult first = run_cli(train_args("sft", data, dir.path, 1, 1, "train.steps=3" + schedule));
+  ASSERT_EQ(first.code, 0) << first.output;
+  const std::string elsewhere = schedule + " train.checkpoint_dir=" + (dir.path / "other").string();
+  const testing::CliResult resumed =
+      run_cli(train_args("sft", data, dir.path, 1, 1, "train.steps=5" + elsewhere) + " --resume");
+  EXPECT_NE(resumed.code, 0);
+  EXPECT_NE(resumed.output.find((dir.path / "metrics" / "metrics.jsonl").string() + " holds the metrics of an earlier "
+                                "run; --resume found no checkpoint in " + (dir.path / "other").string()),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(logged_steps(dir.path / "metrics"), (std::vector<int64_t>{1, 2, 3}));
+  const testing::CliResult again = run_cli(
+      train_args("sft", data, dir.path, 1, 1, "train.steps=2" + elsewhere) + " --resume --overwrite-metrics");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_EQ(logged_steps(dir.path / "metrics"), (std::vector<int64_t>{1, 2}));
 }
 
 TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {

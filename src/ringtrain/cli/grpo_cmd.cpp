@@ -84,7 +84,8 @@ void add_grpo_command(CLI::App& app) {
     const int world = static_cast<int>(c.parallel.world());
     if (!c.device.is_cuda()) check_one_process_on_cpu("ringtrain grpo", world);
     if (!o->resume && !o->overwrite_metrics && !c.train.metrics_dir.empty())  // once, before GPU ranks are started
-      worker::check_no_earlier_metrics(c.train.metrics_dir, cat(worker::kEarlierRunHint, " (train.metrics_dir)"));
+      worker::check_no_earlier_metrics(c.train.metrics_dir, worker::EarlierMetrics::RecordsOrEventFiles,
+                                       cat(worker::kEarlierRunHint, " (train.metrics_dir)"));
     // The rollouts are the data of a GRPO run: a train.data beside them would otherwise go unused unseen.
     if (!c.train.data.empty() && !(c.device.is_cuda() && inside_ranks(world)))
       std::fprintf(stderr, "ringtrain grpo: note: train.data = %s is not used: GRPO trains on its own rollouts of "

@@ -13,6 +13,7 @@
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/params.h"
 #include "ringtrain/worker/data.h"
 #include "ringtrain/worker/policy_worker.h"
@@ -97,11 +98,11 @@ void add_export_command(CLI::App& app) {
       ->required();
   cmd->add_option("--files-from", o->files_from,
                   "the folder whose tokenizer, chat template and generation config files the export copies (default: "
-                  "the checkpoint folder; a training step_N has none: give the base model's folder)");
+                  "the checkpoint folder, which for a training step_N holds those of the run's base model)");
   cmd->callback([o] {
     const model::ModelConfig m = model::load_config(o->checkpoint);
     worker::write_hf_folder(o->out, m, model::load_checkpoint_params(o->checkpoint, m),
-                            o->files_from.empty() ? o->checkpoint : o->files_from);
+                            model::read_hf_companion_files(o->files_from.empty() ? o->checkpoint : o->files_from));
   });
 }
 

@@ -191,6 +191,32 @@ const std::vector<std::string>& hf_companion_files() {
   return names;
 }
 
+CompanionFiles read_hf_companion_files(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 30;  // tokenizers are a few tens of MB
+  std::error_code ec;
+  RT_CHECK(fs::is_directory(dir, ec), dir.string(), ", where the tokenizer and generation files come from, is not a "
+           "directory");
+  CompanionFiles files;
+  for (const std::string& name : hf_companion_files()) {
+    const fs::path src = dir / name;
+    const fs::file_status st = fs::status(src, ec);
+    if (st.type() == fs::file_type::not_found) continue;
+    RT_CHECK(!ec, src.string(), ": ", ec.message());
+    RT_CHECK(st.type() == fs::file_type::regular, src.string(), ": not a regular file; ", name,
+             " is copied as a file with the model");
+    const uintmax_t size = fs::file_size(src, ec);
+    RT_CHECK(!ec && size <= kMaxBytes, src.string(), ": ", size, " bytes; a companion file of a model is at most ",
+             kMaxBytes);
+    files.emplace_back(name, read_file(src));
+  }
+  return files;
+}
+
+void write_hf_companion_files(const std::filesystem::path& dir, const CompanionFiles& files) {
+  for (const auto& [name, content] : files) write_file_atomic(dir / name, content);
+}
+
 std::string arch_class_name(Arch a) {
   switch (a) {
     case Arch::Llama: return "LlamaForCausalLM";

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -52,8 +53,15 @@ struct ModelConfig {
 };
 
 // The files of a Hugging Face model folder beside config.json and the weights that its users need: generation
-// settings, tokenizer, chat template. An export carries them over.
+// settings, tokenizer, chat template. Checkpoints and exports carry them over.
 const std::vector<std::string>& hf_companion_files();
+// Those of a folder, by name, with their contents.
+using CompanionFiles = std::vector<std::pair<std::string, std::string>>;
+// The hf_companion_files() that `dir` holds; a link is followed (the Hugging Face cache links its files into blobs).
+// An error names a companion's name that holds anything but a regular file, or a file above 1 GiB.
+CompanionFiles read_hf_companion_files(const std::filesystem::path& dir);
+// Each file written into `dir` through a temporary name and a rename.
+void write_hf_companion_files(const std::filesystem::path& dir, const CompanionFiles& files);
 
 // Parses and validates; `source` names the file in errors.
 ModelConfig parse_config(const nlohmann::json& j, const std::string& source);

@@ -250,6 +250,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   if (!root.empty()) worker::prepare_checkpoint_dir(root);
   const bool lead = world.rank() == 0;
   const worker::RunFolderLocks locks = lead ? worker::lock_run_folders(config) : worker::RunFolderLocks{};
+  if (options.resume) worker::check_resume_start(config, options.overwrite_metrics);
   // The checkpoint to continue from: the newest step_N (as `ringtrain train` writes them); none starts afresh.
   const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
   RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "
@@ -322,7 +323,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     std::fprintf(stderr, "GRPO: %lld steps of %lld prompts x %lld samples (reward %s)\n",
                  static_cast<long long>(config.train.steps - start), static_cast<long long>(P),
                  static_cast<long long>(G), g.reward.c_str());
-    progress = std::make_unique<worker::ProgressLine>(config.train.steps);
+    progress = std::make_unique<worker::ProgressLine>(config.train.steps, start);
   }
   int64_t saved = start;  // the GRPO steps of the newest checkpoint (or of none: 0)
   const auto checkpoint = [&](int64_t done) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -176,12 +177,37 @@ void remove_leftover(const fs::path& dir) {
   fs::remove(dir);
 }
 
-// A save replaces only a checkpoint folder of ours; a link is never followed, and named as what it is.
+// Whether a save writes an entry of this name and type into a checkpoint folder.
+bool saved_entry(const fs::directory_entry& e) {
+  static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)"), rank(R"(rank-\d{5}-of-\d{5}\.safetensors)");
+  const std::string name = e.path().filename().string();
+  const fs::file_type type = e.symlink_status().type();
+  if (name == "optimizer") {
+    if (type != fs::file_type::directory) return false;
+    for (const fs::directory_entry& f : fs::directory_iterator(e.path()))
+      if (f.symlink_status().type() != fs::file_type::regular ||
+          !std::regex_match(f.path().filename().string(), rank))
+        return false;
+    return true;
+  }
+  const std::vector<std::string>& companions = model::hf_companion_files();
+  return type == fs::file_type::regular &&
+         (name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json" ||
+          name == kStateFile || std::regex_match(name, shard) ||
+          std::find(companions.begin(), companions.end(), name) != companions.end());
+}
+
+// A save replaces only a checkpoint folder of ours that holds nothing but what a save writes, since the folder it
+// replaces is removed whole: an export, notes or another checkpoint put inside one are never deleted with it. A link
+// is never followed, and named as what it is.
 void check_replaceable(const fs::path& dest) {
   RT_CHECK(!fs::is_symlink(dest), "checkpoint: refusing to replace ", dest.string(), ": it is a symbolic link (to ",
            fs::read_symlink(dest).string(), "); save to the folder itself");
   RT_CHECK(is_checkpoint_dir(dest), "checkpoint: refusing to replace ", dest.string(),
            ": it is not a checkpoint folder (a directory with ", kStateFile, ")");
+  for (const fs::directory_entry& e : fs::directory_iterator(dest))
+    RT_CHECK(saved_entry(e), "checkpoint: refusing to replace ", dest.string(), ": it holds ", e.path().string(),
+             ", which a save does not write (move it out of the checkpoint, or save elsewhere)");
 }
 
 // A folder of ours removed, or an error that says what to do about it.
@@ -381,7 +407,11 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
     write_optimizer_shard(mine, trainer);
     if (options.after_file) options.after_file(mine);
     shard_bytes = static_cast<int64_t>(fs::file_size(mine));
-    if (rank == 0) lead_files = write_hf_weights(tmp, trainer, options);
+    if (rank != 0) return;
+    lead_files = write_hf_weights(tmp, trainer, options);
+    model::write_hf_companion_files(tmp, options.companions);
+    if (options.after_file)
+      for (const auto& file : options.companions) options.after_file(tmp / file.first);
   }));
   const std::vector<int64_t> sizes = all_gather_i64(world, shard_bytes);
   comm::all_or_none(world, "checkpoint save (publishing)", naming_the_save(dir_in, [&] {

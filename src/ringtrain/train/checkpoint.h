@@ -8,6 +8,7 @@
 //                                           rank r's shard: for every Hugging Face tensor its flat shard covers,
 //                                           "master@NAME@START", "exp_avg@NAME@START", "exp_avg_sq@NAME@START" (1-D,
 //                                           elements START .. START+len of the tensor in row-major order)
+//   DIR/tokenizer.json, ...                 CheckpointOptions::companions (model::hf_companion_files)
 //   DIR/trainer_state.json                  step, optimizer steps, schedule position, data position, RNG state, the
 //                                           mesh, the model's config (fingerprint), and every file with its size
 //
@@ -26,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/model/hf_config.h"
 #include "ringtrain/train/trainer.h"
 
 namespace ringtrain::train {
@@ -42,6 +44,8 @@ struct CheckpointOptions {
   int64_t max_shard_bytes = int64_t{5} << 30;  // weights above this are split into shards (as transformers does)
   // Called after each file of the save is complete (on the rank that wrote it); a throw aborts the save.
   std::function<void(const std::filesystem::path&)> after_file;
+  // The tokenizer and generation files the checkpoint carries beside the weights (not needed to resume).
+  model::CompanionFiles companions;
 };
 
 // Collective over the trainer's world; every rank gets the same error when any rank fails.

@@ -186,11 +186,12 @@ void keep_event_steps(const fs::path& path, int64_t after_step) {
 
 }  // namespace
 
-void check_no_earlier_metrics(const fs::path& dir, const std::string& hint) {
+void check_no_earlier_metrics(const fs::path& dir, EarlierMetrics what, const std::string& hint) {
   const fs::path jsonl = dir / kJsonlName;
   std::error_code ec;
   if (fs::symlink_status(jsonl, ec).type() == fs::file_type::regular && fs::file_size(jsonl, ec) > 0 && !ec)
     throw Error(cat(jsonl.string(), " holds the metrics of an earlier run; ", hint));
+  if (what == EarlierMetrics::Records) return;
   const std::vector<fs::path> events = event_files(dir);
   if (!events.empty())
     throw Error(cat(events.front().string(), " is the TensorBoard event file of an earlier run; ", hint));
@@ -266,7 +267,7 @@ MetricsWriter::MetricsWriter(const std::filesystem::path& dir, bool tensorboard,
   int flags = O_APPEND;
   switch (start.mode) {
     case MetricsStart::Mode::Fresh:
-      check_no_earlier_metrics(dir, "continue that run (--resume), replace its metrics (--overwrite-metrics), or "
+      check_no_earlier_metrics(dir, EarlierMetrics::RecordsOrEventFiles, "continue that run (--resume), replace its metrics (--overwrite-metrics), or "
                                     "choose another train.metrics_dir");
       break;
     case MetricsStart::Mode::Overwrite:
@@ -337,17 +338,18 @@ std::string progress_text(const ProgressState& s) {
   std::snprintf(loss, sizeof loss, "%.4g", s.loss);
   text += cat(" | loss ", loss);
   if (!s.note.empty()) text += " | " + s.note;
-  if (s.total_steps > 0 && s.step > 0 && s.step <= s.total_steps) {
-    text += " | ETA " + duration_text(s.elapsed_seconds / static_cast<double>(s.step) *
+  if (s.total_steps > 0 && s.step > s.first_step && s.step <= s.total_steps) {
+    text += " | ETA " + duration_text(s.elapsed_seconds / static_cast<double>(s.step - s.first_step) *
                                       static_cast<double>(s.total_steps - s.step));
   }
   return text;
 }
 
-ProgressLine::ProgressLine(int64_t total_steps, std::FILE* out)
+ProgressLine::ProgressLine(int64_t total_steps, int64_t first_step, std::FILE* out)
     : out_(out),
       tty_(::isatty(::fileno(out)) == 1),
       total_(total_steps),
+      first_(first_step),
       start_(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count()) {}
 
 void ProgressLine::update(int64_t step, int64_t step_tokens, double loss, const std::string& note) {
@@ -356,6 +358,7 @@ void ProgressLine::update(int64_t step, int64_t step_tokens, double loss, const 
   ProgressState s;
   s.step = step;
   s.total_steps = total_;
+  s.first_step = first_;
   s.elapsed_seconds = now - start_;
   s.tokens_per_second = s.elapsed_seconds > 0 ? static_cast<double>(tokens_) / s.elapsed_seconds : 0.0;
   s.loss = loss;

@@ -56,9 +56,12 @@ struct MetricsStart {
   static MetricsStart continue_after(int64_t step) { return {Mode::Continue, step}; }
 };
 
-// An error naming the file when DIR holds metrics of an earlier run (a non-empty metrics.jsonl, an event file), for
-// a fresh run to refuse before it loads any weight. `hint` ends the message (which options avoid the refusal).
-void check_no_earlier_metrics(const std::filesystem::path& dir, const std::string& hint);
+// Which files of an earlier run count: its records (a non-empty metrics.jsonl), or also an event file (one of a run
+// that took no step holds only its header).
+enum class EarlierMetrics : uint8_t { Records, RecordsOrEventFiles };
+// An error naming the file when DIR holds metrics of an earlier run, for a fresh run to refuse before it loads any
+// weight. `hint` ends the message (which options avoid the refusal).
+void check_no_earlier_metrics(const std::filesystem::path& dir, EarlierMetrics what, const std::string& hint);
 
 // metrics.jsonl (appended to what `start` keeps of an earlier run's) and, unless disabled, a new event file.
 class MetricsWriter {
@@ -81,6 +84,7 @@ class MetricsWriter {
 // What the progress line shows.
 struct ProgressState {
   int64_t step = 0, total_steps = 0;  // total 0 = unknown (no ETA)
+  int64_t first_step = 0;             // steps done before this run (a resumed run's checkpoint): not in elapsed
   double tokens_per_second = 0;
   double loss = 0;
   double elapsed_seconds = 0;
@@ -93,7 +97,8 @@ std::string progress_text(const ProgressState& s);
 // otherwise (logs stay readable).
 class ProgressLine {
  public:
-  explicit ProgressLine(int64_t total_steps, std::FILE* out = stderr);
+  // `first_step`: the steps done before this run (a resumed run's), which the ETA's pace leaves out.
+  explicit ProgressLine(int64_t total_steps, int64_t first_step = 0, std::FILE* out = stderr);
   // After each step: its tokens (all ranks) and loss; time is measured from construction.
   void update(int64_t step, int64_t step_tokens, double loss, const std::string& note = "");
   void finish();  // ends a terminal line with a newline
@@ -101,7 +106,7 @@ class ProgressLine {
  private:
   std::FILE* out_;
   bool tty_;
-  int64_t total_, tokens_ = 0;
+  int64_t total_, first_, tokens_ = 0;
   double start_;
   bool open_ = false;
 };

@@ -158,6 +158,9 @@ struct PolicyWorker::State {
   // call that has to upload them (a GPU or fp64 policy with training state), in the device's staging memory
   // (page-locked for a GPU): later calls upload these bytes as they are, at the bus's speed.
   std::shared_ptr<void> reference_image;
+  // The tokenizer and generation files of policy.model_name's folder as the worker started, which every checkpoint
+  // and export carries, so that either can be served on its own.
+  model::CompanionFiles companions;
 
   train::Trainer& trainer() {
     if (!trainer_) trainer_ = std::make_unique<train::Trainer>(trainer_config, *policy, *mesh, stop);
@@ -343,6 +346,8 @@ PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world, Star
   StartingWeights own;
   s.reference = (weights ? weights : &own)->get(config, s.model);
   s.policy = model::make_policy(s.model, s.reference, s.policy_options);
+  if (!is_builtin_model(config.policy.model_name))
+    s.companions = model::read_hf_companion_files(config.policy.model_name);
   s.trainer_config = tcfg;
 }
 
@@ -504,7 +509,7 @@ TrainResult PolicyWorker::train_rows(const TrainRowsBatch& batch) {
 }
 
 void PolicyWorker::save(const fs::path& dir, const train::TrainingProgress& position) {
-  train::save_training_checkpoint(dir, state_->trainer(), position);
+  train::save_training_checkpoint(dir, state_->trainer(), position, {.companions = state_->companions});
 }
 
 train::TrainingProgress PolicyWorker::load(const fs::path& dir) {
@@ -571,31 +576,10 @@ void remove_export_leftover(const fs::path& p) {
                     "); remove it yourself, or export elsewhere"));
 }
 
-// The companion files of `from` (model::hf_companion_files) copied into `to`; a link is followed (the Hugging Face
-// cache links its files into blobs), anything but a regular file under the name is an error naming it.
-void copy_companion_files(const fs::path& from, const fs::path& to) {
-  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 30;  // tokenizers are a few tens of MB
-  std::error_code ec;
-  RT_CHECK(fs::is_directory(from, ec), "export: ", from.string(), ", where the tokenizer and generation files come "
-           "from, is not a directory");
-  for (const std::string& name : model::hf_companion_files()) {
-    const fs::path src = from / name;
-    const fs::file_status st = fs::status(src, ec);
-    if (st.type() == fs::file_type::not_found) continue;
-    RT_CHECK(!ec, src.string(), ": ", ec.message());
-    RT_CHECK(st.type() == fs::file_type::regular, src.string(), ": not a regular file; an export copies ", name,
-             " as a file");
-    const uintmax_t size = fs::file_size(src, ec);
-    RT_CHECK(!ec && size <= kMaxBytes, src.string(), ": ", size, " bytes; a companion file of a model is at most ",
-             kMaxBytes);
-    model::write_file_atomic(to / name, model::read_file(src));
-  }
-}
-
 }  // namespace
 
 void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, const std::vector<float>& values,
-                     const fs::path& companions_from) {
+                     const model::CompanionFiles& companions) {
   RT_CHECK(!dir.empty(), "export: the output folder is empty");
   fs::path dest = dir.lexically_normal();
   if (!dest.has_filename()) dest = dest.parent_path();  // "out/" is the folder out, never what a link there points to
@@ -612,7 +596,7 @@ void write_hf_folder(const fs::path& dir, const model::ModelConfig& config, cons
     model::write_config(tmp, config);
     model::write_safetensors(tmp / "model.safetensors",
                              model::params_to_tensors(model::ParamLayout(config), values.data(), config.dtype));
-    if (!companions_from.empty()) copy_companion_files(companions_from, tmp);
+    model::write_hf_companion_files(tmp, companions);
     model::write_file_atomic(tmp / kFinishedExport, "");
     staging.publish(dest, old, [](const fs::path& p) { check_replaceable_export(p, ExportFolder::Destination); });
   });
@@ -624,8 +608,7 @@ void PolicyWorker::export_hf(const fs::path& dir) {
     if (s.world->rank() != 0) return;  // every rank holds all weights
     model::ModelConfig config = s.model;
     config.dtype = s.policy->dtype() == DType::BF16 ? DType::BF16 : DType::F32;
-    const std::string& source = s.config.policy.model_name;
-    write_hf_folder(dir, config, s.policy->params(), is_builtin_model(source) ? fs::path() : fs::path(source));
+    write_hf_folder(dir, config, s.policy->params(), s.companions);
   });
 }
 

@@ -119,12 +119,13 @@ class PolicyWorker {
   // train() checks samples, the token ids and masks on the device. A policy on the host: an error.
   TrainResult train_rows(const TrainRowsBatch& batch);
 
-  // Training state (checkpoint.h): weights, optimizer shards, counters, data position. load() leaves the reference
+  // Training state (checkpoint.h): weights, optimizer shards, counters, data position, and the tokenizer and
+  // generation files of policy.model_name's folder as the worker read them at its start. load() leaves the reference
   // weights as they were (the config's model).
   void save(const std::filesystem::path& dir, const train::TrainingProgress& position = {});
   train::TrainingProgress load(const std::filesystem::path& dir);
   // The current weights as a Hugging Face checkpoint (config.json + safetensors, and the tokenizer and generation
-  // files of policy.model_name's folder), written atomically by rank 0 (write_hf_folder); collective: every rank
+  // files of policy.model_name's folder as the worker read them at its start), written atomically by rank 0 (write_hf_folder); collective: every rank
   // returns or throws rank 0's error.
   void export_hf(const std::filesystem::path& dir);
   // The tensors an inference engine receives, in layout order (a tied lm_head is served by the embedding), with the
@@ -136,10 +137,10 @@ class PolicyWorker {
   std::unique_ptr<State> state_;
 };
 
-// config.json + model.safetensors (in config.dtype), and the model::hf_companion_files() that `companions_from`
-// holds (none when empty), written into DIR.exporting, then renamed to DIR; an existing DIR is replaced only when it
-// is a directory holding nothing but such files (an earlier export) or nothing.
+// config.json + model.safetensors (in config.dtype) and `companions`, written into DIR.exporting, then renamed to DIR;
+// an existing DIR is replaced only when it is a directory holding nothing but such files (an earlier export) or
+// nothing.
 void write_hf_folder(const std::filesystem::path& dir, const model::ModelConfig& config,
-                     const std::vector<float>& values, const std::filesystem::path& companions_from = {});
+                     const std::vector<float>& values, const model::CompanionFiles& companions = {});
 
 }  // namespace ringtrain::worker

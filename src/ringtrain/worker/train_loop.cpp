@@ -133,10 +133,21 @@ MetricsStart metrics_start(bool resume, bool overwrite_metrics, int64_t resumed_
   return resume ? MetricsStart::continue_after(resumed_step) : MetricsStart::fresh();
 }
 
+void check_resume_start(const Config& c, bool overwrite_metrics) {
+  if (overwrite_metrics || c.train.metrics_dir.empty() || c.train.checkpoint_dir.empty() ||
+      newest_checkpoint(c.train.checkpoint_dir))
+    return;
+  check_no_earlier_metrics(c.train.metrics_dir, EarlierMetrics::Records,
+                           cat("--resume found no checkpoint in ", c.train.checkpoint_dir, " (train.checkpoint_dir), "
+                               "so the run would start again at step 0 and drop them: pass --overwrite-metrics to "
+                               "replace them, or set train.checkpoint_dir to that run's checkpoints"));
+}
+
 void check_fresh_run(const Config& c, const TrainRunOptions& o) {
   if (o.resume) return;
   if (!o.overwrite_metrics && !c.train.metrics_dir.empty())
-    check_no_earlier_metrics(c.train.metrics_dir, cat(kEarlierRunHint, " (train.metrics_dir)"));
+    check_no_earlier_metrics(c.train.metrics_dir, EarlierMetrics::RecordsOrEventFiles,
+                             cat(kEarlierRunHint, " (train.metrics_dir)"));
   if (c.train.checkpoint_dir.empty()) return;
   const std::optional<fs::path> earlier = newest_checkpoint(c.train.checkpoint_dir);
   RT_CHECK(!earlier, earlier ? earlier->string() : "", " is a checkpoint of an earlier run: pass --resume to continue "
@@ -166,6 +177,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   check_fresh_run(c, o);
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
   const RunFolderLocks locks = lead ? lock_run_folders(c) : RunFolderLocks{};
+  if (o.resume) check_resume_start(c, o.overwrite_metrics);  // every rank, before the lead writes any metric
   PolicyWorker worker(c, world, o.starting_weights, o.stop);
   if (lead) remove_save_leftovers(c, "train");  // after the worker's collective start: every rank checked the folder
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
@@ -202,7 +214,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   if (lead && !c.train.metrics_dir.empty())
     metrics = std::make_unique<MetricsWriter>(c.train.metrics_dir, true,
                                               metrics_start(o.resume, o.overwrite_metrics, step));
-  if (lead && o.progress) progress = std::make_unique<ProgressLine>(total);
+  if (lead && o.progress) progress = std::make_unique<ProgressLine>(total, step);
 
   int64_t saved = step;  // the steps of the newest checkpoint (or of none: 0)
   const auto checkpoint = [&](int64_t done) {

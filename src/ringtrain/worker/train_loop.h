@@ -47,10 +47,14 @@ constexpr const char* kEarlierRunHint =
 // `resumed_step` steps, kept up to that step (the later ones are written again).
 MetricsStart metrics_start(bool resume, bool overwrite_metrics, int64_t resumed_step);
 
-// The checks of a run's folders that need no weights, for a run that neither resumes nor overwrites: metrics of an
+// The checks of a run's folders that need no weights. For a run that neither resumes nor overwrites: metrics of an
 // earlier run in train.metrics_dir, a checkpoint step_N in train.checkpoint_dir (a later --resume would mix the
 // two runs). Errors name the file or folder.
 void check_fresh_run(const Config& c, const TrainRunOptions& o);
+// For a run that resumes without --overwrite-metrics, once it holds its folders: an error naming the file when
+// train.checkpoint_dir holds no checkpoint to continue from but train.metrics_dir holds an earlier run's records,
+// which a run from step 0 would drop.
+void check_resume_start(const Config& c, bool overwrite_metrics);
 
 // The steps the run takes in all (train.steps and train.epochs over `units` batches' worth of data).
 int64_t total_train_steps(const Config& c, int64_t units);
