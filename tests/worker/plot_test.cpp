@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <random>
 #include <regex>
 
@@ -146,6 +147,63 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
   EXPECT_EQ(model::read_file(dir / "metrics.jsonl"), "{\"step\": 1}\n");
   // A hidden file named ".svg" has no extension: the same refusal, whose message fits it too.
   EXPECT_NE(error_of_writing(dir / ".svg").find(".svg: the curves go to a file named NAME.svg"), std::string::npos);
+}
+
+// Values a few ulps apart (a metric that does not move), spans of 1e-9 of their size, and huge or tiny magnitudes:
+// every coordinate finite, ticks covering the data, and no two tick labels of an axis the same.
+TEST(WorkerPlot, NarrowSpansGetFiniteCoordinatesAndDistinctLabels) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const auto ulps = [](double v, int n) {
+    for (int i = 0; i < n; ++i) v = std::nextafter(v, INFINITY);
+    return v;
+  };
+  const double base = std::exp(std::uniform_real_distribution<double>(-14, 16)(rng));
+  const std::vector<std::pair<double, double>> spans = {
+      {0.013231498163515324, 0.013231498163515326}, {1e12, 1000000000000.0001}, {base, ulps(base, 3)},
+      {5.545177459716797, 5.545177459716797 * (1 + 1e-9)}, {-2.5e-7, -2.5e-7 * (1 - 1e-8)}, {0, 0}, {7, 7}};
+  for (const auto& [a, b] : spans) {
+    SCOPED_TRACE(::testing::Message() << std::setprecision(17) << a << " .. " << b);
+    const std::string svg = render_svg({{"loss", {1, 2, 3}, {a, b, a}}}, "t");
+    EXPECT_EQ(svg.find("nan"), std::string::npos);
+    EXPECT_EQ(svg.find("inf"), std::string::npos);
+    std::vector<double> tick_values;
+    for (const auto& [value, pixel] : ticks(svg, "ytick", "y1")) {
+      EXPECT_TRUE(std::isfinite(value) && std::isfinite(pixel));
+      tick_values.push_back(value);
+    }
+    ASSERT_GE(tick_values.size(), 2u);
+    EXPECT_LE(tick_values.front(), std::min(a, b));
+    EXPECT_GE(tick_values.back(), std::max(a, b));
+    std::vector<std::string> labels;
+    const std::regex label("<text class=\"ytick-label\"[^>]*>([^<]*)</text>");
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), label); it != std::sregex_iterator(); ++it)
+      labels.push_back((*it)[1].str());
+    std::sort(labels.begin(), labels.end());
+    EXPECT_EQ(std::adjacent_find(labels.begin(), labels.end()), labels.end()) << svg;
+  }
+}
+
+// Titles and metric names are written as XML 1.0 text: bytes that are not UTF-8 become U+FFFD, characters XML does
+// not allow are left out, and valid UTF-8 passes as it is.
+TEST(WorkerPlot, TextThatIsNotUtf8BecomesValidXml) {
+  const std::string title = "caf\xe9 \xff\xfe \xed\xa0\x80 \xef\xbf\xbf \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 \xe2\x82";
+  const std::string svg = render_svg({{"r\xef\xbf\xbe", {1, 2}, {1, 2}}}, title);
+  const std::string replacement = "\xef\xbf\xbd";
+  EXPECT_NE(svg.find(">caf" + replacement + " " + replacement + replacement + " " + replacement + replacement +
+                     replacement + "  \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 " + replacement + replacement + "</text>"),
+            std::string::npos)
+      << svg;
+  EXPECT_NE(svg.find("data-metric=\"r\""), std::string::npos);
+}
+
+// The last line of a file without its newline is a record when it parses (a file a tool wrote without the final
+// newline); a torn one is the run's last write and skipped (PanelsAndPointsMatchTheData).
+TEST(WorkerPlot, AWholeLastLineWithoutItsNewlineCounts) {
+  const testing::TempDir tmp("rt_plot_last");
+  std::ofstream(tmp.path / "m.jsonl") << "{\"step\":1,\"loss\":2}\n{\"step\":2,\"loss\":1}\n{\"step\":3,\"loss\":0.5}";
+  const std::vector<Series> all = read_metrics(tmp.path / "m.jsonl");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].values, (std::vector<double>{2, 1, 0.5}));
 }
 
 TEST(WorkerPlot, BadInputsAreNamed) {

@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -24,19 +25,47 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
+// The length of the UTF-8 sequence at s[i] and its code point, or 0 where the bytes there are not UTF-8 (a stray
+// continuation byte, a cut or overlong sequence, a surrogate, a code point above U+10FFFF).
+size_t utf8_sequence(const std::string& s, size_t i, uint32_t& code) {
+  const auto byte = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  const unsigned b0 = byte(i);
+  const auto continuation = [&](size_t k) { return (byte(k) & 0xC0u) == 0x80u; };
+  if (b0 < 0x80) return code = b0, 1;
+  if (b0 >= 0xC2 && b0 <= 0xDF && continuation(i + 1)) return code = (b0 & 0x1Fu) << 6 | (byte(i + 1) & 0x3Fu), 2;
+  if (b0 >= 0xE0 && b0 <= 0xEF && continuation(i + 1) && continuation(i + 2)) {
+    code = (b0 & 0x0Fu) << 12 | (byte(i + 1) & 0x3Fu) << 6 | (byte(i + 2) & 0x3Fu);
+    return code >= 0x800 && (code < 0xD800 || code > 0xDFFF) ? 3 : 0;
+  }
+  if (b0 >= 0xF0 && b0 <= 0xF4 && continuation(i + 1) && continuation(i + 2) && continuation(i + 3)) {
+    code = (b0 & 0x07u) << 18 | (byte(i + 1) & 0x3Fu) << 12 | (byte(i + 2) & 0x3Fu) << 6 | (byte(i + 3) & 0x3Fu);
+    return code >= 0x10000 && code <= 0x10FFFF ? 4 : 0;
+  }
+  return 0;
+}
+
+// Text as XML 1.0 takes it: markup characters escaped; bytes that are not UTF-8 (a path in another encoding) shown as
+// U+FFFD; control characters other than tab, U+FFFE and U+FFFF, which XML does not allow, left out.
 std::string xml_escape(const std::string& s) {
   std::string out;
-  for (char c : s) {
-    switch (c) {
+  for (size_t i = 0; i < s.size();) {
+    uint32_t code = 0;
+    const size_t n = utf8_sequence(s, i, code);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+      continue;
+    }
+    switch (code) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
       case '\'': out += "&apos;"; break;
       default:
-        // Control characters are not allowed in XML 1.0 text.
-        if (static_cast<unsigned char>(c) >= 0x20 || c == '\t') out += c;
+        if ((code >= 0x20 || code == '\t') && code != 0xFFFE && code != 0xFFFF) out.append(s, i, n);
     }
+    i += n;
   }
   return out;
 }
@@ -47,9 +76,11 @@ struct Ticks {
 
 // Round tick values (1, 2 or 5 times a power of ten) covering [min, max] with about `target` intervals.
 Ticks nice_ticks(double min, double max, int target, const std::string& what) {
-  if (!(max > min)) {  // one value: a range around it
-    const double pad = min == 0 ? 1.0 : std::abs(min) * 0.1;
-    min -= pad, max += pad;
+  // One value, or values apart by less than 1e-12 of their size (the last bits of a metric that does not move, which
+  // no tick step could tell apart): a range around their middle.
+  if (!(max - min > 1e-12 * std::max(std::abs(min), std::abs(max)))) {
+    const double mid = min + (max - min) / 2, pad = mid == 0 ? 1.0 : std::abs(mid) * 0.1;
+    min = mid - pad, max = mid + pad;
   }
   const double raw = (max - min) / target;
   RT_CHECK(std::isfinite(raw) && raw > 0, what, " spans [", min, ", ", max,
@@ -57,16 +88,23 @@ Ticks nice_ticks(double min, double max, int target, const std::string& what) {
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   const double f = raw / mag;
   const double step = (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
-  return {std::floor(min / step) * step, std::ceil(max / step) * step, step};
+  const Ticks t{std::floor(min / step) * step, std::ceil(max / step) * step, step};
+  RT_CHECK(t.hi > t.lo && t.lo <= min && t.hi >= max, what, " spans [", min, ", ", max, "], which ticks of ", step,
+           " cannot cover");
+  return t;
 }
 
-// Tick labels: few digits, but enough to tell neighbouring ticks apart.
-std::string tick_label(double v, double step) {
-  if (std::abs(v) < step * 1e-9) v = 0;  // -0 and rounding noise at zero
+// Tick labels: few digits, but enough to tell neighbouring ticks of the axis apart.
+std::string tick_label(double v, const Ticks& t) {
+  if (std::abs(v) < t.step * 1e-9) v = 0;  // -0 and rounding noise at zero
   const double a = std::abs(v);
-  if (a != 0 && (a >= 1e6 || a < 1e-3)) return fmt("%.3g", v);
-  const int decimals = std::max(0, static_cast<int>(std::ceil(-std::log10(step) - 1e-9)));
-  return fmt(cat("%.", std::min(decimals, 6), "f").c_str(), v);
+  if (a != 0 && (a >= 1e6 || a < 1e-3)) {
+    const double top = std::max(std::abs(t.lo), std::abs(t.hi));
+    const int digits = static_cast<int>(std::floor(std::log10(top)) - std::floor(std::log10(t.step))) + 1;
+    return fmt(cat("%.", std::clamp(digits, 3, 15), "g").c_str(), v);
+  }
+  const int decimals = std::max(0, static_cast<int>(std::ceil(-std::log10(t.step) - 1e-9)));
+  return fmt(cat("%.", std::min(decimals, 15), "f").c_str(), v);
 }
 
 void render_panel(std::string& svg, const Series& s, double y0) {
@@ -91,7 +129,7 @@ void render_panel(std::string& svg, const Series& s, double y0) {
         cat("<line class=\"xtick\" data-value=\"", fmt("%.17g", v), "\" x1=\"", fmt("%.2f", x), "\" y1=\"",
             fmt("%.2f", py1), "\" x2=\"", fmt("%.2f", x), "\" y2=\"", fmt("%.2f", py1 + 5), "\" stroke=\"#333\"/>\n");
     svg += cat("<text class=\"xtick-label\" x=\"", fmt("%.2f", x), "\" y=\"", fmt("%.2f", py1 + 19),
-               "\" text-anchor=\"middle\" font-size=\"12\">", tick_label(v, xt.step), "</text>\n");
+               "\" text-anchor=\"middle\" font-size=\"12\">", tick_label(v, xt), "</text>\n");
   }
   const int ny = static_cast<int>(std::llround((yt.hi - yt.lo) / yt.step));
   for (int i = 0; i <= ny; ++i) {
@@ -101,7 +139,7 @@ void render_panel(std::string& svg, const Series& s, double y0) {
     svg += cat("<line class=\"ytick\" data-value=\"", fmt("%.17g", v), "\" x1=\"", fmt("%.2f", px0 - 5), "\" y1=\"",
                fmt("%.2f", y), "\" x2=\"", fmt("%.2f", px0), "\" y2=\"", fmt("%.2f", y), "\" stroke=\"#333\"/>\n");
     svg += cat("<text class=\"ytick-label\" x=\"", fmt("%.2f", px0 - 8), "\" y=\"", fmt("%.2f", y + 4),
-               "\" text-anchor=\"end\" font-size=\"12\">", tick_label(v, yt.step), "</text>\n");
+               "\" text-anchor=\"end\" font-size=\"12\">", tick_label(v, yt), "</text>\n");
   }
   svg += cat("<rect class=\"frame\" x=\"", fmt("%.2f", px0), "\" y=\"", fmt("%.2f", py0), "\" width=\"",
              fmt("%.2f", px1 - px0), "\" height=\"", fmt("%.2f", py1 - py0), "\" fill=\"none\" stroke=\"#333\"/>\n");
@@ -128,14 +166,20 @@ std::vector<Series> read_metrics(const std::filesystem::path& jsonl) {
   std::map<std::string, size_t> index;
   int64_t lineno = 0;
   for (size_t pos = 0; pos < text.size();) {
-    const size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) break;  // a line still being written when the run stopped
+    const size_t nl = std::min(text.find('\n', pos), text.size());
+    const bool last_unended = nl == text.size();  // a whole record without its newline, or one still being written
     const std::string_view line(text.data() + pos, nl - pos);
     pos = nl + 1;
     ++lineno;
     const std::string where = cat(jsonl.string(), ":", lineno);
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const nlohmann::ordered_json j = parse_json_line(line, 1, where);  // an object of scalars
+    nlohmann::ordered_json j;
+    try {
+      j = parse_json_line(line, 1, where);  // an object of scalars
+    } catch (const Error&) {
+      if (last_unended) break;  // the run was writing it when it stopped
+      throw;
+    }
     RT_CHECK(j.is_object() && j.contains("step") && j["step"].is_number(), where,
              ": expected an object with a numeric \"step\"");
     const double step = j["step"].get<double>();
