@@ -1,11 +1,13 @@
 // Errors: one exception type carrying a message that names what was wrong (file, key, shape).
 #pragma once
 
+#include <charconv>
 #include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace ringtrain {
@@ -20,11 +22,26 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(printable(what)) {}
 };
 
+namespace detail {
+// A floating-point value as the shortest text that reads back as it (1.0000001 stays 1.0000001, where a stream's six
+// digits would say 1 and make "1 must be in (0, 1]" of it); anything else as a stream writes it.
+template <typename T>
+void put(std::ostringstream& os, T&& v) {
+  if constexpr (std::is_floating_point_v<std::remove_cvref_t<T>>) {
+    char buf[64];
+    const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, v);
+    os.write(buf, r.ptr - buf);
+  } else {
+    os << std::forward<T>(v);
+  }
+}
+}  // namespace detail
+
 // Concatenates any streamable values: cat("shape ", 3, "x", 4).
 template <typename... Args>
 std::string cat(Args&&... args) {
   std::ostringstream os;
-  (os << ... << std::forward<Args>(args));
+  (detail::put(os, std::forward<Args>(args)), ...);
   return os.str();
 }
 
