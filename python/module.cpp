@@ -214,6 +214,7 @@ class Worker {
   void save(const std::string& dir, int64_t epoch, int64_t index, const std::string& rng) {
     train::TrainingProgress p;
     p.epoch = epoch, p.index = index, p.rng = rng;
+    const InFlight call(*this);
     py::gil_scoped_release unlocked;
     const std::lock_guard<std::mutex> one_call(mu_);
     group_->run([&](int, worker::PolicyWorker& w) { w.save(dir, p); });
@@ -222,6 +223,7 @@ class Worker {
   py::dict load(const std::string& dir) {
     train::TrainingProgress p;
     {
+      const InFlight call(*this);
       py::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_call(mu_);
       group_->run([&](int i, worker::PolicyWorker& w) {
@@ -237,6 +239,7 @@ class Worker {
   }
 
   void export_hf(const std::string& dir) {
+    const InFlight call(*this);
     py::gil_scoped_release unlocked;
     const std::lock_guard<std::mutex> one_call(mu_);
     group_->run([&](int, worker::PolicyWorker& w) { w.export_hf(dir); });
@@ -317,6 +320,21 @@ class Worker {
   std::string device() const { return device_name(config_.device); }
   int64_t steps_taken() const { return group_->lead().steps_taken(); }
 
+  // At the interpreter's exit (atexit, before it stops daemon threads and destroys the C++ statics): later calls are
+  // refused and calls under way stop at their next microbatch or token; the caller waits for calls_in_flight() to be 0.
+  void close_at_exit() {
+    group_->mark_unusable("the Python interpreter is exiting");
+    stop_.request();
+  }
+  int calls_in_flight() const { return calls_; }
+  // In the child of a fork: a call that another thread had under way is gone with that thread, leaving the worker's
+  // lock held and its ranks' state unknown.
+  void after_fork_in_child() {
+    if (calls_ == 0) return;
+    group_->mark_unusable("the process forked while another thread was in a call of it");
+    calls_ = 0;
+  }
+
  private:
   // What a SIGINT that came after the call's last stop check does once the call has returned.
   enum class LateSigint : uint8_t {
@@ -331,6 +349,7 @@ class Worker {
     const bool take = python_takes_sigint_here();
     bool interrupted = false, caught = false;
     {
+      const InFlight call(*this);
       py::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_call(mu_);
       const SigintToStop sigint(stop_, take, caught);
@@ -361,8 +380,26 @@ class Worker {
     }
   }
 
+  // A call from its entry to its return to Python, both with the GIL: counted, so that the interpreter's exit can wait
+  // for the calls of daemon threads to leave C++ (close_at_exit) and a forked child knows that one was under way.
+  // Refused on a group that cannot be used.
+  class InFlight {
+   public:
+    explicit InFlight(Worker& w) : w_(w) {
+      w_.group_->check_usable();
+      ++w_.calls_;
+    }
+    ~InFlight() { --w_.calls_; }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+
+   private:
+    Worker& w_;
+  };
+
   worker::Config config_;
   model::ModelConfig model_;
+  int calls_ = 0;     // InFlight calls; read and written with the GIL held
   StopRequest stop_;  // set by Ctrl-C during a call of the main thread; read by every rank of this process
   std::unique_ptr<WorkerGroup> group_;
   std::mutex mu_;  // one call at a time: Python threads may share the worker while the GIL is released
@@ -437,7 +474,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("world_size", initialized(&Worker::world_size))
       .def_property_readonly("local_ranks", initialized(&Worker::local_ranks))
       .def_property_readonly("device", initialized(&Worker::device))
-      .def_property_readonly("steps_taken", initialized(&Worker::steps_taken));
+      .def_property_readonly("steps_taken", initialized(&Worker::steps_taken))
+      .def("close_at_exit", initialized(&Worker::close_at_exit))
+      .def_property_readonly("calls_in_flight", initialized(&Worker::calls_in_flight))
+      .def("after_fork_in_child", initialized(&Worker::after_fork_in_child));
 
   m.def(
       "resolve_config",

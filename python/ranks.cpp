@@ -68,8 +68,12 @@ void WorkerGroup::run(const std::function<void(int, worker::PolicyWorker&)>& fn)
   run_ranks([&](int r) { fn(r, *workers_[static_cast<size_t>(r)]); });
 }
 
-void WorkerGroup::run_ranks(const std::function<void(int)>& fn) {
+void WorkerGroup::check_usable() const {
   RT_CHECK(broken_.empty(), "this PolicyWorker cannot be used any more: ", broken_, "; make a new one");
+}
+
+void WorkerGroup::run_ranks(const std::function<void(int)>& fn) {
+  check_usable();
   const int n = static_cast<int>(comms_.size());
   const bool collective = comms_.front()->size() > 1;
   std::vector<std::exception_ptr> errors;

@@ -43,11 +43,18 @@ KeyboardInterrupt out of train means the step changed nothing. A Ctrl-C that com
 microbatch is reported on stderr and the step's result returned. With a SIGINT handler of your own installed, the
 call runs to its end and your handler runs after it (after a train step: with the step applied, whatever the
 handler raises).
+
+Exit and fork: when the interpreter exits, calls that daemon threads still have under way stop at their next
+microbatch (or token) and the exit waits for them; later calls raise ringtrain.Error. A process forked while another
+thread was in a call of a worker cannot use that worker (its calls raise ringtrain.Error): make a new one there.
 """
 
+import atexit as _atexit
 import json as _json
 import operator as _operator
 import os as _os
+import time as _time
+import weakref as _weakref
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 
 from . import _core
@@ -167,6 +174,8 @@ def _real(value, name):
     if not isinstance(value, (bool, str, bytes)):
         try:
             return float(value)
+        except OverflowError:
+            raise ValueError(f"{name}: {value!r:.40} is too large for a float") from None
         except (TypeError, ValueError):
             pass
     raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r:.40}")
@@ -225,6 +234,33 @@ def _results(out, device):
     return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
 
 
+# The workers alive in this process, for the hooks below.
+_live_workers = _weakref.WeakSet()
+
+
+@_atexit.register
+def _close_workers_at_exit():
+    # A daemon thread may be inside a call (in C++, without the GIL) when the interpreter exits: the interpreter would
+    # stop it when it takes the GIL back, in the middle of C++ frames, and the C++ statics it uses are destroyed after
+    # this hook. So every worker refuses later calls, the calls under way stop at their next microbatch or token, and
+    # the hook waits (releasing the GIL) until they have returned to Python.
+    cores = [w._w for w in list(_live_workers)]
+    for core in cores:
+        core.close_at_exit()
+    deadline = _time.monotonic() + 120
+    while any(core.calls_in_flight for core in cores) and _time.monotonic() < deadline:
+        _time.sleep(0.005)
+
+
+def _after_fork_in_child():
+    for w in list(_live_workers):
+        w._w.after_fork_in_child()
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class PolicyWorker:
     """One policy worker per rank (all of this process's ranks on the CPU), made from a run config.
 
@@ -236,6 +272,7 @@ class PolicyWorker:
 
     def __init__(self, config, overrides=None, *, timeout_s=600.0):
         self._w = _core.PolicyWorker(*_config_args(config, overrides), _real(timeout_s, "timeout_s"))
+        _live_workers.add(self)
 
     def get_logprobs(self, batch, with_entropy=False):
         """{'logprobs': [B, S] float32} (and 'entropy' with with_entropy): entry p = log p(token p | tokens < p)."""
