@@ -340,6 +340,8 @@ expect_error train-fresh-over-events 'earlier_events/events.out.tfevents.1.host 
   "$bin" train --config run.yaml train.metrics_dir=earlier_events
 grep -q '"loss":2.5' earlier_run/metrics.jsonl || { echo "FAIL train-fresh-over-metrics: the metrics were changed"; failures=$((failures + 1)); }
 printf '{"step":1}\nnot a record\n' > earlier_run/metrics.jsonl
+expect_error config-override-two-documents 'train_micro_batch_size=1.*---.*2.: the value holds 2 YAML documents' \
+  "$bin" config run.yaml $'policy.train_micro_batch_size=1\n---\n2'
 expect_error train-resume-foreign-metrics 'earlier_run/metrics.jsonl holds the metrics of an earlier run; --resume found no checkpoint in ckpt_new' \
   "$bin" train --config run.yaml train.metrics_dir=earlier_run train.checkpoint_dir=ckpt_new --resume
 # logprobs option pairs where one would be ignored
@@ -399,10 +401,10 @@ expect_error resume-copied-checkpoint 'tampered/step_9: its trainer_state.json r
   "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
 rm -rf tampered/step_9
 sed -i 's/"epoch": 0,/"epoch": 2305843009213693952,/' tampered/step_2/trainer_state.json
-expect_error resume-epoch-overflow 'data position \(epoch 2305843009213693952, index 2\): .* overflows 64 bits' \
+expect_error resume-epoch-too-large 'data.epoch = 2305843009213693952: expected an integer in \[0, 2\^53\]' \
   "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
 sed -i 's/"epoch": 2305843009213693952,/"epoch": 0.5,/' tampered/step_2/trainer_state.json
-expect_error resume-fractional-epoch 'data.epoch = 0.5: expected a non-negative integer' \
+expect_error resume-fractional-epoch 'data.epoch = 0.5: expected an integer in \[0, 2\^53\]' \
   "$bin" train --config run.yaml train.data=four.jsonl train.steps=4 train.checkpoint_dir=tampered --resume
 sed -i 's/"epoch": 0.5,/"epoch": 0,/; s/"dp": 1/"dp": 0/' tampered/step_2/trainer_state.json
 expect_error resume-mesh-edited 'mesh 0 x 1 does not match its 1 optimizer files' \

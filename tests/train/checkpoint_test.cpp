@@ -17,6 +17,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -262,7 +263,10 @@ TEST(TrainCheckpoint, DamagedOrForeignCheckpointsAreNamed) {
   e = with_state([](nlohmann::json& j) { j["mesh"]["cp"] = 4; });
   EXPECT_NE(e.find("mesh 2 x 4 does not match its 4 optimizer files"), std::string::npos) << e;
   e = with_state([](nlohmann::json& j) { j["mesh"]["dp"] = -1; });
-  EXPECT_NE(e.find("mesh.dp = -1: expected a non-negative integer"), std::string::npos) << e;
+  EXPECT_NE(e.find("mesh.dp = -1: expected an integer in [0, 2^53]"), std::string::npos) << e;
+  // A step counter the next step would overflow.
+  e = with_state([](nlohmann::json& j) { j["step"] = std::numeric_limits<int64_t>::max(); });
+  EXPECT_NE(e.find("step = 9223372036854775807: expected an integer in [0, 2^53]"), std::string::npos) << e;
   e = with_state([](nlohmann::json& j) { j["master_dtype"] = "int32"; });
   EXPECT_NE(e.find("master_dtype = 'int32': expected fp64, fp32, bf16 or fp16"), std::string::npos) << e;
   // A float dtype other than the files': the first piece read names it.

@@ -457,9 +457,10 @@ TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& train
       check_files(dir, st.at("files"), state_path);
       check_same_model(dir / "config.json", trainer.policy().config());
       // get<int64_t> would truncate 4.7 to 4 and wrap 2^64 - 1 to -1.
+      // Up to 2^53, more steps than any run takes: the counters grow with every step and must not overflow.
       const auto counter = [&](const json& v, const char* key) {
-        RT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, state_path.string(), ": ", key, " = ",
-                 json_excerpt(v), ": expected a non-negative integer");
+        RT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= (int64_t{1} << 53),
+                 state_path.string(), ": ", key, " = ", json_excerpt(v), ": expected an integer in [0, 2^53]");
         return v.get<int64_t>();
       };
       steps = counter(st.at("step"), "step");

@@ -604,6 +604,8 @@ std::string apply_override(Config& c, const std::string& text) {
     RT_CHECK(!value_text.starts_with(bom), where,
              ": the value starts with a byte-order mark, which YAML would take for the text's encoding; quote it");
   try {
+    const size_t documents = YAML::LoadAll(value_text).size();  // Load would read the first and drop the others
+    RT_CHECK(documents <= 1, where, ": the value holds ", documents, " YAML documents (separated by ---); quote it");
     value = YAML::Load(value_text);
   } catch (const YAML::Exception& e) {
     throw Error(cat(where, ": the value is not YAML: ", yaml_error_text(e)));
