@@ -291,7 +291,7 @@ class PolicyWorker:
         """One optimizer step on exactly policy.train_global_batch_size sequences (DPO: pairs as consecutive rows,
         chosen first). Returns a dict: step, loss, grad_norm, lr, valid_tokens, valid_sequences, skipped,
         tokens_per_second, seconds, microbatch_losses (this process's first rank) and metrics (the loss's
-        metrics over the whole batch). When every array of the batch is a PyTorch CUDA tensor on this worker's GPU, the
+        metrics over the whole batch; NaN where the batch counted no token or pair). When every array of the batch is a PyTorch CUDA tensor on this worker's GPU, the
         batch is read in place and the step's per-token values never leave the GPU (masks and token ids are checked
         there: a bad value raises ringtrain.Error naming it)."""
         if _zero_copy_train(batch, self._w.zero_copy_device):

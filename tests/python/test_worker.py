@@ -290,9 +290,13 @@ class TestMultiRank(unittest.TestCase):
         before = w.get_logprobs({"input_ids": ids})["logprobs"]
         r = w.train({"input_ids": ids, "sample_mask": np.zeros(4, np.float32)})
         self.assertEqual((r["skipped"], r["valid_tokens"]), (True, 0))
+        # No pair counted: the metrics have no value (NaN, null in metrics.jsonl), not a 0 that reads as measured.
+        self.assertIn("reward_accuracy", r["metrics"])
+        self.assertTrue(all(math.isnan(v) for v in r["metrics"].values()), r["metrics"])
         np.testing.assert_array_equal(w.get_logprobs({"input_ids": ids})["logprobs"], before)
         r = w.train({"input_ids": ids})
         self.assertFalse(r["skipped"])
+        self.assertTrue(all(math.isfinite(v) for v in r["metrics"].values()), r["metrics"])
         self.assertTrue(math.isfinite(r["loss"]) and r["valid_tokens"] > 0)
         self.assertFalse(np.array_equal(w.get_logprobs({"input_ids": ids})["logprobs"], before))
 

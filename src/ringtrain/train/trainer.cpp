@@ -430,7 +430,7 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   out.loss = sums[0];
   for (size_t i = 0; i < metric_sums.size(); ++i) {
     const double sum = sums[1 + 2 * i], count = sums[2 + 2 * i];
-    out.metrics.push_back({metric_sums[i].name, count > 0 ? sum / count : 0.0, count});
+    out.metrics.push_back({metric_sums[i].name, count > 0 ? sum / count : kNoValue, count});
   }
 
   apply_gradients(out, on_phase_end);

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,13 @@ struct TrainerConfig {
   ScheduleConfig schedule;
 };
 
+// A metric's value where nothing was counted (a step with no valid token or pair): none, which metrics.jsonl writes
+// as null, rather than a 0 that reads as a measured ratio or KL.
+inline constexpr double kNoValue = std::numeric_limits<double>::quiet_NaN();
+
 struct Metric {
   std::string name;
-  double value = 0;  // global sum / global count
+  double value = 0;  // global sum / global count; kNoValue when the count is 0
   double count = 0;
 };
 

@@ -266,7 +266,7 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
   for (size_t j = 0; j < names.size(); ++j) {
     const double count = dpo ? (names[j] == "chosen_nll" ? global_pairs.chosen_tokens : global_pairs.pairs)
                              : global.tokens;
-    out.metrics.push_back({names[j], count > 0 ? totals[1 + j] / count : 0.0, count});
+    out.metrics.push_back({names[j], count > 0 ? totals[1 + j] / count : kNoValue, count});
   }
 
   apply_gradients(out, on_phase_end);
