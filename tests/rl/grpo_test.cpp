@@ -48,7 +48,7 @@ fs::path fresh_dir(const std::string& name) {
 TEST(GrpoAdvantages, HandComputedGroups) {
   // Groups of 4: {1,0,0,1} mean 0.5 std 0.5; {0.5 x4} all equal; {0,0,0,1} mean 0.25, std sqrt(0.1875).
   const std::vector<double> rewards = {1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5, 0, 0, 0, 1};
-  const rl::GroupAdvantages a = rl::group_advantages(rewards, 4, 0.0);
+  const rl::GroupAdvantages a = rl::group_advantages(rewards, 4, {.eps = 0.0});
   const double third_low = -0.25 / std::sqrt(0.1875), third_high = 0.75 / std::sqrt(0.1875);  // -1/sqrt(3), sqrt(3)
   const std::vector<double> want = {1, -1, -1, 1, 0, 0, 0, 0, third_low, third_low, third_low, third_high};
   ASSERT_EQ(a.advantages.size(), want.size());
@@ -68,6 +68,42 @@ TEST(GrpoAdvantages, HandComputedGroups) {
 
   EXPECT_NE(error_of([] { rl::group_advantages(std::vector<double>{1, 0, 1}, 2); }).find("groups of 2"),
             std::string::npos);
+
+  // Leave-one-out, no epsilon: in {1,0,0,1} each sample's others have mean 1/3 or 2/3 and std sqrt(2/9), so ±sqrt(2);
+  // in {0,0,0,1} a 0's others {0,0,1} give -1/sqrt(2), and the 1's others {0,0,0} have no spread: r - 0 = 1, undivided.
+  const rl::GroupAdvantages loo = rl::group_advantages(rewards, 4, {.leave_one_out = true, .eps = 0.0});
+  const double r2 = std::sqrt(2.0);
+  const std::vector<double> want_loo = {r2, -r2, -r2, r2, 0, 0, 0, 0, -1 / r2, -1 / r2, -1 / r2, 1};
+  for (size_t i = 0; i < want_loo.size(); ++i) EXPECT_NEAR(loo.advantages[i], want_loo[i], 1e-14) << "sample " << i;
+  // Dr. GRPO: r - mean, undivided.
+  const rl::GroupAdvantages plain = rl::group_advantages(rewards, 4, {.normalize = false});
+  const std::vector<double> want_plain = {0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, -0.25, -0.25, -0.25, 0.75};
+  for (size_t i = 0; i < want_plain.size(); ++i) EXPECT_DOUBLE_EQ(plain.advantages[i], want_plain[i]) << i;
+}
+
+// Every option against a direct computation over each sample's others (fresh rewards, group sizes 2 to 9).
+TEST(GrpoAdvantages, AgainstTheDirectFormula) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (int round = 0; round < 50; ++round) {
+    const int64_t g = 2 + static_cast<int64_t>(rng() % 8);
+    std::vector<double> rewards(static_cast<size_t>(3 * g));
+    for (double& r : rewards) r = rng() % 3 == 0 ? 1.0 : std::uniform_real_distribution<double>(-2, 2)(rng);
+    for (const bool loo : {false, true})
+      for (const bool normalize : {false, true}) {
+        const rl::GroupAdvantages a = rl::group_advantages(rewards, g, {normalize, loo, 1e-6});
+        for (size_t first = 0; first < rewards.size(); first += static_cast<size_t>(g))
+          for (size_t i = first; i < first + static_cast<size_t>(g); ++i) {
+            double sum = 0, sq = 0, n = 0;
+            for (size_t j = first; j < first + static_cast<size_t>(g); ++j)
+              if (!loo || j != i) sum += rewards[j], sq += rewards[j] * rewards[j], n += 1;
+            const double mean = sum / n, sd = std::sqrt(std::max(0.0, sq / n - mean * mean));
+            double want = rewards[i] - mean;
+            if (normalize && sd > 1e-9) want /= sd + 1e-6;
+            EXPECT_NEAR(a.advantages[i], want, 1e-9 * (1 + std::abs(want)))
+                << "group size " << g << ", leave-one-out " << loo << ", normalize " << normalize;
+          }
+      }
+  }
 }
 
 model::ModelConfig char_tiny() {

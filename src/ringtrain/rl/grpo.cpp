@@ -115,27 +115,53 @@ double mean_k3_kl(const std::vector<worker::Sample>& samples, const worker::Logp
 
 }  // namespace
 
-GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size, double eps) {
+GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size, const AdvantageOptions& o) {
   RT_CHECK(group_size >= 1 && rewards.size() % static_cast<size_t>(group_size) == 0, "group_advantages: ",
            rewards.size(), " rewards do not form groups of ", group_size);
+  RT_CHECK(!o.leave_one_out || group_size >= 2, "group_advantages: a leave-one-out baseline needs groups of 2 or more");
   GroupAdvantages out;
   out.advantages.resize(rewards.size());
   const size_t g = static_cast<size_t>(group_size);
+  const double n = static_cast<double>(g);
   for (size_t first = 0; first < rewards.size(); first += g) {
     const std::span<const double> group = rewards.subspan(first, g);
     double mean = 0;
     for (double r : group) mean += r;
-    mean /= static_cast<double>(g);
-    double var = 0;
+    mean /= n;
+    double squares = 0;  // Σ (r - mean)², two passes for accuracy
     bool uniform = true;
     for (double r : group) {
-      var += (r - mean) * (r - mean);
+      squares += (r - mean) * (r - mean);
       uniform = uniform && r == group[0];
     }
-    // Exactly 0 for a uniform group (r − mean can be a rounding residue of the mean, not a signal).
-    const double std_dev = std::sqrt(var / static_cast<double>(g));
-    for (size_t i = 0; i < g; ++i) out.advantages[first + i] = uniform ? 0.0 : (group[i] - mean) / (std_dev + eps);
     out.uniform_groups += uniform ? 1 : 0;
+    // With two distinct values, a sample whose value occurs once sees only the other value: its others' spread is
+    // exactly 0, which the downdated sum of squares below would leave as a rounding residue (and divide by).
+    const double a = group[0];
+    const auto b = std::find_if(group.begin(), group.end(), [&](double r) { return r != a; });
+    const size_t count_a = static_cast<size_t>(std::count(group.begin(), group.end(), a));
+    const size_t count_b = b == group.end() ? 0 : static_cast<size_t>(std::count(group.begin(), group.end(), *b));
+    const bool two_values = count_a + count_b == g;
+    for (size_t i = 0; i < g; ++i) {
+      // Exactly 0 for a uniform group (r − mean can be a rounding residue of the mean, not a signal).
+      if (uniform) {
+        out.advantages[first + i] = 0;
+        continue;
+      }
+      double baseline = mean, variance = squares / n;
+      if (o.leave_one_out) {
+        // The others' mean and squared deviations from the whole group's: d = r_i - mean moves the mean by
+        // d / (n - 1) and takes d² n / (n - 1) from the sum of squares.
+        const double d = group[i] - mean;
+        baseline = mean - d / (n - 1);
+        const bool alone = two_values && (group[i] == a ? count_a : count_b) == 1;
+        variance = alone ? 0.0 : std::max(0.0, (squares - d * d * n / (n - 1)) / (n - 1));
+      }
+      const double std_dev = std::sqrt(variance);
+      double advantage = group[i] - baseline;
+      if (o.normalize && std_dev > 0) advantage /= std_dev + o.eps;
+      out.advantages[first + i] = advantage;
+    }
   }
   return out;
 }
@@ -369,7 +395,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
         exact.push_back(reward(tok, answer, gens[i].tokens, RewardMode::Exact));
         lengths.push_back(static_cast<double>(gens[i].tokens.size()));
       }
-      const GroupAdvantages adv = group_advantages(rewards, G);
+      const GroupAdvantages adv =
+          group_advantages(rewards, G, {.normalize = g.normalize_rewards, .leave_one_out = g.use_leave_one_out_baseline});
       std::vector<worker::Sample> samples;
       int64_t tokens = 0;
       for (size_t i = 0; i < gens.size(); ++i) {

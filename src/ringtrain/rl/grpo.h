@@ -3,7 +3,9 @@
 //   1. num_prompts_per_step prompts (the built-in task or a prompt file, by index from the run's position), each
 //      sampled num_generations_per_prompt times by the CPU sampler (model/generate.h) from the current weights;
 //   2. rewards against the reference answers (rl/task.h), group-normalised advantages (r − mean) / (std + ε), the
-//      same on every response token; a group whose rewards are all equal gets 0 (counted in a metric);
+//      same on every response token (group_advantages: the mean and std over the others with
+//      grpo.use_leave_one_out_baseline, no division with grpo.normalize_rewards off); a group whose rewards are all
+//      equal gets 0 (counted in a metric);
 //   3. one Sample per response: prompt + response tokens, the loss mask on the response tokens only, the sampler's
 //      logprobs at their token positions; prev logprobs and reference logprobs from the policy worker
 //      (worker/policy_worker.h);
@@ -40,9 +42,18 @@ struct GroupAdvantages {
   std::vector<double> advantages;  // one per reward, in the rewards' order
   int64_t uniform_groups = 0;      // groups whose rewards are all equal (advantage 0: no learning signal)
 };
-// Rewards in groups of group_size consecutive entries (rewards.size() a multiple of it); std is the population
-// standard deviation of the group.
-GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size, double eps = kAdvantageEps);
+// How rewards become advantages (NeMo RL's grpo.normalize_rewards and grpo.use_leave_one_out_baseline).
+struct AdvantageOptions {
+  bool normalize = true;       // divide by the std (+ eps) where the std is not 0
+  bool leave_one_out = false;  // baseline and std over the group's other samples
+  double eps = kAdvantageEps;
+};
+// Rewards in groups of group_size consecutive entries (rewards.size() a multiple of it). Sample i's advantage is
+// r_i - baseline, divided by (std + eps) when normalising and the std is not 0; baseline and std are the mean and the
+// population standard deviation of its group's rewards, or of the others' with leave_one_out. A group whose rewards
+// are all equal gets 0.
+GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size,
+                                 const AdvantageOptions& options = {});
 
 // The training sample of one rollout: input_ids = prompt + response; token_mask 1 exactly on the response tokens;
 // advantages = advantage on the response tokens (0 elsewhere); generation_logprobs[p] = the sampler's logprob of

@@ -477,6 +477,12 @@ const std::vector<Field>& schema() {
     f.push_back(double_field(
         "grpo.sft_warmup_lr", "the warm-up's learning rate; 0 = policy.optimizer.kwargs.lr",
         [](auto& c) -> auto& { return c.grpo.sft_warmup_lr; }, 0.0, 1e3));
+    f.push_back(bool_field(
+        "grpo.normalize_rewards", "divide each advantage by its group's reward std; false = Dr. GRPO",
+        [](auto& c) -> auto& { return c.grpo.normalize_rewards; }));
+    f.push_back(bool_field(
+        "grpo.use_leave_one_out_baseline", "baseline of a sample = the mean reward of the others of its group",
+        [](auto& c) -> auto& { return c.grpo.use_leave_one_out_baseline; }));
     for (Field& x : f)
       if (x.storage.empty()) x.storage = x.path;
     return f;

@@ -134,6 +134,8 @@ struct GrpoConfig {
   std::string reward = "partial";  // partial or exact (rl/task.h)
   int64_t sft_warmup_steps = 0;    // NLL steps on the reference answers before GRPO
   double sft_warmup_lr = 0.0;      // 0 = policy.optimizer.kwargs.lr
+  bool normalize_rewards = true;   // advantages divided by their group's reward std (off: Dr. GRPO)
+  bool use_leave_one_out_baseline = false;  // a sample's baseline is the mean of the other samples of its group
   bool operator==(const GrpoConfig&) const = default;
 };
 
