@@ -340,6 +340,8 @@ expect_error train-fresh-over-events 'earlier_events/events.out.tfevents.1.host 
   "$bin" train --config run.yaml train.metrics_dir=earlier_events
 grep -q '"loss":2.5' earlier_run/metrics.jsonl || { echo "FAIL train-fresh-over-metrics: the metrics were changed"; failures=$((failures + 1)); }
 printf '{"step":1}\nnot a record\n' > earlier_run/metrics.jsonl
+expect_error init-model-empty-out "--out: the checkpoint folder's name is empty" \
+  "$bin" init-model --out '' --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32
 expect_error config-override-two-documents 'train_micro_batch_size=1.*---.*2.: the value holds 2 YAML documents' \
   "$bin" config run.yaml $'policy.train_micro_batch_size=1\n---\n2'
 expect_error train-resume-foreign-metrics 'earlier_run/metrics.jsonl holds the metrics of an earlier run; --resume found no checkpoint in ckpt_new' \
@@ -528,6 +530,25 @@ for change in policy.train_global_batch_size=2 train.data=four_edited.jsonl trai
   expect_error "resume-changed-${change%%=*}" 'a run resumes only with the train.seed, train.data and policy.train_global' \
     "$bin" train --config run.yaml "${args[@]}" train.steps=4 train.checkpoint_dir=order_ck --resume
 done
+
+# The rollouts benchmark: --json that is a folder, refused before it runs; its temporary checkpoint removed when a
+# Ctrl-C stops it.
+expect_error rollouts-json-folder 'bench rollouts: --json .*: exists and is not a regular file' \
+  "$bin" bench rollouts --device cpu --json "$work"
+cases=$((cases + 1))
+mkdir -p "$work/bench_tmp"
+TMPDIR="$work/bench_tmp" "$bin" bench rollouts --device cpu --layers 1 --hidden 16 --heads 2 --kv-heads 1 \
+  --head-dim 8 --ffn 32 --vocab 64 --sequences 8 --min-len 4 --max-len 65536 --mb-tokens 65536 >/dev/null 2>&1 &
+bench_pid=$!
+for _ in $(seq 100); do [ -e "$work/bench_tmp/ringtrain-bench-rollouts-$bench_pid" ] && break; sleep 0.05; done
+sleep 0.5
+kill -INT "$bench_pid"
+wait "$bench_pid"
+bench_rc=$?
+if [ "$bench_rc" -ne 130 ] || [ -n "$(ls -A "$work/bench_tmp")" ]; then
+  echo "FAIL rollouts-ctrl-c: exit code $bench_rc (expected 130), left: $(ls -A "$work/bench_tmp")"
+  failures=$((failures + 1))
+fi
 
 # The device benchmark's power sampling: a negative threshold, and no nvidia-smi to sample with.
 py=$(python3 -c "import sys; print(sys.executable)")  # the interpreter itself, not a shim that needs PATH

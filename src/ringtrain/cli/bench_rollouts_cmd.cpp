@@ -4,11 +4,15 @@
 // train`) written to a temporary checkpoint folder that every layout's worker loads. One GPU (bf16), or --device cpu
 // (fp32: a tiny shape and a few short sequences, for a smoke test). One machine-readable line starts with
 // "BENCH_ROLLOUTS " followed by JSON; --json FILE writes the same report.
+#include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/multi_gpu.h"
@@ -34,18 +38,52 @@ struct BenchRolloutsCli {
   int64_t timeout_ms = 600000;
 };
 
-// A checkpoint folder that is removed when the benchmark ends.
-struct TempCheckpoint {
-  fs::path dir;
+// A checkpoint folder that is removed when the benchmark ends, also by SIGINT or SIGTERM (the Llama-3.2-1B shape
+// leaves 2.5 GB otherwise): while it lives both signals are blocked in every thread started after it (the workers'
+// ranks, CUDA's) and taken by a thread of its own, which removes the folder and then ends the process by the signal.
+class TempCheckpoint {
+ public:
   TempCheckpoint(const model::ModelConfig& c, uint64_t seed)
-      : dir(fs::temp_directory_path() / ("ringtrain-bench-rollouts-" + std::to_string(::getpid()))) {
-    fs::remove_all(dir);
-    model::save_checkpoint(dir, c, train::random_weights(c, seed), model::ExistingCheckpoint::Refuse);
+      : dir_(fs::temp_directory_path() / ("ringtrain-bench-rollouts-" + std::to_string(::getpid()))) {
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    sigaddset(&signals_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals_, &previous_);
+    waiter_ = std::thread([this] {
+      int sig = 0;
+      sigwait(&signals_, &sig);
+      if (closing_.load()) return;
+      remove();
+      std::signal(sig, SIG_DFL);
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, sig);
+      pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+      std::raise(sig);
+    });
+    fs::remove_all(dir_);
+    model::save_checkpoint(dir_, c, train::random_weights(c, seed), model::ExistingCheckpoint::Refuse);
   }
   ~TempCheckpoint() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
+    closing_.store(true);
+    pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes its sigwait; a signal that came first is handled
+    waiter_.join();
+    remove();
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
   }
+  TempCheckpoint(const TempCheckpoint&) = delete;
+  TempCheckpoint& operator=(const TempCheckpoint&) = delete;
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  void remove() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path dir_;
+  sigset_t signals_{}, previous_{};
+  std::atomic<bool> closing_{false};
+  std::thread waiter_;
 };
 
 void print_report(const nlohmann::json& r) {
@@ -106,7 +144,7 @@ void run(BenchRolloutsCli& o) {
     m.dtype = cuda ? DType::BF16 : DType::F32;  // the policy's compute dtype: nothing lost in the file
     m = model::parse_config(model::config_to_json(m), "bench rollouts model options");
     folder = std::make_unique<TempCheckpoint>(m, b.seed);
-    b.model_name = folder->dir.string();
+    b.model_name = folder->dir().string();
   }
   nlohmann::json report;
   if (cuda) {
@@ -162,6 +200,9 @@ void add_bench_rollouts_command(CLI::App& app) {
       const std::filesystem::path parent = std::filesystem::absolute(o->json).parent_path();
       RT_CHECK(std::filesystem::is_directory(parent), "bench rollouts: --json ", o->json, ": ", parent.string(),
                " is not a directory");
+      const std::filesystem::file_type type = std::filesystem::symlink_status(o->json).type();
+      RT_CHECK(type == std::filesystem::file_type::not_found || type == std::filesystem::file_type::regular,
+               "bench rollouts: --json ", o->json, ": exists and is not a regular file");
     }
     run(*o);
   });

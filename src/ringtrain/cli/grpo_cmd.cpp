@@ -46,7 +46,7 @@ void add_grpo_command(CLI::App& app) {
   struct Opts {
     std::string config, plot;
     std::vector<std::string> overrides;
-    bool resume = false, overwrite_metrics = false;
+    bool resume = false, overwrite_metrics = false, no_progress = false;
     int timeout_s = 600;
   };
   auto o = std::make_shared<Opts>();
@@ -56,6 +56,7 @@ void add_grpo_command(CLI::App& app) {
   cmd->add_flag("--resume", o->resume, "continue from the newest checkpoint in train.checkpoint_dir (none: start)");
   cmd->add_flag("--overwrite-metrics", o->overwrite_metrics,
                 "replace the metrics an earlier run left in train.metrics_dir (without it a fresh run refuses them)");
+  cmd->add_flag("--no-progress", o->no_progress, "no progress line on stderr");
   cmd->add_option("--plot", o->plot, "SVG of the reward curves (default: METRICS_DIR/reward.svg)");
   add_bounded(*cmd, "--timeout", o->timeout_s, "seconds a rank waits for the others", 1,
               static_cast<int>(kMaxTimeoutMs / 1000))
@@ -102,6 +103,7 @@ void add_grpo_command(CLI::App& app) {
     rl::GrpoOptions options;
     options.resume = o->resume;
     options.overwrite_metrics = o->overwrite_metrics;
+    options.progress = !o->no_progress;
     rl::GrpoSummary summary;
     bool lead = true;
     const auto timeout = std::chrono::seconds(o->timeout_s);

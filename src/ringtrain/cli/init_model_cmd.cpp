@@ -31,6 +31,7 @@ void add_init_model_command(CLI::App& app) {
   cmd->add_flag("--force", o->force, "replace a checkpoint already in --out");
   cmd->callback([o] {
     using namespace model;
+    RT_CHECK(!o->out.empty(), "--out: the checkpoint folder's name is empty");
     ModelConfig c = o->shape.apply_to(ModelConfig{}, o->tie);
     c.rope.theta = o->rope_theta;
     c.dtype = parse_dtype(o->dtype);

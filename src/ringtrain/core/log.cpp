@@ -15,6 +15,9 @@ LogLevel level_from_env() {
   if (!std::strcmp(s, "debug")) return LogLevel::Debug;
   if (!std::strcmp(s, "warn")) return LogLevel::Warn;
   if (!std::strcmp(s, "error")) return LogLevel::Error;
+  if (std::strcmp(s, "info"))
+    std::fprintf(stderr, "[ringtrain warn] RINGTRAIN_LOG_LEVEL=%s: expected debug, info, warn or error; logging at "
+                 "info\n", s);
   return LogLevel::Info;
 }
 
