@@ -13,6 +13,9 @@ namespace {
 std::atomic<StopRequest*> sigint_target{nullptr};
 static_assert(std::atomic<StopRequest*>::is_always_lock_free, "the signal handler reads it");
 
+// The handler a call replaced, while sigint_target is set.
+struct sigaction replaced_sigint {};
+
 extern "C" void request_stop_on_sigint(int) {
   if (StopRequest* stop = sigint_target.load()) stop->request();
 }
@@ -39,7 +42,14 @@ SigintToStop::SigintToStop(StopRequest& stop, bool take, bool& caught) : stop_(s
     sigint_target.store(nullptr);
     return;  // Python's handler stays: Ctrl-C then waits for the call
   }
+  replaced_sigint = previous_;
   taken_ = true;
+}
+
+void give_sigint_back_after_fork() {
+  if (!sigint_target.load()) return;
+  ::sigaction(SIGINT, &replaced_sigint, nullptr);
+  sigint_target.store(nullptr);
 }
 
 SigintToStop::~SigintToStop() {

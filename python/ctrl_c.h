@@ -34,4 +34,8 @@ class SigintToStop {
   struct sigaction previous_ {};
 };
 
+// In the child of a fork made while a call of the main thread held SIGINT (the parent's other thread forked): the
+// SIGINT handler the call replaced is put back, so that Ctrl-C reaches the child's Python.
+void give_sigint_back_after_fork();
+
 }  // namespace ringtrain::python

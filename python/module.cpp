@@ -102,11 +102,21 @@ class Worker {
       return m;
     });
     const std::chrono::milliseconds timeout = rank_timeout(timeout_s);
+    RT_CHECK(!exiting, "no PolicyWorker is made while the Python interpreter exits");
+    ++constructions;
+    const auto done = [](int* count) { --*count; };  // with the GIL again, after the release below ends
+    const std::unique_ptr<int, decltype(done)> counted(&constructions, done);
     py::gil_scoped_release unlocked;
     group_ = std::make_unique<WorkerGroup>(config_, timeout, &stop_);
   }
 
+  // The interpreter's exit (the atexit hook): workers are no longer made; `constructions` counts those under way.
+  // Both with the GIL held.
+  static inline bool exiting = false;
+  static inline int constructions = 0;
+
   py::dict get_logprobs(py::handle batch, bool with_entropy) {
+    const InFlight call(*this);
     const Batch b = read_batch(batch, config_, model_.vocab, "get_logprobs");
     worker::LogprobResult r;
     run_interruptible([&](int i, worker::PolicyWorker& w) {
@@ -120,6 +130,7 @@ class Worker {
   }
 
   py::dict get_reference_logprobs(py::handle batch) {
+    const InFlight call(*this);
     const Batch b = read_batch(batch, config_, model_.vocab, "get_reference_logprobs");
     worker::LogprobResult r;
     run_interruptible([&](int i, worker::PolicyWorker& w) {
@@ -134,6 +145,7 @@ class Worker {
   // The zero-copy forms (ringtrain/__init__.py chooses them for CUDA input_ids on this worker's GPU): input_ids read
   // in place, the scores written into float32 PyTorch tensors made on its device once the batch has passed its checks.
   py::dict get_logprobs_cuda(py::handle batch, bool with_entropy) {
+    const InFlight call(*this);
     const std::vector<const char*> keys = with_entropy ? std::vector{"logprobs", "entropy"} : std::vector{"logprobs"};
     return score_cuda(batch, "get_logprobs", keys, [](worker::PolicyWorker& w, const worker::TokenRowsBatch& rows,
                                                       const std::vector<TensorView>& out) {
@@ -142,6 +154,7 @@ class Worker {
   }
 
   py::dict get_reference_logprobs_cuda(py::handle batch) {
+    const InFlight call(*this);
     return score_cuda(batch, "get_reference_logprobs", {"reference_logprobs"},
                       [](worker::PolicyWorker& w, const worker::TokenRowsBatch& rows,
                          const std::vector<TensorView>& out) { w.get_reference_logprobs_into(rows, out[0]); });
@@ -173,6 +186,7 @@ class Worker {
   }
 
   py::dict train(py::handle batch) {
+    const InFlight call(*this);
     const Batch b = read_batch(batch, config_, model_.vocab, "train");
     check_train_batch(b, config_);
     return run_train([&](worker::PolicyWorker& w) { return w.train(b.samples); });
@@ -181,6 +195,7 @@ class Worker {
   // The zero-copy form (ringtrain/__init__.py chooses it when every array of the batch is a CUDA tensor on this
   // worker's GPU): the batch is read in place and the step's per-token work stays on the GPU.
   py::dict train_cuda(py::handle batch) {
+    const InFlight call(*this);
     const TrainRowsInput b = read_train_rows_batch(batch, config_, model_.vocab);
     return run_train([&](worker::PolicyWorker& w) { return w.train_rows(b.rows); });
   }
@@ -212,18 +227,18 @@ class Worker {
   }
 
   void save(const std::string& dir, int64_t epoch, int64_t index, const std::string& rng) {
+    const InFlight call(*this);
     train::TrainingProgress p;
     p.epoch = epoch, p.index = index, p.rng = rng;
-    const InFlight call(*this);
     py::gil_scoped_release unlocked;
     const std::lock_guard<std::mutex> one_call(mu_);
     group_->run([&](int, worker::PolicyWorker& w) { w.save(dir, p); });
   }
 
   py::dict load(const std::string& dir) {
+    const InFlight call(*this);
     train::TrainingProgress p;
     {
-      const InFlight call(*this);
       py::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_call(mu_);
       group_->run([&](int i, worker::PolicyWorker& w) {
@@ -251,6 +266,7 @@ class Worker {
   // bytes) raise ringtrain.Error.
   py::list generate(const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens, double temperature,
                     double top_p, int64_t top_k, const std::vector<int64_t>& stop_tokens, uint64_t seed) {
+    const InFlight call(*this);
     if (prompts.empty()) throw py::value_error("generate: no prompts");
     const int64_t vocab = model_.vocab, limit = config_.policy.max_total_sequence_length;
     if (max_new_tokens < 1 || max_new_tokens >= limit)
@@ -323,16 +339,22 @@ class Worker {
   // At the interpreter's exit (atexit, before it stops daemon threads and destroys the C++ statics): later calls are
   // refused and calls under way stop at their next microbatch or token; the caller waits for calls_in_flight() to be 0.
   void close_at_exit() {
-    group_->mark_unusable("the Python interpreter is exiting");
+    unusable_ = "the Python interpreter is exiting";
     stop_.request();
   }
   int calls_in_flight() const { return calls_; }
   // In the child of a fork: a call that another thread had under way is gone with that thread, leaving the worker's
-  // lock held and its ranks' state unknown.
+  // lock held and its ranks' state unknown; the group is then never destroyed there (its destructor would wait on
+  // that state).
   void after_fork_in_child() {
     if (calls_ == 0) return;
-    group_->mark_unusable("the process forked while another thread was in a call of it");
+    unusable_ = "the process forked while another thread was in a call of it";
+    forked_in_call_ = true;
     calls_ = 0;
+  }
+
+  ~Worker() {
+    if (forked_in_call_) (void)group_.release();
   }
 
  private:
@@ -349,7 +371,6 @@ class Worker {
     const bool take = python_takes_sigint_here();
     bool interrupted = false, caught = false;
     {
-      const InFlight call(*this);
       py::gil_scoped_release unlocked;
       const std::lock_guard<std::mutex> one_call(mu_);
       const SigintToStop sigint(stop_, take, caught);
@@ -360,8 +381,12 @@ class Worker {
         if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       }
       try {
-        if constexpr (std::is_invocable_v<const F&>) f();
-        else group_->run(f);
+        if constexpr (std::is_invocable_v<const F&>) {
+          group_->check_usable();
+          f();
+        } else {
+          group_->run(f);
+        }
       } catch (const comm::Interrupted&) {
         interrupted = true;
       }
@@ -380,13 +405,13 @@ class Worker {
     }
   }
 
-  // A call from its entry to its return to Python, both with the GIL: counted, so that the interpreter's exit can wait
-  // for the calls of daemon threads to leave C++ (close_at_exit) and a forked child knows that one was under way.
-  // Refused on a group that cannot be used.
+  // A call from its entry to its return to Python, both with the GIL, first thing in every method that does work
+  // without the GIL: counted, so that the interpreter's exit can wait for the calls of daemon threads to leave C++
+  // (close_at_exit) and a forked child knows that one was under way. Refused once the worker was closed.
   class InFlight {
    public:
     explicit InFlight(Worker& w) : w_(w) {
-      w_.group_->check_usable();
+      RT_CHECK(w_.unusable_.empty(), "this PolicyWorker cannot be used any more: ", w_.unusable_, "; make a new one");
       ++w_.calls_;
     }
     ~InFlight() { --w_.calls_; }
@@ -399,7 +424,9 @@ class Worker {
 
   worker::Config config_;
   model::ModelConfig model_;
-  int calls_ = 0;     // InFlight calls; read and written with the GIL held
+  int calls_ = 0;                // InFlight calls; read and written with the GIL held
+  std::string unusable_;         // why calls are refused (the exit, a fork during a call); with the GIL held
+  bool forked_in_call_ = false;  // this is a fork's child, whose group another thread's call had under way
   StopRequest stop_;  // set by Ctrl-C during a call of the main thread; read by every rank of this process
   std::unique_ptr<WorkerGroup> group_;
   std::mutex mu_;  // one call at a time: Python threads may share the worker while the GIL is released
@@ -478,6 +505,10 @@ PYBIND11_MODULE(_core, m) {
       .def("close_at_exit", initialized(&Worker::close_at_exit))
       .def_property_readonly("calls_in_flight", initialized(&Worker::calls_in_flight))
       .def("after_fork_in_child", initialized(&Worker::after_fork_in_child));
+  m.def("begin_exit", [] { Worker::exiting = true; });
+  m.def("constructions_in_flight", [] { return Worker::constructions; });
+  m.def("give_sigint_back_after_fork", &ringtrain::python::give_sigint_back_after_fork,
+        "In a fork's child: Python's SIGINT handler again, where a call of the parent's main thread had taken it.");
 
   m.def(
       "resolve_config",

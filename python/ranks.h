@@ -35,10 +35,9 @@ class WorkerGroup {
   void run(const std::function<void(int, worker::PolicyWorker&)>& fn);
 
   worker::PolicyWorker& lead() { return *workers_.front(); }  // this process's first rank
-  // An error saying why when the group cannot be used any more; what a call on it checks first.
+  // An error saying why when the group cannot be used any more (run checks it first). Under the caller's lock of
+  // the group, as run.
   void check_usable() const;
-  // Every later call refused, saying why (the interpreter's exit, a fork during a call).
-  void mark_unusable(const std::string& why) { broken_ = why; }
   int rank() const;            // the global rank of lead()
   int world_size() const;      // dp x cp
   int local_ranks() const { return static_cast<int>(workers_.size()); }

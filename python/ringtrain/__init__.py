@@ -45,8 +45,9 @@ call runs to its end and your handler runs after it (after a train step: with th
 handler raises).
 
 Exit and fork: when the interpreter exits, calls that daemon threads still have under way stop at their next
-microbatch (or token) and the exit waits for them; later calls raise ringtrain.Error. A process forked while another
-thread was in a call of a worker cannot use that worker (its calls raise ringtrain.Error): make a new one there.
+microbatch (or token) and the exit waits for them; later calls raise ringtrain.Error. A CPU worker can be used in a
+forked child, except one that another thread was in a call of when the process forked (its calls raise
+ringtrain.Error there: make a new one); a CUDA worker cannot be used across a fork.
 """
 
 import atexit as _atexit
@@ -234,7 +235,7 @@ def _results(out, device):
     return {k: torch.from_numpy(v).to(device) for k, v in out.items()}
 
 
-# The workers alive in this process, for the hooks below.
+# The workers' C++ objects alive in this process, for the hooks below.
 _live_workers = _weakref.WeakSet()
 
 
@@ -242,19 +243,22 @@ _live_workers = _weakref.WeakSet()
 def _close_workers_at_exit():
     # A daemon thread may be inside a call (in C++, without the GIL) when the interpreter exits: the interpreter would
     # stop it when it takes the GIL back, in the middle of C++ frames, and the C++ statics it uses are destroyed after
-    # this hook. So every worker refuses later calls, the calls under way stop at their next microbatch or token, and
-    # the hook waits (releasing the GIL) until they have returned to Python.
-    cores = [w._w for w in list(_live_workers)]
+    # this hook. So no worker is made any more, every worker refuses later calls, the calls under way stop at their
+    # next microbatch or token, and the hook waits (releasing the GIL) until they have returned to Python.
+    _core.begin_exit()
+    cores = list(_live_workers)
     for core in cores:
         core.close_at_exit()
     deadline = _time.monotonic() + 120
-    while any(core.calls_in_flight for core in cores) and _time.monotonic() < deadline:
+    while (_core.constructions_in_flight() or any(core.calls_in_flight for core in cores)) and \
+            _time.monotonic() < deadline:
         _time.sleep(0.005)
 
 
 def _after_fork_in_child():
-    for w in list(_live_workers):
-        w._w.after_fork_in_child()
+    _core.give_sigint_back_after_fork()
+    for core in list(_live_workers):
+        core.after_fork_in_child()
 
 
 if hasattr(_os, "register_at_fork"):
@@ -272,7 +276,7 @@ class PolicyWorker:
 
     def __init__(self, config, overrides=None, *, timeout_s=600.0):
         self._w = _core.PolicyWorker(*_config_args(config, overrides), _real(timeout_s, "timeout_s"))
-        _live_workers.add(self)
+        _live_workers.add(self._w)
 
     def get_logprobs(self, batch, with_entropy=False):
         """{'logprobs': [B, S] float32} (and 'entropy' with with_entropy): entry p = log p(token p | tokens < p)."""

@@ -160,7 +160,9 @@ TEST(WorkerPlot, NarrowSpansGetFiniteCoordinatesAndDistinctLabels) {
   const double base = std::exp(std::uniform_real_distribution<double>(-14, 16)(rng));
   const std::vector<std::pair<double, double>> spans = {
       {0.013231498163515324, 0.013231498163515326}, {1e12, 1000000000000.0001}, {base, ulps(base, 3)},
-      {5.545177459716797, 5.545177459716797 * (1 + 1e-9)}, {-2.5e-7, -2.5e-7 * (1 - 1e-8)}, {0, 0}, {7, 7}};
+      {5.545177459716797, 5.545177459716797 * (1 + 1e-9)}, {-2.5e-7, -2.5e-7 * (1 - 1e-8)}, {0, 0}, {7, 7},
+      // Ends on a multiple of the step, whose products round past them (0.7 / 0.02 * 0.02 = 0.7000000000000001).
+      {0.7, 0.75}, {0.85, 1.0}, {0.35, 0.36}, {-0.75, -0.7}};
   for (const auto& [a, b] : spans) {
     SCOPED_TRACE(::testing::Message() << std::setprecision(17) << a << " .. " << b);
     const std::string svg = render_svg({{"loss", {1, 2, 3}, {a, b, a}}}, "t");

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "ringtrain/cli/commands.h"
@@ -38,22 +40,28 @@ struct BenchRolloutsCli {
   int64_t timeout_ms = 600000;
 };
 
-// A checkpoint folder that is removed when the benchmark ends, also by SIGINT or SIGTERM (the Llama-3.2-1B shape
-// leaves 2.5 GB otherwise): while it lives both signals are blocked in every thread started after it (the workers'
-// ranks, CUDA's) and taken by a thread of its own, which removes the folder and then ends the process by the signal.
-class TempCheckpoint {
+// While it lives, SIGINT and SIGTERM remove a folder (the benchmark's temporary checkpoint: 2.5 GB at the
+// Llama-3.2-1B shape) and then end the process by the signal. Both signals are blocked in every thread started after
+// it (the workers' ranks, CUDA's: make it before any CUDA call) and taken by a thread of its own.
+class RemoveOnSignal {
  public:
-  TempCheckpoint(const model::ModelConfig& c, uint64_t seed)
-      : dir_(fs::temp_directory_path() / ("ringtrain-bench-rollouts-" + std::to_string(::getpid()))) {
+  RemoveOnSignal() {
     sigemptyset(&signals_);
     sigaddset(&signals_, SIGINT);
     sigaddset(&signals_, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &signals_, &previous_);
     waiter_ = std::thread([this] {
+      siginfo_t info{};
       int sig = 0;
-      sigwait(&signals_, &sig);
-      if (closing_.load()) return;
-      remove();
+      do {
+        sig = sigwaitinfo(&signals_, &info);
+      } while (sig < 0);
+      // The destructor's own wake-up (sent by this process); any other signal, even during the teardown, is the
+      // user's (a terminal's Ctrl-C comes from the kernel, a kill from another process).
+      if (closing_.load() && info.si_pid == ::getpid()) return;
+      std::error_code ec;
+      const std::lock_guard<std::mutex> lock(mu_);
+      if (!folder_.empty()) fs::remove_all(folder_, ec);
       std::signal(sig, SIG_DFL);
       sigset_t one;
       sigemptyset(&one);
@@ -61,16 +69,43 @@ class TempCheckpoint {
       pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
       std::raise(sig);
     });
-    fs::remove_all(dir_);
-    model::save_checkpoint(dir_, c, train::random_weights(c, seed), model::ExistingCheckpoint::Refuse);
   }
-  ~TempCheckpoint() {
+  ~RemoveOnSignal() {
     closing_.store(true);
-    pthread_kill(waiter_.native_handle(), SIGTERM);  // wakes its sigwait; a signal that came first is handled
+    pthread_kill(waiter_.native_handle(), SIGTERM);
     waiter_.join();
-    remove();
     pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
   }
+  RemoveOnSignal(const RemoveOnSignal&) = delete;
+  RemoveOnSignal& operator=(const RemoveOnSignal&) = delete;
+  void remove_at_signal(const fs::path& folder) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    folder_ = folder;
+  }
+
+ private:
+  sigset_t signals_{}, previous_{};
+  std::atomic<bool> closing_{false};
+  std::mutex mu_;
+  fs::path folder_;
+  std::thread waiter_;
+};
+
+// A checkpoint folder that is removed when the benchmark ends (and by `on_signal` at a signal).
+class TempCheckpoint {
+ public:
+  TempCheckpoint(const model::ModelConfig& c, uint64_t seed, RemoveOnSignal& on_signal)
+      : dir_(fs::temp_directory_path() / ("ringtrain-bench-rollouts-" + std::to_string(::getpid()))) {
+    on_signal.remove_at_signal(dir_);
+    try {
+      fs::remove_all(dir_);
+      model::save_checkpoint(dir_, c, train::random_weights(c, seed), model::ExistingCheckpoint::Refuse);
+    } catch (...) {
+      remove();
+      throw;
+    }
+  }
+  ~TempCheckpoint() { remove(); }
   TempCheckpoint(const TempCheckpoint&) = delete;
   TempCheckpoint& operator=(const TempCheckpoint&) = delete;
   const fs::path& dir() const { return dir_; }
@@ -81,9 +116,6 @@ class TempCheckpoint {
     fs::remove_all(dir_, ec);
   }
   fs::path dir_;
-  sigset_t signals_{}, previous_{};
-  std::atomic<bool> closing_{false};
-  std::thread waiter_;
 };
 
 void print_report(const nlohmann::json& r) {
@@ -132,6 +164,8 @@ void run(BenchRolloutsCli& o) {
   const auto timeout = std::chrono::milliseconds(o.timeout_ms);
   RT_CHECK(o.device == "cuda" || o.device == "cpu", "bench rollouts: --device ", o.device, ": expected cuda or cpu");
   const bool cuda = o.device == "cuda";
+  std::optional<RemoveOnSignal> on_signal;  // before any CUDA call, which starts threads of its own
+  if (b.model_name.empty()) on_signal.emplace();
   if (cuda) {
     if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
       std::fprintf(stderr, "ringtrain: bench rollouts needs a GPU: %s\n", why.c_str());
@@ -143,7 +177,7 @@ void run(BenchRolloutsCli& o) {
     model::ModelConfig m = o.shape.apply_to(train::llama_1b_config(), !o.untied);
     m.dtype = cuda ? DType::BF16 : DType::F32;  // the policy's compute dtype: nothing lost in the file
     m = model::parse_config(model::config_to_json(m), "bench rollouts model options");
-    folder = std::make_unique<TempCheckpoint>(m, b.seed);
+    folder = std::make_unique<TempCheckpoint>(m, b.seed, *on_signal);
     b.model_name = folder->dir().string();
   }
   nlohmann::json report;

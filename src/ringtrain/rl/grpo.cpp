@@ -155,7 +155,15 @@ GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_
         const double d = group[i] - mean;
         baseline = mean - d / (n - 1);
         const bool alone = two_values && (group[i] == a ? count_a : count_b) == 1;
-        variance = alone ? 0.0 : std::max(0.0, (squares - d * d * n / (n - 1)) / (n - 1));
+        variance = alone ? 0.0 : (squares - d * d * n / (n - 1)) / (n - 1);
+        // Where the others nearly agree the downdate is cancellation noise: their spread from them directly.
+        if (!alone && variance <= 1e-12 * squares / (n - 1)) {
+          double others = 0, spread = 0;
+          for (size_t j = 0; j < g; ++j) others += j == i ? 0.0 : group[j];
+          others /= n - 1;
+          for (size_t j = 0; j < g; ++j) spread += j == i ? 0.0 : (group[j] - others) * (group[j] - others);
+          variance = spread / (n - 1);
+        }
       }
       const double std_dev = std::sqrt(variance);
       double advantage = group[i] - baseline;
@@ -276,7 +284,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   if (!root.empty()) worker::prepare_checkpoint_dir(root);
   const bool lead = world.rank() == 0;
   const worker::RunFolderLocks locks = lead ? worker::lock_run_folders(config) : worker::RunFolderLocks{};
-  if (options.resume) worker::check_resume_start(config, options.overwrite_metrics);
+  if (options.resume)
+    comm::all_or_none(world, "resume", [&] { worker::check_resume_start(config, options.overwrite_metrics); });
   // The checkpoint to continue from: the newest step_N (as `ringtrain train` writes them); none starts afresh.
   const std::optional<fs::path> from = root.empty() ? std::nullopt : worker::newest_checkpoint(root);
   RT_CHECK(options.resume || !from, from ? from->string() : "", " exists: pass --resume to continue that run, or "

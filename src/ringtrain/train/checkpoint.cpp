@@ -177,7 +177,8 @@ void remove_leftover(const fs::path& dir) {
   fs::remove(dir);
 }
 
-// Whether a save writes an entry of this name and type into a checkpoint folder.
+// Whether a save writes an entry of this name and type into a checkpoint folder (the marker too: a kill between
+// publishing a checkpoint and removing its marker leaves it there).
 bool saved_entry(const fs::directory_entry& e) {
   static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)"), rank(R"(rank-\d{5}-of-\d{5}\.safetensors)");
   const std::string name = e.path().filename().string();
@@ -193,7 +194,7 @@ bool saved_entry(const fs::directory_entry& e) {
   const std::vector<std::string>& companions = model::hf_companion_files();
   return type == fs::file_type::regular &&
          (name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json" ||
-          name == kStateFile || std::regex_match(name, shard) ||
+          name == kStateFile || name == kSavingMarker || std::regex_match(name, shard) ||
           std::find(companions.begin(), companions.end(), name) != companions.end());
 }
 

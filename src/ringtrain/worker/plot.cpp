@@ -88,7 +88,10 @@ Ticks nice_ticks(double min, double max, int target, const std::string& what) {
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   const double f = raw / mag;
   const double step = (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
-  const Ticks t{std::floor(min / step) * step, std::ceil(max / step) * step, step};
+  Ticks t{std::floor(min / step) * step, std::ceil(max / step) * step, step};
+  // The products round: 0.7 on a step of 0.02 gives a lo of 0.7000000000000001. A step further out covers it.
+  if (t.lo > min) t.lo -= step;
+  if (t.hi < max) t.hi += step;
   RT_CHECK(t.hi > t.lo && t.lo <= min && t.hi >= max, what, " spans [", min, ", ", max, "], which ticks of ", step,
            " cannot cover");
   return t;

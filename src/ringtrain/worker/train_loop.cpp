@@ -177,7 +177,8 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   check_fresh_run(c, o);
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
   const RunFolderLocks locks = lead ? lock_run_folders(c) : RunFolderLocks{};
-  if (o.resume) check_resume_start(c, o.overwrite_metrics);  // every rank, before the lead writes any metric
+  // Every rank, agreed (a rank whose files differ must not leave the others waiting), before the lead writes a metric.
+  if (o.resume) comm::all_or_none(world, "resume", [&] { check_resume_start(c, o.overwrite_metrics); });
   PolicyWorker worker(c, world, o.starting_weights, o.stop);
   if (lead) remove_save_leftovers(c, "train");  // after the worker's collective start: every rank checked the folder
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
