@@ -340,6 +340,8 @@ expect_error train-fresh-over-events 'earlier_events/events.out.tfevents.1.host 
   "$bin" train --config run.yaml train.metrics_dir=earlier_events
 grep -q '"loss":2.5' earlier_run/metrics.jsonl || { echo "FAIL train-fresh-over-metrics: the metrics were changed"; failures=$((failures + 1)); }
 printf '{"step":1}\nnot a record\n' > earlier_run/metrics.jsonl
+expect_error logprobs-data-device '/dev/zero: it is a device, expected a regular file, a pipe or a terminal' \
+  "$bin" logprobs --model ck --data /dev/zero
 expect_error init-model-empty-out "--out: the checkpoint folder's name is empty" \
   "$bin" init-model --out '' --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32
 expect_error config-override-two-documents 'train_micro_batch_size=1.*---.*2.: the value holds 2 YAML documents' \
@@ -434,6 +436,15 @@ else
   limit_kb=$(( ${libs_kb:-0} + $(stat -L -c %s "$bin") / 1024 + 600000 ))
   expect_error threads-exhausted 'cannot start the thread of rank [0-9]+ of 500' \
     sh -c "ulimit -v $limit_kb; exec '$bin' logprobs --model ck --data good.jsonl --cp 500"
+  # A config.json that claims a model far larger than its weights (262144 x 4096 tied embeddings, 4 GiB as fp32):
+  # named from the headers, within an address-space limit that allocating the claimed weights first would exceed.
+  mkdir -p bigcfg && cp ck/model.safetensors bigcfg/
+  python3 -c "import json; c = json.load(open('ck/config.json')); c.update(vocab_size=262144, hidden_size=4096, \
+num_attention_heads=32, num_key_value_heads=32, head_dim=128, intermediate_size=16, num_hidden_layers=1, \
+tie_word_embeddings=True); json.dump(c, open('bigcfg/config.json', 'w'))"
+  expect_error logprobs-config-larger-than-weights \
+    "tensor 'model.embed_tokens.weight' has shape \[32, 16\], expected \[262144, 4096\]" \
+    sh -c "ulimit -v $(( limit_kb + 1000000 )); exec '$bin' logprobs --model bigcfg --data good.jsonl"
 fi
 
 # --- a full disk: a 512 KiB tmpfs where mounting one is allowed (root) ---

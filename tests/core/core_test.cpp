@@ -333,6 +333,21 @@ TEST(Json, AKeyGivenTwiceInOneObjectIsAnError) {
   EXPECT_EQ(parse_json(R"({"b": {"b": 1}, "c": [{"b": 2}, {"b": 3}]})", "ok")["c"][1]["b"], 3);
 }
 
+// 300,000 small objects in one (a hostile safetensors header's shape): the checks and the parse take one pass (the
+// DOM parser with a callback walked the parent at every closing object: hours at this size, past ctest's timeout),
+// and a key repeated at the very end is still found.
+TEST(Json, ManyObjectsParseInOnePassWithTheirChecks) {
+  std::string text = "{";
+  for (int i = 0; i < 300000; ++i) text += "\"t" + std::to_string(i) + "\": {\"x\": [" + std::to_string(i) + "]},";
+  EXPECT_EQ(parse_json(text.substr(0, text.size() - 1) + "}", "many")["t299999"]["x"][0], 299999);
+  try {
+    parse_json(text + "\"t7\": {}}", "many.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(R"(many.json: key "t7" given twice)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Json, NestingBeyondTheLimitIsAnErrorNamingTheSource) {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   try {

@@ -159,6 +159,7 @@ TEST_F(PromptFile, ErrorsNameFileAndLine) {
     EXPECT_NE(e.find("prompts.jsonl"), std::string::npos) << e;
   };
   expect(ok + "{\"prompt\": \"1=\"", ":2: not valid JSON");
+  expect(ok + "{\"prompt\": \"12\", \"answer\": 1e999}", ":2: not valid JSON (");  // a number past a double
   expect(ok + ok + "{\"prompt\": \"1=\"}\n", ":3: missing key 'answer'");
   expect(ok + "{\"prompt\": 1, \"answer\": \"1\"}", ":2: key 'prompt' must be a string");
   expect(ok + "{\"prompt\": \"1=\", \"answer\": \"1\", \"id\": \"x\"}", ":2: unknown key 'id'");

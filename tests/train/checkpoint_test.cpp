@@ -311,9 +311,15 @@ TEST(TrainCheckpoint, BadOptimizerPiecesAreNamed) {
   past_end["master@model.norm.weight@32"] = one_element();  // the norm has 32 elements: 32 is past its end
   rewrite(past_end);
   std::string e = load_error(s, dir, {1, 1});
-  EXPECT_NE(e.find(file.string() + ": tensor 'master@model.norm.weight@32' covers elements 32..33 of a tensor of 32"),
+  EXPECT_NE(e.find(file.string() + ": tensor 'master@model.norm.weight@32' covers 1 elements from 32 of a tensor of 32"),
             std::string::npos)
       << e;
+  // A start at the end of int64: the message's own arithmetic must not overflow (UBSan).
+  model::TensorMap far_past_end = good;
+  far_past_end["master@model.norm.weight@9223372036854775807"] = one_element();
+  rewrite(far_past_end);
+  e = load_error(s, dir, {1, 1});
+  EXPECT_NE(e.find("covers 1 elements from 9223372036854775807 of a tensor of 32"), std::string::npos) << e;
 
   model::TensorMap unknown = good;
   unknown["exp_avg@model.layers.9.mlp.up_proj.weight@0"] = one_element();

@@ -3,10 +3,8 @@
 // length.
 #pragma once
 
-#include <set>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,21 +13,15 @@ namespace ringtrain {
 // Deeper than any config, header or data line ringtrain reads.
 constexpr int kMaxJsonDepth = 64;
 
-// The keys of the objects being parsed, fed from a parser callback (nlohmann::json or ordered_json): a key given
-// twice in one object, which the parser would resolve silently (the last one winning), makes fresh() false.
-class ObjectKeys {
- public:
-  template <typename Json>
-  bool fresh(nlohmann::json::parse_event_t event, const Json& parsed) {
-    using event_t = nlohmann::json::parse_event_t;
-    if (event == event_t::object_start) open_.emplace_back();
-    if (event == event_t::object_end) open_.pop_back();
-    return event != event_t::key || open_.back().insert(parsed.template get<std::string>()).second;
-  }
-
- private:
-  std::vector<std::set<std::string>> open_;
+// What a parser would accept silently: nesting deeper than a limit (containers at depth max_depth or more, the
+// outermost at 0), or a key given twice in one object (the last one would win).
+struct JsonShapeIssue {
+  enum Kind { None, TooDeep, KeyTwice } kind = None;
+  std::string key;  // KeyTwice: the key
 };
+// Checks `text` in one pass (nlohmann's SAX interface), in time linear in its size: a callback on the DOM parser
+// would make parsing quadratic in the number of objects. Text that is no JSON passes: parsing it names the error.
+JsonShapeIssue check_json_shape(std::string_view text, int max_depth);
 
 // An Error naming `source` when `text` holds a NUL byte: nlohmann's parser takes it for the end of the input, so what
 // follows it would be ignored unseen.

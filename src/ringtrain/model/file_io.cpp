@@ -86,8 +86,11 @@ std::string read_file(const std::filesystem::path& path, FileSource source) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_sys_error("cannot stat", name);
     RT_CHECK(!S_ISDIR(st.st_mode), "cannot read ", name, ": it is a directory, expected a file");
-    RT_CHECK(S_ISREG(st.st_mode) || source == FileSource::Stream, "cannot read ", name, ": it is ",
-             file_kind(st.st_mode), ", expected a regular file");
+    // A stream is a pipe, a socket or a terminal: a device such as /dev/zero would be read until memory ran out.
+    const bool stream = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || (S_ISCHR(st.st_mode) && ::isatty(fd) == 1);
+    RT_CHECK(S_ISREG(st.st_mode) || (source == FileSource::Stream && stream), "cannot read ", name, ": it is ",
+             file_kind(st.st_mode),
+             source == FileSource::Stream ? ", expected a regular file, a pipe or a terminal" : ", expected a regular file");
     // Sequential reads, so that pipes (--data /dev/stdin) work too.
     if (S_ISREG(st.st_mode)) bytes.reserve(static_cast<size_t>(st.st_size));
     char buf[1 << 16];

@@ -28,8 +28,8 @@ class InputFile {
   uint64_t size_ = 0;
 };
 
-// What read_file accepts besides a regular file: nothing (checkpoint and config files), or a pipe, terminal or
-// other stream (an input that a user may pipe in, like `--data /dev/stdin`).
+// What read_file accepts besides a regular file: nothing (checkpoint and config files), or a pipe, socket or terminal
+// (an input that a user may pipe in, like `--data /dev/stdin`; never another device, which may not end).
 enum class FileSource : uint8_t { RegularFile, Stream };
 // The whole file; anything else is an error naming it and what it is.
 std::string read_file(const std::filesystem::path& path, FileSource source = FileSource::RegularFile);

@@ -88,22 +88,29 @@ std::vector<float> allocate_params(const ParamLayout& layout, const std::string&
 
 std::vector<float> params_from_tensors(const ParamLayout& layout, const ModelConfig& c, const TensorMap& tensors,
                                        const std::string& source) {
-  std::vector<float> out = allocate_params(layout, source);
+  // Names and shapes first, from the headers alone: a config.json that claims a far larger model than its weights is
+  // refused before the memory it claims is allocated.
+  std::set<std::string_view> expected;
   for (const ParamSpec& s : layout.specs()) {
+    expected.insert(s.name);
     auto it = tensors.find(s.name);
     RT_CHECK(it != tensors.end(), source, ": missing tensor '", s.name, "' (expected shape ", shape_string(s.shape),
              ")");
     RT_CHECK(it->second.shape == s.shape, it->second.file, ": tensor '", s.name, "' has shape ",
              shape_string(it->second.shape), ", expected ", shape_string(s.shape), " from config.json");
-    to_float32(s.name, it->second, out.data() + s.offset);
-    check_finite(out.data() + s.offset, s.numel, cat(it->second.file, ": tensor '", s.name, "'"));
   }
   for (const auto& [name, t] : tensors) {
-    if (layout.find(name)) continue;
+    if (expected.count(name)) continue;
     const bool rope_cache = name.ends_with("rotary_emb.inv_freq");
     const bool tied_head = c.tie_embeddings && name == "lm_head.weight";
     RT_CHECK(rope_cache || tied_head, t.file, ": unexpected tensor '", name, "' ", shape_string(t.shape),
              " for a ", arch_class_name(c.arch), " with this config.json");
+  }
+  std::vector<float> out = allocate_params(layout, source);
+  for (const ParamSpec& s : layout.specs()) {
+    const auto it = tensors.find(s.name);
+    to_float32(s.name, it->second, out.data() + s.offset);
+    check_finite(out.data() + s.offset, s.numel, cat(it->second.file, ": tensor '", s.name, "'"));
   }
   return out;
 }

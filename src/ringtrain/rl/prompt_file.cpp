@@ -39,20 +39,15 @@ std::vector<Example> read_prompt_file(const std::filesystem::path& path, const C
     if (blank(line)) continue;
     const std::string where = cat(name, ":", number);
     check_no_nul(line, where);
-    // Records are flat: the callback refuses any object or array inside the top-level one before it is parsed.
-    ObjectKeys keys;
-    const nlohmann::json::parser_callback_t flat = [&](int depth, nlohmann::json::parse_event_t event,
-                                                       nlohmann::json& parsed) {
-      RT_CHECK(!(depth > 0 && (event == nlohmann::json::parse_event_t::object_start ||
-                               event == nlohmann::json::parse_event_t::array_start)),
-               where, ": nested values are not allowed (a record is {\"prompt\": \"...\", \"answer\": \"...\"})");
-      RT_CHECK(keys.fresh(event, parsed), where, ": key ", json_excerpt(parsed), " given twice");
-      return true;
-    };
+    // Records are flat: any object or array inside the top-level one is refused before the line is parsed.
+    const JsonShapeIssue issue = check_json_shape(line, 1);
+    RT_CHECK(issue.kind != JsonShapeIssue::TooDeep, where,
+             ": nested values are not allowed (a record is {\"prompt\": \"...\", \"answer\": \"...\"})");
+    RT_CHECK(issue.kind != JsonShapeIssue::KeyTwice, where, ": key ", json_excerpt(issue.key), " given twice");
     nlohmann::json record;
     try {
-      record = nlohmann::json::parse(line, flat);
-    } catch (const nlohmann::json::parse_error& e) {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number too large for a double
       throw Error(cat(where, ": not valid JSON (", e.what(), ")"));
     }
     RT_CHECK(record.is_object(), where, ": a record must be a JSON object, not ", record.type_name());

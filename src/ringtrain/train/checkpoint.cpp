@@ -326,8 +326,8 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
                dtype_name(saved_dtype), " tensor (the state's master_dtype), got ", model::shape_string(t.shape), " ",
                dtype_name(t.dtype));
       const int64_t len = t.shape[0];
-      RT_CHECK(len <= spec.numel - p.start, path.string(), ": tensor '", key, "' covers elements ", p.start, "..",
-               p.start + len, " of a tensor of ", spec.numel);
+      RT_CHECK(len <= spec.numel - p.start, path.string(), ": tensor '", key, "' covers ", len, " elements from ",
+               p.start, " of a tensor of ", spec.numel);
       const int64_t off = policy.flat_offsets()[found->second];
       const auto [lo, hi] = covered(spec, off, sh.begin, sh.end);
       const int64_t from = std::max(lo, p.start), to = std::min(hi, p.start + len);

@@ -175,6 +175,9 @@ void keep_event_steps(const fs::path& path, int64_t after_step) {
     const size_t n = static_cast<size_t>(length);
     RT_CHECK(load_le32(bytes, at + 12 + n) == masked_crc32c(bytes.data() + at + 12, n), where,
              ": its payload's checksum does not match (not an intact event file)");
+    // protobuf parses at most INT_MAX bytes; a scalar Event is a few hundred.
+    RT_CHECK(n <= static_cast<size_t>(std::numeric_limits<int>::max()), where, ": a record of ", n,
+             " bytes, not one of scalar metrics");
     tb::Event e;
     RT_CHECK(e.ParseFromArray(bytes.data() + at + 12, static_cast<int>(n)), where, ": not an Event message");
     if (e.what_case() == tb::Event::kSummary && e.step() > after_step) dropped = true;
