@@ -344,6 +344,8 @@ expect_error logprobs-data-device '/dev/zero: it is a device, expected a regular
   "$bin" logprobs --model ck --data /dev/zero
 expect_error init-model-empty-out "--out: the checkpoint folder's name is empty" \
   "$bin" init-model --out '' --layers 1 --hidden 16 --heads 2 --ffn 32 --vocab 32
+expect_error config-grpo-leave-one-out-not-a-flag "grpo.use_leave_one_out_baseline = 'maybe': expected true or false" \
+  "$bin" config run.yaml grpo.use_leave_one_out_baseline=maybe
 expect_error config-override-two-documents 'train_micro_batch_size=1.*---.*2.: the value holds 2 YAML documents' \
   "$bin" config run.yaml $'policy.train_micro_batch_size=1\n---\n2'
 expect_error train-resume-foreign-metrics 'earlier_run/metrics.jsonl holds the metrics of an earlier run; --resume found no checkpoint in ckpt_new' \
