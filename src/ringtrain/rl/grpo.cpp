@@ -129,25 +129,22 @@ GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_
     for (double r : group) mean += r;
     mean /= n;
     double squares = 0;  // Σ (r - mean)², two passes for accuracy
-    bool uniform = true;
-    for (double r : group) {
-      squares += (r - mean) * (r - mean);
-      uniform = uniform && r == group[0];
-    }
-    out.uniform_groups += uniform ? 1 : 0;
-    // With two distinct values, a sample whose value occurs once sees only the other value: its others' spread is
-    // exactly 0, which the downdated sum of squares below would leave as a rounding residue (and divide by).
+    for (double r : group) squares += (r - mean) * (r - mean);
+    // The group's first value and the first other one, with their counts. With two distinct values, a sample whose
+    // value occurs once sees only the other value: its others' spread is exactly 0, which the downdated sum of
+    // squares below would leave as a rounding residue (and divide by).
     const double a = group[0];
     const auto b = std::find_if(group.begin(), group.end(), [&](double r) { return r != a; });
     const size_t count_a = static_cast<size_t>(std::count(group.begin(), group.end(), a));
     const size_t count_b = b == group.end() ? 0 : static_cast<size_t>(std::count(group.begin(), group.end(), *b));
     const bool two_values = count_a + count_b == g;
+    // Exactly 0 for a uniform group (r − mean can be a rounding residue of the mean, not a signal).
+    if (count_a == g) {
+      out.uniform_groups += 1;
+      std::fill_n(out.advantages.begin() + static_cast<std::ptrdiff_t>(first), g, 0.0);
+      continue;
+    }
     for (size_t i = 0; i < g; ++i) {
-      // Exactly 0 for a uniform group (r − mean can be a rounding residue of the mean, not a signal).
-      if (uniform) {
-        out.advantages[first + i] = 0;
-        continue;
-      }
       double baseline = mean, variance = squares / n;
       if (o.leave_one_out) {
         // The others' mean and squared deviations from the whole group's: d = r_i - mean moves the mean by
