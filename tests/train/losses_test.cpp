@@ -160,6 +160,24 @@ TEST(Losses, ImportanceWeightsAndSequenceMean) {
   EXPECT_NEAR(metric(r, "importance_weight"), (0.5 + 3) / 4, 1e-15);
 }
 
+TEST(Losses, SequenceMeanCountsASampledSequenceWithoutCountedTokens) {
+  // NeMo RL divides the sum of per-sequence means by Σ sample_mask. Row 0 counts tokens 1, 2 (A = 1, 3: mean -2);
+  // row 1 is sampled but every token is masked (adds 0, counts 1); row 2 is not sampled (counts 0): loss -2 / 2.
+  Masks m(3, 3);
+  m.token = {1, 1, 1, 1, 0, 0, 1, 1, 1};
+  m.sample = {1, 1, 0};
+  const ValidCounts local = count_valid(m.view());
+  EXPECT_EQ(local.tokens, 2);
+  EXPECT_EQ(local.sequences, 2);
+  const std::vector<double> cur(9, -1.0), adv = {0, 1, 3, 5, 5, 5, 7, 7, 7};
+  ClippedPGConfig cfg;
+  cfg.aggregation = Aggregation::SequenceMean;
+  auto grad = poisoned(9);
+  const LossResult r = clipped_pg_loss<double>(m.view(), {cur, cur, adv, {}, {}}, cfg, local, grad);
+  EXPECT_NEAR(r.loss, -1.0, 1e-15);
+  EXPECT_EQ(grad, (std::vector<double>{0, -1.0 / 4, -3.0 / 4, 0, 0, 0, 0, 0, 0}));
+}
+
 TEST(Losses, ImportanceWeightsCorrectThePolicyGradientOnly) {
   // r = 1 (cur = prev = -1), A = 1, beta = 0.5, k3, two tokens, global 2.
   //  p1: w = 0.5 (gen = prev + log 2), x = ref - cur = 1: loss -w + beta(e - 2), grad -w - beta(e - 1): the KL term

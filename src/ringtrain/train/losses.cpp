@@ -53,7 +53,7 @@ ValidCounts count_valid(const TokenMasks& masks) {
   for (int64_t b = 0; b < masks.batch; ++b) {
     const int64_t n = counted_in_row(masks, b);
     c.tokens += static_cast<double>(n);
-    c.sequences += n > 0 ? 1 : 0;
+    c.sequences += masks.sample_mask[b] != 0 ? 1 : 0;
   }
   return c;
 }

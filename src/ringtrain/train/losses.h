@@ -29,7 +29,7 @@ struct TokenMasks {
 // Counts of one microbatch, or (summed by the caller over microbatches and dp ranks) of the whole step.
 struct ValidCounts {
   double tokens = 0;     // counted tokens
-  double sequences = 0;  // sequences with sample_mask set and at least one counted token
+  double sequences = 0;  // sequences with sample_mask set, counted tokens or not (NeMo RL's global_valid_seqs)
 };
 ValidCounts count_valid(const TokenMasks& masks);
 

@@ -77,7 +77,7 @@ __global__ void count_kernel(DeviceMicro m, bool dpo, const double* row_count, d
   double v[4] = {0, 0, 0, 0};
   for (int64_t b = threadIdx.x; b < m.batch; b += kReduceThreads) {
     v[kTokens] += row_count[b];
-    v[kSequences] += row_count[b] > 0;
+    v[kSequences] += m.sample_mask[b] != 0;
   }
   if (dpo)
     for (int64_t pair = threadIdx.x; pair < m.batch / 2; pair += kReduceThreads) {
