@@ -432,6 +432,33 @@ TEST_F(Checkpoint, DeferredReadsMatchLoadedBytesAndNameNonFiniteWeights) {
                {"model.safetensors", "tensor 'model.layers.0.mlp.down_proj.weight'", "element 3 is nan"});
 }
 
+// A deferred tensor's data must come from the file its header was read from: a checkpoint saved over it (a new file
+// under the name) or a file rewritten in place (same size, same inode) is refused, not read at the old offsets.
+TEST_F(Checkpoint, DeferredReadsRefuseAFileThatChangedAfterItsHeader) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const ModelConfig c = testing::tiny_config(model::Arch::Llama);
+  model::save_checkpoint(dir_, c, testing::tiny_params(c, rng));
+  const std::string weights = (dir_ / "model.safetensors").string(), name = "model.norm.weight";
+  model::TensorMap deferred = model::read_checkpoint_tensors(dir_, model::TensorData::Defer);
+  model::save_checkpoint(dir_, c, testing::tiny_params(c, rng));
+  std::vector<float> out(static_cast<size_t>(deferred.at(name).numel()));
+  expect_error([&] { model::to_float32(name, deferred.at(name), out.data()); },
+               {weights, "changed after its header was read", name});
+
+  deferred = model::read_checkpoint_tensors(dir_, model::TensorData::Defer);
+  model::to_float32(name, deferred.at(name), out.data());  // unchanged: read
+  std::string bytes = model::read_file(weights);
+  bytes.back() = static_cast<char>(bytes.back() ^ 1);
+  {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past a coarse file-system clock tick
+    std::ofstream rewrite(weights, std::ios::in | std::ios::out | std::ios::binary);
+    rewrite.seekp(static_cast<std::streamoff>(bytes.size() - 1));
+    rewrite.put(bytes.back());
+  }
+  expect_error([&] { model::to_float32(name, deferred.at(name), out.data()); },
+               {weights, "changed after its header was read"});
+}
+
 TEST_F(Checkpoint, SaveRefusesOrReplacesAnExistingCheckpointWithoutStaleShards) {
   std::mt19937_64 rng(testing::fresh_seed());
   const ModelConfig c = testing::tiny_config(model::Arch::Qwen3);

@@ -59,7 +59,8 @@ InputFile::InputFile(const std::filesystem::path& path) : path_(path.string()) {
     ::close(fd_);
     throw Error(cat("cannot read ", path_, ": it is ", file_kind(st.st_mode), ", expected a regular file"));
   }
-  size_ = static_cast<uint64_t>(st.st_size);
+  identity_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
+               int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
 }
 
 InputFile::~InputFile() { ::close(fd_); }

@@ -10,6 +10,14 @@
 
 namespace ringtrain::model {
 
+// Which file a path named when it was opened, and its version: a file renamed over it or rewritten in place since
+// differs in one of them.
+struct FileIdentity {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
 // An open regular file for positioned reads (a directory, FIFO or device is refused at open).
 class InputFile {
  public:
@@ -17,7 +25,8 @@ class InputFile {
   ~InputFile();
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;
-  uint64_t size() const { return size_; }
+  uint64_t size() const { return identity_.size; }
+  const FileIdentity& identity() const { return identity_; }
   const std::string& path() const { return path_; }
   // Reads exactly n bytes at `offset`; an error when the file is shorter (it changed under us).
   void read_at(uint64_t offset, void* dst, size_t n) const;
@@ -25,7 +34,7 @@ class InputFile {
  private:
   std::string path_;
   int fd_ = -1;
-  uint64_t size_ = 0;
+  FileIdentity identity_;
 };
 
 // What read_file accepts besides a regular file: nothing (checkpoint and config files), or a pipe, socket or terminal

@@ -118,7 +118,9 @@ TensorMap read_safetensors(const std::filesystem::path& path, TensorData data) {
   std::vector<std::pair<uint64_t, uint64_t>> spans;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
-    out.emplace(it.key(), parse_entry(it.key(), it.value(), file, data_start, data_size, spans));
+    StoredTensor& t = out.emplace(it.key(), parse_entry(it.key(), it.value(), file, data_start, data_size, spans))
+                          .first->second;
+    t.source = in.identity();
   }
   // The tensors must tile the data section without overlaps or gaps (what the format requires).
   std::sort(spans.begin(), spans.end());
@@ -204,6 +206,8 @@ void to_float32(const std::string& name, const StoredTensor& t, float* dst) {
            " bytes for shape ", shape_string(t.shape));
   // Straight from the file into the destination, a bounded chunk at a time.
   const InputFile in(t.file);
+  RT_CHECK(in.identity() == t.source, t.file, ": the file changed after its header was read (replaced or rewritten; ",
+           "tensor '", name, "'): load the checkpoint again");
   constexpr int64_t kChunkElems = int64_t{1} << 20;
   std::string chunk(static_cast<size_t>(std::min(n, kChunkElems)) * elem, '\0');
   for (int64_t i = 0; i < n; i += kChunkElems) {

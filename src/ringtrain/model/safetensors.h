@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ringtrain/core/dtype.h"
+#include "ringtrain/model/file_io.h"
 
 namespace ringtrain::model {
 
@@ -20,6 +21,7 @@ struct StoredTensor {
   std::string bytes;        // little-endian elements; empty when read with TensorData::Defer
   std::string file;         // where it was read from (for errors, and the deferred data)
   int64_t file_offset = -1;  // where its data starts in `file`
+  FileIdentity source;       // `file` as its header was read: the deferred data must come from the same version
   int64_t numel() const;     // an error when the product overflows
 };
 using TensorMap = std::map<std::string, StoredTensor>;
