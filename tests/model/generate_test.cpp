@@ -74,18 +74,24 @@ std::vector<float> next_token_logprobs(Policy& policy, const std::vector<int32_t
 }
 
 // log q(token) of the processed distribution, in fp64 from the policy's logprobs: softmax(lp / T) over the top_k
-// most likely, then over the shortest most-likely prefix reaching top_p of that mass; -inf outside it.
+// most likely and those tied with the k-th, then over the shortest most-likely prefix reaching top_p of that mass and
+// those tied with its last; -inf outside it.
 double processed_logprob(const std::vector<float>& lp, const SamplingParams& s, int32_t token) {
   std::vector<int32_t> order(lp.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return lp[a] > lp[b]; });
-  if (s.top_k > 0 && s.top_k < static_cast<int64_t>(order.size())) order.resize(static_cast<size_t>(s.top_k));
+  if (s.top_k > 0 && s.top_k < static_cast<int64_t>(order.size())) {
+    size_t k = static_cast<size_t>(s.top_k);
+    while (k < order.size() && lp[order[k]] == lp[order[k - 1]]) ++k;
+    order.resize(k);
+  }
   std::vector<double> w;
   for (int32_t v : order) w.push_back(std::exp((static_cast<double>(lp[v]) - lp[order[0]]) / s.temperature));
   const double total = std::accumulate(w.begin(), w.end(), 0.0);
   double mass = 0;
   size_t kept = 0;
   while (kept < w.size() && mass < s.top_p * total) mass += w[kept++];
+  while (kept < w.size() && lp[order[kept]] == lp[order[kept - 1]]) mass += w[kept++];
   for (size_t i = 0; i < kept; ++i)
     if (order[i] == token) return std::log(w[i] / mass);
   return -std::numeric_limits<double>::infinity();
@@ -380,6 +386,42 @@ TEST(ChooseToken, FrequenciesMatchProcessedDistribution) {
     }
     EXPECT_LT(chi2, 30.0) << "case " << ci;
   }
+}
+
+// Exact ties at the top-k and top-p boundaries keep every tied token (Hugging Face's top-k masks only what is below
+// the k-th; the GPU sampler keeps both ties), each drawn as often as its probability says.
+TEST(ChooseToken, TiesAtTheCutOffsAreKept) {
+  // Probabilities 0.3, then 0.2 three times (tokens 0, 2, 4), then 0.05 twice.
+  const std::vector<double> p = {0.2, 0.3, 0.2, 0.05, 0.2, 0.05};
+  std::vector<float> lp;
+  for (double x : p) lp.push_back(static_cast<float>(std::log(x)));
+  SamplingParams top2, nucleus;
+  top2.top_k = 2;        // the k-th is one of the three 0.2s: all three stay, mass 0.9
+  nucleus.top_p = 0.45;  // 0.3 + 0.2 crosses 0.45 at a 0.2: its two ties stay too
+  const std::vector<double> want = {0.2 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0, 0.2 / 0.9, 0};
+  const uint64_t seed = testing::fresh_seed();
+  for (const SamplingParams& s : {top2, nucleus}) {
+    std::vector<int64_t> count(p.size(), 0);
+    constexpr int64_t kDraws = 30000;
+    for (int64_t i = 0; i < kDraws; ++i) {
+      const model::TokenChoice t = model::choose_token(lp, s, model::sampling_uniform(seed, s.top_k, i));
+      ASSERT_GT(want[t.token], 0) << "token " << t.token << " is outside the kept set (top_k " << s.top_k << ")";
+      ASSERT_NEAR(t.sampling_logprob, std::log(want[t.token]), 1e-6);
+      ASSERT_NEAR(t.sampling_logprob, processed_logprob(lp, s, t.token), 1e-6);
+      ++count[t.token];
+    }
+    // Chi-square over the 4 kept tokens (3 degrees of freedom): 25 is exceeded with probability below 2e-5; a
+    // dropped tie moves its count by thousands.
+    double chi2 = 0;
+    for (size_t v = 0; v < p.size(); ++v)
+      if (want[v] > 0) chi2 += std::pow(count[v] - want[v] * kDraws, 2) / (want[v] * kDraws);
+    EXPECT_LT(chi2, 25.0) << "top_k " << s.top_k << ", top_p " << s.top_p;
+  }
+  // top_k = 1 is greedy, as on the GPU: the lowest id of a tied top, whatever the draw.
+  SamplingParams top1;
+  top1.top_k = 1;
+  const std::vector<float> tied_top = {-3.f, -0.9f, -2.f, -0.9f};
+  for (double u : {0.0, 0.5, 0.999}) EXPECT_EQ(model::choose_token(tied_top, top1, u).token, 1);
 }
 
 TEST(ChooseToken, GreedyAndBadInputs) {

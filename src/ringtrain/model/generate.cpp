@@ -157,15 +157,20 @@ TokenChoice choose_token(std::span<const float> lp, const SamplingParams& s, dou
     if (more_likely(lp, v, best)) best = v;
   }
   RT_CHECK(std::isfinite(lp[best]), "sampling: the largest logprob is ", lp[best]);
-  if (s.temperature == 0) return {best, lp[best], 0.f};
+  if (s.temperature == 0 || s.top_k == 1) return {best, lp[best], 0.f};
 
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   const auto cmp = [&](int32_t a, int32_t b) { return more_likely(lp, a, b); };
   int64_t kept = vocab;
   if (s.top_k > 0 && s.top_k < vocab) {
-    kept = s.top_k;
-    std::partial_sort(order.begin(), order.begin() + kept, order.end(), cmp);
+    std::partial_sort(order.begin(), order.begin() + s.top_k, order.end(), cmp);
+    // The tokens tied with the k-th follow it, lower id first (the k-th has the lowest id of them).
+    const float kth = lp[order[static_cast<size_t>(s.top_k - 1)]];
+    const auto tail = order.begin() + s.top_k;
+    const auto tied_end = std::partition(tail, order.end(), [&](int32_t v) { return lp[v] == kth; });
+    std::sort(tail, tied_end);
+    kept = tied_end - order.begin();
   } else if (s.top_p < 1) {
     std::sort(order.begin(), order.end(), cmp);
   }
@@ -177,7 +182,9 @@ TokenChoice choose_token(std::span<const float> lp, const SamplingParams& s, dou
     double mass = 0;
     int64_t n = 0;
     while (n < kept && mass < s.top_p * total) mass += w[n++];
-    kept = std::max<int64_t>(n, 1);
+    n = std::max<int64_t>(n, 1);
+    while (n < kept && lp[order[n]] == lp[order[n - 1]]) ++n;
+    kept = n;
   }
   const double z = std::accumulate(w.begin(), w.begin() + kept, 0.0);
   // Inverse CDF: the running sum reaches z (the same additions in the same order) > uniform * z.

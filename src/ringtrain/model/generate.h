@@ -44,8 +44,11 @@ namespace ringtrain::model {
 struct SamplingParams {
   // The logits are divided by the temperature; 0 means greedy (the most likely token, the lowest id on a tie).
   double temperature = 1.0;
-  int64_t top_k = 0;    // keep the k most likely tokens; 0 = all
-  double top_p = 1.0;   // then keep the smallest most-likely set whose probability reaches top_p; 1 = all
+  // Keep the k most likely tokens and every token tied with the k-th (Hugging Face's top-k); 0 = all; 1 = greedy.
+  int64_t top_k = 0;
+  // Then keep the smallest most-likely set whose probability reaches top_p, with every token tied with the one that
+  // crosses it; 1 = all.
+  double top_p = 1.0;
   int64_t max_new_tokens = 16;
   // A sampled stop token ends its sequence; it is the last returned token (the policy learns to stop by scoring it).
   std::vector<int32_t> stop_tokens;
