@@ -25,6 +25,7 @@
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/params.h"
+#include "ringtrain/worker/train_loop.h"
 #include "test_util.h"
 
 namespace ringtrain::worker {
@@ -106,6 +107,25 @@ std::map<int64_t, double> losses(const fs::path& metrics_dir) {
     out[j.at("step").get<int64_t>()] = j.at("loss").is_null() ? NAN : j.at("loss").get<double>();
   }
   return out;
+}
+
+// What a stopped run is told when no checkpoint continues it must be what works: --resume refuses the run's metrics
+// (it would start again and drop them), so the hint names --overwrite-metrics; once a checkpoint exists, --resume.
+TEST(TrainLoop, ResumeHintWithoutACheckpointIsWhatARunAgainAccepts) {
+  const testing::TempDir dir("rt_resume_hint");
+  Config c;
+  c.train.checkpoint_dir = (dir.path / "ck").string();
+  c.train.metrics_dir = (dir.path / "m").string();
+  fs::create_directories(dir.path / "ck");
+  fs::create_directories(dir.path / "m");
+  model::write_file_atomic(dir.path / "m" / "metrics.jsonl", "{\"step\": 1, \"loss\": 2.5}\n");
+  EXPECT_EQ(resume_hint(c), "no checkpoint in " + c.train.checkpoint_dir + " yet, so none continues this run; running "
+                            "it again needs --overwrite-metrics (train.metrics_dir = " + c.train.metrics_dir +
+                            " holds this run's metrics)");
+  EXPECT_THROW(check_resume_start(c, false), Error);
+  EXPECT_NO_THROW(check_resume_start(c, true));
+  c.train.metrics_dir.clear();
+  EXPECT_EQ(resume_hint(c), "no checkpoint in " + c.train.checkpoint_dir + " yet, so none continues this run");
 }
 
 TEST(TrainCli, DpCpMeshGivesTheSingleRankLosses) {

@@ -69,16 +69,18 @@ std::optional<fs::path> newest_checkpoint(const fs::path& dir) {
 }
 
 std::string resume_hint(const Config& c) {
+  // Without a checkpoint the run can only start again, which an earlier run's metrics refuse unless replaced.
+  const std::string again =
+      c.train.metrics_dir.empty()
+          ? std::string()
+          : cat("; running it again needs --overwrite-metrics (train.metrics_dir = ", c.train.metrics_dir,
+                " holds this run's metrics)");
   const fs::path dir = c.train.checkpoint_dir;
-  if (dir.empty())
-    return cat("train.checkpoint_dir is not set, so no checkpoint continues this run",
-               c.train.metrics_dir.empty() ? std::string()
-                                           : cat("; running it again needs --overwrite-metrics (train.metrics_dir = ",
-                                                 c.train.metrics_dir, " holds this run's metrics)"));
+  if (dir.empty()) return cat("train.checkpoint_dir is not set, so no checkpoint continues this run", again);
   try {
     const std::optional<fs::path> newest = newest_checkpoint(dir);
     return newest ? cat("--resume continues from ", newest->string())
-                  : cat("no checkpoint in ", dir.string(), " yet: --resume starts from the beginning");
+                  : cat("no checkpoint in ", dir.string(), " yet, so none continues this run", again);
   } catch (const std::exception& e) {  // said beside the stop it explains, not in its place
     return cat("the newest checkpoint cannot be named: ", e.what());
   }
