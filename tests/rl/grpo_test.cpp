@@ -46,20 +46,20 @@ fs::path fresh_dir(const std::string& name) {
 }
 
 TEST(GrpoAdvantages, HandComputedGroups) {
-  // Groups of 4: {1,0,0,1} mean 0.5 std 0.5; {0.5 x4} all equal; {0,0,0,1} mean 0.25, std sqrt(0.1875).
+  // Groups of 4, sample std (squares / 3): {1,0,0,1} mean 0.5, std sqrt(1/3), so ±sqrt(3)/2; {0.5 x4} all equal;
+  // {0,0,0,1} mean 0.25, squares 0.75, std 0.5, so -0.5 and 1.5.
   const std::vector<double> rewards = {1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5, 0, 0, 0, 1};
   const rl::GroupAdvantages a = rl::group_advantages(rewards, 4, {.eps = 0.0});
-  const double third_low = -0.25 / std::sqrt(0.1875), third_high = 0.75 / std::sqrt(0.1875);  // -1/sqrt(3), sqrt(3)
-  const std::vector<double> want = {1, -1, -1, 1, 0, 0, 0, 0, third_low, third_low, third_low, third_high};
+  const double h = std::sqrt(3.0) / 2;
+  const std::vector<double> want = {h, -h, -h, h, 0, 0, 0, 0, -0.5, -0.5, -0.5, 1.5};
   ASSERT_EQ(a.advantages.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(a.advantages[i], want[i], 1e-15) << "sample " << i;
-  EXPECT_NEAR(third_low, -1 / std::sqrt(3.0), 1e-15);
   EXPECT_EQ(a.uniform_groups, 1);
 
-  // The default epsilon enters the denominator: 0.5 / (0.5 + 1e-6).
+  // The default epsilon enters the denominator: {1, 0} has std sqrt(1/2), so 0.5 / (sqrt(1/2) + 1e-6).
   const rl::GroupAdvantages e = rl::group_advantages(std::vector<double>{1, 0}, 2);
-  EXPECT_DOUBLE_EQ(e.advantages[0], 0.5 / (0.5 + rl::kAdvantageEps));
-  EXPECT_DOUBLE_EQ(e.advantages[1], -0.5 / (0.5 + rl::kAdvantageEps));
+  EXPECT_DOUBLE_EQ(e.advantages[0], 0.5 / (std::sqrt(0.5) + rl::kAdvantageEps));
+  EXPECT_DOUBLE_EQ(e.advantages[1], -0.5 / (std::sqrt(0.5) + rl::kAdvantageEps));
 
   // All-equal groups give exactly 0 (not a rounding residue over epsilon), whatever the value.
   const rl::GroupAdvantages u = rl::group_advantages(std::vector<double>{0.1, 0.1, 0.1, 0.7, 0.7, 0.7}, 3);
@@ -69,19 +69,23 @@ TEST(GrpoAdvantages, HandComputedGroups) {
   EXPECT_NE(error_of([] { rl::group_advantages(std::vector<double>{1, 0, 1}, 2); }).find("groups of 2"),
             std::string::npos);
 
-  // Leave-one-out, no epsilon: in {1,0,0,1} each sample's others have mean 1/3 or 2/3 and std sqrt(2/9), so ±sqrt(2);
-  // in {0,0,0,1} a 0's others {0,0,1} give -1/sqrt(2), and the 1's others {0,0,0} have no spread: r - 0 = 1, undivided.
+  // Leave-one-out, no epsilon: in {1,0,0,1} each sample's others have mean 1/3 or 2/3 and sample std sqrt(1/3), so
+  // ±2/sqrt(3); in {0,0,0,1} a 0's others {0,0,1} give -1/sqrt(3), and the 1's others {0,0,0} have no spread: r - 0 =
+  // 1, undivided. With groups of 2 the one other has no spread: r_i - r_j.
   const rl::GroupAdvantages loo = rl::group_advantages(rewards, 4, {.leave_one_out = true, .eps = 0.0});
-  const double r2 = std::sqrt(2.0);
-  const std::vector<double> want_loo = {r2, -r2, -r2, r2, 0, 0, 0, 0, -1 / r2, -1 / r2, -1 / r2, 1};
+  const double r3 = std::sqrt(3.0);
+  const std::vector<double> want_loo = {2 / r3, -2 / r3, -2 / r3, 2 / r3, 0, 0, 0, 0, -1 / r3, -1 / r3, -1 / r3, 1};
   for (size_t i = 0; i < want_loo.size(); ++i) EXPECT_NEAR(loo.advantages[i], want_loo[i], 1e-14) << "sample " << i;
+  const rl::GroupAdvantages pair = rl::group_advantages(std::vector<double>{0.25, 1}, 2, {.leave_one_out = true});
+  EXPECT_EQ(pair.advantages, (std::vector<double>{-0.75, 0.75}));
   // Dr. GRPO: r - mean, undivided.
   const rl::GroupAdvantages plain = rl::group_advantages(rewards, 4, {.normalize = false});
   const std::vector<double> want_plain = {0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, -0.25, -0.25, -0.25, 0.75};
   for (size_t i = 0; i < want_plain.size(); ++i) EXPECT_DOUBLE_EQ(plain.advantages[i], want_plain[i]) << i;
 }
 
-// Every option against a direct computation over each sample's others (fresh rewards, group sizes 2 to 9).
+// Every option against a direct computation over each sample's others (fresh rewards, group sizes 2 to 9), with
+// NeMo RL's sample standard deviation.
 TEST(GrpoAdvantages, AgainstTheDirectFormula) {
   std::mt19937_64 rng(testing::fresh_seed());
   for (int round = 0; round < 50; ++round) {
@@ -108,7 +112,7 @@ TEST(GrpoAdvantages, AgainstTheDirectFormula) {
                 spread += (rewards[j] - mean) * (rewards[j] - mean);
                 distinct += rewards[j] != rewards[loo && i == first ? first + 1 : first];
               }
-            const double sd = distinct == 0 ? 0.0 : std::sqrt(spread / n);
+            const double sd = distinct == 0 || n < 2 ? 0.0 : std::sqrt(spread / (n - 1));  // sample std
             double want = rewards[i] - mean;
             if (normalize && sd > 0) want /= sd + 1e-6;
             EXPECT_NEAR(a.advantages[i], want, 1e-6 * (1 + std::abs(want)))
@@ -267,6 +271,12 @@ TEST(GrpoLoop, ResumedRunRepeatsTheUninterruptedSteps) {
                           "prompts x 4 samples per step, after 1 SFT warm-up steps'"),
             std::string::npos)
       << rewarmed;
+  // Another starting model: the warm-up's weights stand in for it, but its config is checked against the one named.
+  const std::string remodelled = resume_error("policy.model_name=builtin:tiny");
+  EXPECT_NE(remodelled.find((split / "ck" / "sft_warmup" / "config.json").string() +
+                            ": the checkpoint is of another model"),
+            std::string::npos)
+      << remodelled;
   // Resuming where there is no checkpoint yet starts the run: the same steps as a plain start.
   const auto started = run_small(worker::parse_config(small_config(fresh_dir("none"), 1, 1), "c.yaml"), true);
   ASSERT_EQ(started.size(), 1u);
@@ -399,6 +409,17 @@ TEST(GrpoConfig, BadValuesNamedByKey) {
             std::string::npos);
   EXPECT_NE(start_error({"grpo.max_new_tokens=30"}).find("grpo.max_new_tokens = 30: prompt '"),
             std::string::npos);
+  // The built-in task's every prompt, not only the first step's: its longest (BOS, 5 digits, '=') + 25 fits in 32,
+  // + 26 is refused before any step, whatever digits the seed draws first.
+  const auto config_error = [&](const std::string& max_new_tokens) {
+    const worker::Config c = worker::parse_config(base, "g.yaml", {"grpo.max_new_tokens=" + max_new_tokens});
+    return error_of([&] { rl::check_grpo_config(c, nullptr); });
+  };
+  EXPECT_EQ(config_error("25"), "(no error)");
+  EXPECT_NE(config_error("26").find("the built-in task's longest prompt (5 digits): grpo.max_new_tokens = 26: prompt "
+                                    "'99999=' (7 tokens) + 26 response tokens exceeds"),
+            std::string::npos)
+      << config_error("26");
   // Without a grpo section a config still needs its training data.
   EXPECT_NE(error_of([&] { worker::parse_config(base, "g.yaml", {"grpo.prompts="}); }).find("train.data is required"),
             std::string::npos);
@@ -423,12 +444,15 @@ TEST(GrpoCli, SmokeRunWritesFiniteMetrics) {
   fs::create_directories(d);
   const fs::path cfg = d / "g.yaml";
   std::ofstream(cfg) << small_config(d, 1, 3);
+  // The metrics (and the curves drawn from them) in the checkpoint folder, beside the checkpoints: as accepted when
+  // resumed as when started.
+  const fs::path m = d / "ck" / "metrics";
   const testing::CliResult r =
-      testing::run_cli("grpo --config " + cfg.string() + " train.metrics_dir=" + (d / "m").string() + " 2>&1");
+      testing::run_cli("grpo --config " + cfg.string() + " train.metrics_dir=" + m.string() + " 2>&1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("exact match:"), std::string::npos) << r.output;
-  EXPECT_TRUE(fs::is_regular_file(d / "m" / "reward.svg"));
-  std::ifstream in(d / "m" / "metrics.jsonl");
+  EXPECT_TRUE(fs::is_regular_file(m / "reward.svg"));
+  std::ifstream in(m / "metrics.jsonl");
   std::string line;
   int warmup = 0, grpo = 0;
   const std::set<std::string> grpo_keys = {
@@ -456,18 +480,23 @@ TEST(GrpoCli, SmokeRunWritesFiniteMetrics) {
 
   // A second run in the same folders: refused without --resume, naming the metrics file. Resumed from the step-2
   // checkpoint, the records of step 3 (written as step 6) are dropped and written again: every step once.
-  const std::string again = "grpo --config " + cfg.string() + " train.metrics_dir=" + (d / "m").string();
+  const std::string again = "grpo --config " + cfg.string() + " train.metrics_dir=" + m.string();
   const testing::CliResult fresh = testing::run_cli(again + " 2>&1");
   EXPECT_NE(fresh.code, 0);
-  EXPECT_NE(fresh.output.find((d / "m" / "metrics.jsonl").string() + " holds the metrics of an earlier run"),
+  EXPECT_NE(fresh.output.find((m / "metrics.jsonl").string() + " holds the metrics of an earlier run"),
             std::string::npos) << fresh.output;
   fs::remove_all(d / "ck" / "step_3");
   const testing::CliResult resumed = testing::run_cli(again + " --resume 2>&1");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   std::vector<int64_t> steps;
-  std::ifstream reread(d / "m" / "metrics.jsonl");
+  std::ifstream reread(m / "metrics.jsonl");
   while (std::getline(reread, line)) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  // Curves inside a checkpoint's folder are refused (a save replaces it whole).
+  const testing::CliResult in_checkpoint =
+      testing::run_cli(again + " --resume --plot " + (d / "ck" / "step_2" / "r.svg").string() + " 2>&1");
+  EXPECT_NE(in_checkpoint.output.find("a checkpoint's name in train.checkpoint_dir"), std::string::npos)
+      << in_checkpoint.output;
 
   // A train.data beside the prompts is named as unused (here before the finished run's checkpoint refuses a fresh one).
   const testing::CliResult with_data = testing::run_cli(again + " --overwrite-metrics train.data=rows.jsonl 2>&1");

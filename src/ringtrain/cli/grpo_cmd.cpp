@@ -29,15 +29,34 @@ namespace {
 
 constexpr size_t kSummaryWindow = 10;
 
-// "first 10 steps 0.412, last 10 0.735 (+0.323)" over a series' values in step order.
+// "first 10 steps 0.412, last 10 0.735 (+0.323)" over a series' values in step order; windows of at most half the
+// steps, so that they do not overlap.
 std::string rise_text(const std::vector<double>& v) {
-  const size_t n = std::min(kSummaryWindow, v.size());
+  const size_t n = std::max<size_t>(1, std::min(kSummaryWindow, v.size() / 2));
   double first = 0, last = 0;
   for (size_t i = 0; i < n; ++i) first += v[i], last += v[v.size() - n + i];
   first /= static_cast<double>(n), last /= static_cast<double>(n);
   char text[128];
   std::snprintf(text, sizeof text, "first %zu steps %.3f, last %zu %.3f (%+.3f)", n, first, n, last, last - first);
   return text;
+}
+
+// The curves may lie beside the checkpoints (train.metrics_dir may be train.checkpoint_dir or a folder in it), never
+// at or inside one's name: a save replaces a checkpoint's folder whole (step_N, its leftovers step_N.*, the
+// warm-up's sft_warmup).
+// Compared by path, so that a run refused at its resume was refused at its start, when the folders did not exist.
+void check_out_is_not_in_a_checkpoint(const std::filesystem::path& out, const std::string& checkpoint_dir) {
+  namespace fs = std::filesystem;
+  if (checkpoint_dir.empty()) return;
+  std::error_code ec;
+  const fs::path out_path = fs::weakly_canonical(out, ec), root = fs::weakly_canonical(checkpoint_dir, ec);
+  if (out_path.empty() || root.empty()) return;
+  const fs::path rel = out_path.lexically_relative(root);
+  if (rel.empty() || *rel.begin() == "..") return;
+  const std::string first = rel.begin()->string();
+  RT_CHECK(!(first.starts_with("step_") || first == "sft_warmup"), "--plot ", out.string(), " is or lies inside ",
+           (fs::path(checkpoint_dir) / first).string(), ", a checkpoint's name in train.checkpoint_dir (a save "
+           "replaces its folder whole); refusing to write there");
 }
 
 }  // namespace
@@ -76,8 +95,8 @@ void add_grpo_command(CLI::App& app) {
       check_out_is_not_input("--plot", plot.string(),
                              {{o->config, "--config"},
                               {c.grpo.prompts, "grpo.prompts"},
-                              {c.policy.model_name, "policy.model_name"},
-                              {c.train.checkpoint_dir, "train.checkpoint_dir"}});
+                              {c.policy.model_name, "policy.model_name"}});
+      check_out_is_not_in_a_checkpoint(plot, c.train.checkpoint_dir);
       const std::filesystem::path folder = plot.parent_path();
       RT_CHECK(folder.empty() || folder == metrics_dir || std::filesystem::is_directory(folder), "--plot ",
                plot.string(), ": folder ", folder.string(), " does not exist");

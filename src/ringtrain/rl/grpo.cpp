@@ -10,6 +10,7 @@
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/fnv1a.h"
 #include "ringtrain/rl/prompt_file.h"
+#include "ringtrain/train/checkpoint.h"
 #include "ringtrain/worker/metrics.h"
 #include "ringtrain/worker/policy_worker.h"
 #include "ringtrain/worker/train_loop.h"
@@ -144,22 +145,24 @@ GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_
       std::fill_n(out.advantages.begin() + static_cast<std::ptrdiff_t>(first), g, 0.0);
       continue;
     }
+    // The sample variance (Bessel's correction, as NeMo RL's calculate_baseline_and_std_per_prompt): of the group,
+    // or with a leave-one-out baseline of the n - 1 others; of one other it is 0 (the advantage stays r_i - r_j).
     for (size_t i = 0; i < g; ++i) {
-      double baseline = mean, variance = squares / n;
+      double baseline = mean, variance = squares / (n - 1);
       if (o.leave_one_out) {
         // The others' mean and squared deviations from the whole group's: d = r_i - mean moves the mean by
         // d / (n - 1) and takes d² n / (n - 1) from the sum of squares.
         const double d = group[i] - mean;
         baseline = mean - d / (n - 1);
-        const bool alone = two_values && (group[i] == a ? count_a : count_b) == 1;
-        variance = alone ? 0.0 : (squares - d * d * n / (n - 1)) / (n - 1);
+        const bool alone = g == 2 || (two_values && (group[i] == a ? count_a : count_b) == 1);
+        variance = alone ? 0.0 : (squares - d * d * n / (n - 1)) / (n - 2);
         // Where the others nearly agree the downdate is cancellation noise: their spread from them directly.
-        if (!alone && variance <= 1e-12 * squares / (n - 1)) {
+        if (!alone && variance <= 1e-12 * squares / (n - 2)) {
           double others = 0, spread = 0;
           for (size_t j = 0; j < g; ++j) others += j == i ? 0.0 : group[j];
           others /= n - 1;
           for (size_t j = 0; j < g; ++j) spread += j == i ? 0.0 : (group[j] - others) * (group[j] - others);
-          variance = spread / (n - 1);
+          variance = spread / (n - 2);
         }
       }
       const double std_dev = std::sqrt(variance);
@@ -222,6 +225,11 @@ Example PromptSource::example(uint64_t index) const {
   return file_[index % file_.size()];
 }
 
+std::vector<Example> PromptSource::length_bounds() const {
+  if (task_) return {task_->longest_example()};
+  return file_;
+}
+
 namespace {
 
 // check_grpo_config on the prompts that the run reads (a prompt file is read once).
@@ -236,19 +244,14 @@ void check_grpo_run(const worker::Config& config, const model::ModelConfig* mode
            "grpo.sft_warmup_steps needs train.checkpoint_dir: the warm-up's weights (the reference policy) are kept "
            "there");
   // Prompt lengths against grpo.max_new_tokens (and, with a warm-up, answer lengths) now, as each step's are before
-  // it samples: a length that cannot fit is refused, naming its record, before any step is spent or file made. A
-  // prompt file's every record; the built-in task's first step (its lengths are bounded by its digit counts).
+  // it samples: a length that cannot fit is refused, naming its record, before any step is spent or file made.
   const std::string sampling = cat("grpo.max_new_tokens = ", g.max_new_tokens);
   const auto check = [&](const Example& ex) {
     checked_prompt(tok, ex, g.max_new_tokens, sampling, config);
     if (g.sft_warmup_steps > 0)
       checked_prompt(tok, ex, static_cast<int64_t>(tok.encode_answer(ex.answer).size()), "SFT warm-up", config);
   };
-  if (!prompts.records().empty()) {
-    for (const Example& ex : prompts.records()) check(ex);
-  } else {
-    for (int64_t i = 0; i < g.num_prompts_per_step; ++i) check(prompts.example(static_cast<uint64_t>(i)));
-  }
+  for (const Example& ex : prompts.length_bounds()) check(ex);
 }
 
 // The loss first: a config of another loss is refused before its prompts are read.
@@ -311,6 +314,9 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     }
     RT_CHECK(fs::is_regular_file(warm_dir / "model.safetensors"), warm_dir.string(),
              ": the SFT warm-up's weights are missing (the reference policy of this run)");
+    // The warm-up's weights stand in for policy.model_name from here on: a resumed run must name the model it began
+    // with, as one without a warm-up must.
+    train::check_same_model(warm_dir / "config.json", model);
     grpo_config.policy.model_name = warm_dir.string();
   }
 

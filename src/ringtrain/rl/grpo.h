@@ -50,8 +50,8 @@ struct AdvantageOptions {
 };
 // Rewards in groups of group_size consecutive entries (rewards.size() a multiple of it). Sample i's advantage is
 // r_i - baseline, divided by (std + eps) when normalising and the std is not 0; baseline and std are the mean and the
-// population standard deviation of its group's rewards, or of the others' with leave_one_out. A group whose rewards
-// are all equal gets 0.
+// sample standard deviation (n - 1 in the divisor, as NeMo RL) of its group's rewards, or of the others' with
+// leave_one_out (0 for a single other). A group whose rewards are all equal gets 0.
 GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size,
                                  const AdvantageOptions& options = {});
 
@@ -68,8 +68,8 @@ class PromptSource {
  public:
   PromptSource(const worker::Config& config, const CharTokenizer& tokenizer);
   Example example(uint64_t index) const;
-  // A prompt file's records, in file order; empty for the built-in task.
-  std::span<const Example> records() const { return file_; }
+  // Examples whose lengths bound every example's: a prompt file's records, or the built-in task's longest.
+  std::vector<Example> length_bounds() const;
   // What fixes the prompts by index, for checkpoints: the task's name (its examples follow train.seed), or the
   // file's record count and an FNV-1a hash of its records, whatever the path it is named by.
   const std::string& identity() const { return identity_; }

@@ -27,6 +27,11 @@ Example ReverseDigitsTask::example(uint64_t index) const {
   return e;
 }
 
+Example ReverseDigitsTask::longest_example() const {
+  return {std::string(static_cast<size_t>(max_digits_), '9') + '=', std::string(static_cast<size_t>(max_digits_), '9'),
+          cat("the built-in task's longest prompt (", max_digits_, " digits)")};
+}
+
 std::vector<Example> ReverseDigitsTask::examples(uint64_t first, int64_t count) const {
   RT_CHECK(count >= 0, "reverse task: negative example count ", count);
   std::vector<Example> out;

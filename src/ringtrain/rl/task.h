@@ -26,6 +26,8 @@ class ReverseDigitsTask {
   explicit ReverseDigitsTask(uint64_t seed, int64_t min_digits = 3, int64_t max_digits = 5);
   Example example(uint64_t index) const;
   std::vector<Example> examples(uint64_t first, int64_t count) const;
+  // An example of max_digits digits: no prompt or answer of the task is longer.
+  Example longest_example() const;
 
  private:
   uint64_t seed_;

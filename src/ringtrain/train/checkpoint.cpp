@@ -245,20 +245,6 @@ json model_fingerprint(model::ModelConfig c) {
   return model::config_to_json(c);
 }
 
-void check_same_model(const fs::path& config_file, const model::ModelConfig& policy_config) {
-  const model::ModelConfig saved = model::load_config(config_file.parent_path());
-  const json a = model_fingerprint(saved), b = model_fingerprint(policy_config);
-  if (a == b) return;
-  for (const auto& [key, value] : a.items()) {
-    const auto other = b.find(key);
-    RT_CHECK(other != b.end() && *other == value, config_file.string(), ": the checkpoint is of another model: '", key,
-             "' is ", value.dump(), " there and ", other == b.end() ? "absent" : other->dump(), " in this policy");
-  }
-  for (const auto& [key, value] : b.items())
-    RT_CHECK(a.contains(key), config_file.string(), ": the checkpoint is of another model: '", key,
-             "' is absent there and ", value.dump(), " in this policy");
-}
-
 // Every file the state lists exists with its recorded size (a truncated or replaced file is named before any read).
 void check_files(const fs::path& dir, const json& files, const fs::path& state_path) {
   RT_CHECK(files.is_object(), state_path.string(), ": 'files' must be an object");
@@ -372,6 +358,20 @@ bool has_leftover_name(const fs::path& path) {
 }
 
 }  // namespace
+
+void check_same_model(const fs::path& config_file, const model::ModelConfig& policy_config) {
+  const model::ModelConfig saved = model::load_config(config_file.parent_path());
+  const json a = model_fingerprint(saved), b = model_fingerprint(policy_config);
+  if (a == b) return;
+  for (const auto& [key, value] : a.items()) {
+    const auto other = b.find(key);
+    RT_CHECK(other != b.end() && *other == value, config_file.string(), ": the checkpoint is of another model: '", key,
+             "' is ", value.dump(), " there and ", other == b.end() ? "absent" : other->dump(), " in this policy");
+  }
+  for (const auto& [key, value] : b.items())
+    RT_CHECK(a.contains(key), config_file.string(), ": the checkpoint is of another model: '", key,
+             "' is absent there and ", value.dump(), " in this policy");
+}
 
 void check_save_leftover(const fs::path& path) {
   if (has_leftover_name(path)) check_removable_leftover(path);

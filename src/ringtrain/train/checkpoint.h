@@ -58,6 +58,9 @@ void check_save_leftover(const std::filesystem::path& path);
 // is writing now); returns what it removed. A run calls it once it holds its checkpoint folder, so that a kill late
 // in a large save does not leave gigabytes until that step is saved again.
 std::vector<std::filesystem::path> remove_save_leftovers(const std::filesystem::path& dir);
+// An error naming `config_file` (a checkpoint's config.json) and the first key that differs unless it describes the
+// model of `policy_config` (its storage dtype and special token ids aside).
+void check_same_model(const std::filesystem::path& config_file, const model::ModelConfig& policy_config);
 // Collective; the trainer's policy must have the checkpoint's model. Restores the weights (from the master
 // shards), the optimizer state, the step counters and the schedule; returns the data position and RNG state.
 // Errors name the file and the mismatch (missing or truncated file, another model, a piece out of range, an
