@@ -194,7 +194,12 @@ TEST(TrainerGpu, DeviceRowsStepEqualsTheHostStep) {
     std::mt19937_64 rng(testing::fresh_seed());
     testing::TrainSetup s = testing::make_train_setup(k.kind, rng, 6, c);
     s.cfg.packed = k.packed;
-    if (k.sequence_mean) s.cfg.loss.pg.aggregation = Aggregation::SequenceMean;
+    if (k.sequence_mean) {
+      s.cfg.loss.pg.aggregation = Aggregation::SequenceMean;
+      // A sampled sequence without a counted token still counts in the sequence mean's denominator.
+      const size_t last = s.batch.sequences.size() - 1;  // sampled: make_train_setup unsamples one of the first half
+      std::fill(s.batch.token_mask[last].begin(), s.batch.token_mask[last].end(), 0);
+    }
     if (k.kind == LossKind::ClippedPG && !k.importance) s.batch.gen_logprobs.clear();
     const std::string what = cat(k.kind == LossKind::NLL ? "nll" : k.kind == LossKind::DPO ? "dpo" : "pg",
                                  k.packed ? " packed" : " padded", k.sequence_mean ? " sequence-mean" : "",
@@ -215,6 +220,8 @@ TEST(TrainerGpu, DeviceRowsStepEqualsTheHostStep) {
     EXPECT_NEAR(got.loss, want.loss, 1e-9 * std::max(1.0, std::abs(want.loss))) << what;
     EXPECT_EQ(got.valid_tokens, want.valid_tokens) << what;
     EXPECT_EQ(got.valid_sequences, want.valid_sequences) << what;
+    if (k.sequence_mean)
+      EXPECT_EQ(want.valid_sequences, std::count(s.batch.sample_mask.begin(), s.batch.sample_mask.end(), 1)) << what;
     ASSERT_EQ(got.microbatch_losses.size(), want.microbatch_losses.size()) << what;
     for (size_t i = 0; i < want.microbatch_losses.size(); ++i)
       EXPECT_NEAR(got.microbatch_losses[i], want.microbatch_losses[i], 1e-9 * std::max(1.0, std::abs(want.loss)))
