@@ -201,6 +201,9 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
        "policy.train_global_batch_size = 32 must be a multiple of parallel.dp (3) x "
        "policy.train_micro_batch_size (4) = 12"},
       {{"policy.train_global_batch_size=6", "policy.train_micro_batch_size=4"}, "must be a multiple"},
+      // With packing the microbatches are token budgets: only dp must divide the batch.
+      {{"parallel.dp=5", "policy.sequence_packing.enabled=true"},
+       "policy.train_global_batch_size = 32 must be a multiple of parallel.dp = 5"},
       {{"policy.precision=bfloat16"}, "the CPU policy computes in float32 or float64"},
       {{"device=cuda"}, "policy.precision = float32 with device cuda:0"},
       {{"policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=100"},
@@ -241,6 +244,10 @@ TEST(WorkerConfig, CrossFieldChecksNameTheKeys) {
     const std::string e = parse_error(kMinimal, c.overrides);
     EXPECT_NE(e.find(c.want), std::string::npos) << e;
   }
+  // A packed batch of 32 on dp = 2 whatever train_micro_batch_size (it forms no microbatch then); padded, refused.
+  EXPECT_NO_THROW(parse_config(kMinimal, "cfg.yaml",
+                               {"parallel.dp=2", "policy.train_micro_batch_size=3", "policy.sequence_packing.enabled=true"}));
+  EXPECT_THROW(parse_config(kMinimal, "cfg.yaml", {"parallel.dp=2", "policy.train_micro_batch_size=3"}), Error);
 }
 
 TEST(WorkerConfig, AConfigForTheWorkerAloneNeedsNoData) {

@@ -718,10 +718,17 @@ void Config::validate(ConfigUse use) const {
            " with device ", device_name(device),
            ": the CPU policy computes in float32 or float64, the GPU policy in "
            "bfloat16");
-  const int64_t per_step = parallel.dp * policy.train_micro_batch_size;  // both at most 2^24: no overflow
-  RT_CHECK(policy.train_global_batch_size % per_step == 0,
-           "policy.train_global_batch_size = ", policy.train_global_batch_size, " must be a multiple of parallel.dp (",
-           parallel.dp, ") x policy.train_micro_batch_size (", policy.train_micro_batch_size, ") = ", per_step);
+  // Microbatches of train_micro_batch_size sequences, or (packing, dynamic batching) of train_mb_tokens, which
+  // leave the sequence count free: each dp rank takes an equal share.
+  if (policy.sequence_packing.enabled || policy.dynamic_batching.enabled) {
+    RT_CHECK(policy.train_global_batch_size % parallel.dp == 0, "policy.train_global_batch_size = ",
+             policy.train_global_batch_size, " must be a multiple of parallel.dp = ", parallel.dp);
+  } else {
+    const int64_t per_step = parallel.dp * policy.train_micro_batch_size;  // both at most 2^24: no overflow
+    RT_CHECK(policy.train_global_batch_size % per_step == 0, "policy.train_global_batch_size = ",
+             policy.train_global_batch_size, " must be a multiple of parallel.dp (", parallel.dp,
+             ") x policy.train_micro_batch_size (", policy.train_micro_batch_size, ") = ", per_step);
+  }
   RT_CHECK(policy.optimizer.eps > 0, "policy.optimizer.kwargs.eps = ", policy.optimizer.eps,
            ": must be > 0 (AdamW divides by sqrt(v) + eps, and v is 0 where a gradient is)");
   RT_CHECK(loss_fn.type != LossType::Dpo || loss_fn.preference_loss_weight == 1.0,
