@@ -543,6 +543,10 @@ for change in policy.train_global_batch_size=2 train.data=four_edited.jsonl trai
   expect_error "resume-changed-${change%%=*}" 'a run resumes only with the train.seed, train.data and policy.train_global' \
     "$bin" train --config run.yaml "${args[@]}" train.steps=4 train.checkpoint_dir=order_ck --resume
 done
+# The same tokens with another mask train on other targets: a changed data file as well.
+sed -e 's/}$/, "token_mask": [1, 1, 1, 1]}/' -e '4s/1, 1, 1, 1/1, 1, 0, 1/' four.jsonl > four_masked.jsonl
+expect_error resume-changed-token-mask 'a run resumes only with the train.seed, train.data and policy.train_global' \
+  "$bin" train --config run.yaml train.data=four_masked.jsonl train.steps=4 train.checkpoint_dir=order_ck --resume
 
 # The rollouts benchmark: --json that is a folder, refused before it runs; its temporary checkpoint removed when a
 # Ctrl-C stops it.

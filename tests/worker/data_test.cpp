@@ -198,6 +198,29 @@ TEST(WorkerData, SafetensorsBatchRoundTrip) {
         << e.what();
   }
   EXPECT_THROW(load_dataset(dir, spec()), Error);
+
+  // DPO rows alternate chosen and rejected: a pair whose sample masks disagree is named at load, by its rows.
+  Dataset pairs;
+  for (size_t b = 0; b < 6; ++b) {
+    Sample x = d.samples[b];
+    x.advantages.clear(), x.generation_logprobs.clear(), x.prev_logprobs.clear(), x.reference_logprobs.clear();
+    x.token_mask.assign(x.input_ids.size(), 1.0f);
+    x.sample_mask = b == 3 ? 0.0f : 1.0f;
+    pairs.samples.push_back(x);
+  }
+  write_batch_safetensors(dir / "pairs.safetensors", pairs);
+  try {
+    load_dataset(dir / "pairs.safetensors", spec(LossType::Dpo));
+    ADD_FAILURE() << "a half-masked DPO pair accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pairs.safetensors: sample_mask[2] = 1 but sample_mask[3] = 0: rows 2 and 3 "
+                                         "are one DPO pair"),
+              std::string::npos)
+        << e.what();
+  }
+  pairs.samples[2].sample_mask = 0.0f;
+  write_batch_safetensors(dir / "pairs.safetensors", pairs);
+  EXPECT_EQ(load_dataset(dir / "pairs.safetensors", spec(LossType::Dpo)).units(), 3);
 }
 
 TEST(WorkerData, BatchScheduleCoversEveryUnitOncePerEpoch) {

@@ -263,13 +263,13 @@ TEST(WorkerMetrics, ProgressText) {
   s.total_steps = 10000;
   s.tokens_per_second = std::nan("");
   s.loss = std::nan("");
-  EXPECT_EQ(progress_text(s), "step 12/10000 | 0 tok/s | loss nan | ETA 5h32m");  // 9988 steps x 2 s
+  EXPECT_EQ(progress_text(s), "step 12/10000 | 0 tok/s | loss - | ETA 5h32m");  // 9988 steps x 2 s
   // Resumed after 9 steps: the 24 s are this run's 3 steps, 8 s each.
   s.first_step = 9;
   s.total_steps = 100;
-  EXPECT_EQ(progress_text(s), "step 12/100 | 0 tok/s | loss nan | ETA 11m44s");
+  EXPECT_EQ(progress_text(s), "step 12/100 | 0 tok/s | loss - | ETA 11m44s");
   s.step = 9;  // no step of this run yet: no pace to tell
-  EXPECT_EQ(progress_text(s), "step 9/100 | 0 tok/s | loss nan");
+  EXPECT_EQ(progress_text(s), "step 9/100 | 0 tok/s | loss -");
 }
 
 TEST(WorkerMetrics, ProgressLineOnAPipeIsPlainLines) {

@@ -128,6 +128,39 @@ TEST(TrainLoop, ResumeHintWithoutACheckpointIsWhatARunAgainAccepts) {
   EXPECT_EQ(resume_hint(c), "no checkpoint in " + c.train.checkpoint_dir + " yet, so none continues this run");
 }
 
+// The cosine schedule spans the steps the run takes: train.steps cut to the data's epochs (or none given) decays to
+// the same learning rates as train.steps set to that count. Data too short for one batch is refused before a file
+// or folder of the run is made, naming train.data.
+TEST(TrainCli, CosineSpansTheStepsTheDataGives) {
+  const TempDir dir("rt_cosine");
+  const fs::path data = dir.path / "rows.jsonl";
+  write_data(data, "sft", 10, 7);  // 2 steps per epoch of 4
+  const std::string cosine = " train.epochs=3 policy.scheduler.kind=cosine policy.scheduler.warmup_steps=1"
+                             " policy.scheduler.min_lr=1.0e-5";
+  std::map<std::string, std::vector<double>> lrs;
+  for (const std::string steps : {"6", "100", "0"}) {
+    const fs::path run = dir.path / ("steps" + steps);
+    const testing::CliResult r = run_cli(train_args("sft", data, run, 1, 1, cosine + " train.steps=" + steps));
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::ifstream in(run / "metrics" / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) lrs[steps].push_back(nlohmann::json::parse(line).at("lr"));
+  }
+  ASSERT_EQ(lrs["6"].size(), 6u);
+  EXPECT_LT(lrs["6"].back(), 0.2 * lrs["6"][1]);  // decayed most of the way
+  EXPECT_EQ(lrs["100"], lrs["6"]);
+  EXPECT_EQ(lrs["0"], lrs["6"]);
+
+  const fs::path few = dir.path / "few.jsonl", run = dir.path / "few";
+  write_data(few, "sft", 3, 8);
+  const testing::CliResult r = run_cli(train_args("sft", few, run, 1, 1) + " 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("train.data = " + few.string() + ": 3 samples, fewer than policy.train_global_batch_size = "
+                          "4"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(run)) << "a refused run made its folders";
+}
+
 TEST(TrainCli, DpCpMeshGivesTheSingleRankLosses) {
   const Deadline test_deadline(240);
   const uint64_t seed = testing::fresh_seed();
@@ -715,6 +748,14 @@ TEST(TrainCli, EpochsZeroLeavesTrainStepsTheLimitAndSkippedStepsAreCounted) {
                                  "no valid token: no weight changed"),
             std::string::npos)
       << one_skip.output;
+  // The skipped step's loss is over nothing: null, not 0; the other one's a number.
+  std::ifstream in(dir.path / "second" / "metrics" / "metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(in, line); ++records) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    EXPECT_EQ(row.at("loss").is_null(), row.at("skipped") == 1) << line;
+  }
+  EXPECT_EQ(records, 2);
 }
 
 // --resume with no checkpoint to continue from would start at step 0 and drop an earlier run's metrics: refused

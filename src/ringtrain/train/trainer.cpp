@@ -427,7 +427,7 @@ StepResult Trainer::step(const TrainBatch& batch, const PhaseHook& on_phase_end)
   std::vector<double> sums{loss_sum};
   for (const MetricSum& s : metric_sums) sums.push_back(s.sum), sums.push_back(s.count);
   all_reduce_sum(mesh_->dp_group(), sums);
-  out.loss = sums[0];
+  out.loss = out.valid_tokens > 0 ? sums[0] : kNoValue;  // a loss over nothing is not 0
   for (size_t i = 0; i < metric_sums.size(); ++i) {
     const double sum = sums[1 + 2 * i], count = sums[2 + 2 * i];
     out.metrics.push_back({metric_sums[i].name, count > 0 ? sum / count : kNoValue, count});

@@ -326,7 +326,7 @@ const std::vector<Field>& schema() {
         "policy.scheduler.min_lr", "the cosine schedule's final learning rate",
         [](auto& c) -> auto& { return c.policy.scheduler.min_lr; }, 0.0, 1e3));
     f.push_back(int_field(
-        "policy.scheduler.total_steps", "cosine length incl. warm-up; 0 = train.steps",
+        "policy.scheduler.total_steps", "cosine length incl. warm-up; 0 = the run's steps",
         [](auto& c) -> auto& { return c.policy.scheduler.total_steps; }, 0, kMaxTokens));
     f.push_back(enum_field(
         "loss_fn.type", "nll (SFT), clipped_pg (GRPO/PPO) or dpo", [](auto& c) -> auto& { return c.loss_fn.type; },
@@ -753,7 +753,8 @@ void Config::validate(ConfigUse use) const {
   const SchedulerConfig& s = policy.scheduler;
   RT_CHECK(s.min_lr <= policy.optimizer.lr, "policy.scheduler.min_lr = ", s.min_lr,
            " is above policy.optimizer.kwargs.lr = ", policy.optimizer.lr);
-  if (s.kind == ScheduleKind::Cosine) {
+  // With neither total_steps nor train.steps the length comes from the data's epochs, checked when the run starts.
+  if (s.kind == ScheduleKind::Cosine && total_scheduler_steps() > 0) {
     RT_CHECK(total_scheduler_steps() > s.warmup_steps, "policy.scheduler.kind = cosine needs total_steps (",
              total_scheduler_steps(), ", or train.steps when 0) above policy.scheduler.warmup_steps (", s.warmup_steps,
              ")");

@@ -65,7 +65,9 @@ struct SchedulerConfig {
   int64_t warmup_steps = 0;  // linear warm-up from lr/warmup_steps to lr over this many optimizer steps
   ScheduleKind kind = ScheduleKind::Constant;
   double min_lr = 0.0;      // the cosine schedule's floor
-  int64_t total_steps = 0;  // the cosine schedule's length (warm-up included); 0 = train.steps
+  // The cosine schedule's length (warm-up included); 0 = the run's steps (train.steps; `ringtrain train` cuts them to
+  // train.epochs of its data).
+  int64_t total_steps = 0;
   bool operator==(const SchedulerConfig&) const = default;
 };
 

@@ -340,6 +340,11 @@ Dataset read_batch_safetensors(const std::filesystem::path& file, const DataSpec
   if (!d.pairs) {
     for (int64_t b = 0; b < B; ++b) check_requirements(d.samples[b], spec, cat(src, ": row ", b));
   }
+  // A pair trains or is left out whole (the trainer refuses a half-masked one at the step that draws it).
+  for (int64_t b = 0; d.pairs && b < B; b += 2)
+    RT_CHECK(d.samples[b].sample_mask == d.samples[b + 1].sample_mask, src, ": sample_mask[", b, "] = ",
+             d.samples[b].sample_mask, " but sample_mask[", b + 1, "] = ", d.samples[b + 1].sample_mask,
+             ": rows ", b, " and ", b + 1, " are one DPO pair (chosen, rejected) and must agree");
   return d;
 }
 

@@ -339,7 +339,7 @@ std::string progress_text(const ProgressState& s) {
   text += cat(" | ", with_thousands(static_cast<int64_t>(std::llround(tps))), " tok/s");
   char loss[32];
   std::snprintf(loss, sizeof loss, "%.4g", s.loss);
-  text += cat(" | loss ", loss);
+  text += cat(" | loss ", std::isnan(s.loss) ? "-" : loss);  // a step with nothing to learn from has none
   if (!s.note.empty()) text += " | " + s.note;
   if (s.total_steps > 0 && s.step > s.first_step && s.step <= s.total_steps) {
     text += " | ETA " + duration_text(s.elapsed_seconds / static_cast<double>(s.step - s.first_step) *

@@ -62,6 +62,9 @@ train::TrainerConfig trainer_config(const Config& c) {
   t.schedule.warmup_start_factor = s.warmup_steps > 0 ? 1.0 / static_cast<double>(s.warmup_steps) : 1.0;
   if (s.kind == ScheduleKind::Cosine) {
     t.schedule.decay = train::ScheduleConfig::Decay::Cosine;
+    RT_CHECK(c.total_scheduler_steps() > s.warmup_steps, "policy.scheduler.kind = cosine needs total_steps (",
+             c.total_scheduler_steps(), ", or train.steps when 0) above policy.scheduler.warmup_steps (",
+             s.warmup_steps, ")");
     t.schedule.decay_steps = c.total_scheduler_steps() - s.warmup_steps;
     t.schedule.min_lr = s.min_lr;
   }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -25,14 +26,23 @@ namespace fs = std::filesystem;
 constexpr std::string_view kStepPrefix = "step_";
 
 // The data order's state: BatchSchedule draws every epoch's permutation from the seed, over the data's units, in
-// steps of the global batch; the tokens' FNV-1a hash tells another data file of as many units apart.
+// steps of the global batch; an FNV-1a hash of every row's fields (tokens, masks, advantages, logprobs) tells
+// another data file of as many units apart.
 std::string data_order(const Config& c, const Dataset& data) {
   Fnv1a hash;
+  const auto mix_values = [&](const std::vector<float>& v) {
+    hash.mix(v.size());
+    for (float f : v) hash.mix(std::bit_cast<uint32_t>(f));
+  };
   for (const Sample& x : data.samples) {
     hash.mix(x.input_ids.size());
     for (int32_t id : x.input_ids) hash.mix(static_cast<uint32_t>(id));
+    mix_values(x.token_mask);
+    hash.mix(std::bit_cast<uint32_t>(x.sample_mask));
+    for (const std::vector<float>* v : {&x.advantages, &x.generation_logprobs, &x.prev_logprobs, &x.reference_logprobs})
+      mix_values(*v);
   }
-  return cat("batch_schedule seed ", c.train.seed, ", ", data.units(), " units (tokens ", hash.hex(), "), ",
+  return cat("batch_schedule seed ", c.train.seed, ", ", data.units(), " units (rows ", hash.hex(), "), ",
              c.policy.train_global_batch_size, " per step");
 }
 
@@ -174,6 +184,16 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   // Steps on such data would still move the weights (weight decay) and report a loss of 0.
   RT_CHECK(has_loss_target(data), "train.data = ", c.train.data, ": no sequence has a loss target (every one has "
            "sample_mask 0, a token_mask of zeros after position 0, or a single token)");
+  RT_CHECK(data.units() >= c.policy.train_global_batch_size, "train.data = ", c.train.data, ": ", data.units(),
+           data.pairs ? " pairs" : " samples", ", fewer than policy.train_global_batch_size = ",
+           c.policy.train_global_batch_size, ": not one optimizer step");
+  const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
+  const int64_t total = total_train_steps(c, data.units());
+  // The cosine schedule spans the steps this run takes (train.steps cut to the data's epochs) unless it has its own
+  // policy.scheduler.total_steps. A run that ends inside the warm-up takes the same rates whatever the decay's length.
+  Config run_config = c;
+  SchedulerConfig& sched = run_config.policy.scheduler;
+  if (sched.total_steps == 0) sched.total_steps = std::max(total, sched.warmup_steps + 1);
   // On every rank, so that all of them stop before any weight is loaded; the lead makes its metrics files only after
   // the PolicyWorker's mesh is formed (a collective), so no rank can see them here.
   check_fresh_run(c, o);
@@ -181,10 +201,8 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   const RunFolderLocks locks = lead ? lock_run_folders(c) : RunFolderLocks{};
   // Every rank, agreed (a rank whose files differ must not leave the others waiting), before the lead writes a metric.
   if (o.resume) comm::all_or_none(world, "resume", [&] { check_resume_start(c, o.overwrite_metrics); });
-  PolicyWorker worker(c, world, o.starting_weights, o.stop);
+  PolicyWorker worker(run_config, world, o.starting_weights, o.stop);
   if (lead) remove_save_leftovers(c, "train");  // after the worker's collective start: every rank checked the folder
-  const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
-  const int64_t total = total_train_steps(c, data.units());
   const fs::path ckpt_dir = c.train.checkpoint_dir;
   const std::string order = data_order(c, data);
 
