@@ -548,6 +548,11 @@ sed -e 's/}$/, "token_mask": [1, 1, 1, 1]}/' -e '4s/1, 1, 1, 1/1, 1, 0, 1/' four
 expect_error resume-changed-token-mask 'a run resumes only with the train.seed, train.data and policy.train_global' \
   "$bin" train --config run.yaml train.data=four_masked.jsonl train.steps=4 train.checkpoint_dir=order_ck --resume
 
+# The training and rollout benchmarks' sizes, named when the command line is parsed.
+expect_error bench-train-cp-range '--cp: Value 5000 not in range 1 to 1024' "$bin" bench train --device cpu --cp 5000
+expect_error bench-rollouts-sequences-range '--sequences: Value -1 not in range' \
+  "$bin" bench rollouts --device cpu --sequences -1
+
 # The rollouts benchmark: --json that is a folder, refused before it runs; its temporary checkpoint removed when a
 # Ctrl-C stops it.
 expect_error rollouts-json-folder 'bench rollouts: --json .*: exists and is not a regular file' \

@@ -202,27 +202,32 @@ void add_bench_rollouts_command(CLI::App& app) {
   CLI::App* cmd = app.get_subcommand("bench")->add_subcommand(
       "rollouts", "Time the policy worker's logprobs and train steps on a rollout mix: packed, padded, long");
   cmd->add_option("--device", o->device, "cuda or cpu")->capture_default_str();
-  cmd->add_option("--sequences", b.sequences, "sequences of the mix")->capture_default_str();
-  cmd->add_option("--min-len", b.min_len, "shortest length of the log-uniform mix")->capture_default_str();
-  cmd->add_option("--max-len", b.max_len, "longest length of the log-uniform mix")->capture_default_str();
+  add_bounded(*cmd, "--sequences", b.sequences, "sequences of the mix", int64_t{1}, kMaxBatch)->capture_default_str();
+  add_bounded(*cmd, "--min-len", b.min_len, "shortest length of the log-uniform mix", int64_t{1}, kMaxSeq)
+      ->capture_default_str();
+  add_bounded(*cmd, "--max-len", b.max_len, "longest length of the log-uniform mix", int64_t{1}, kMaxSeq)
+      ->capture_default_str();
   cmd->add_option("--seed", b.seed, "lengths, tokens and weights")->check(seed_check())->capture_default_str();
-  cmd->add_option("--mb-tokens", b.mb_tokens, "tokens per packed row (logprob_mb_tokens = train_mb_tokens)")
+  add_bounded(*cmd, "--mb-tokens", b.mb_tokens, "tokens per packed row (logprob_mb_tokens = train_mb_tokens)",
+              int64_t{1}, kMaxSeq)
       ->capture_default_str();
-  cmd->add_option("--padded-batch", b.padded_batch,
-                  "sequences per padded microbatch (logprob_batch_size = train_micro_batch_size)")
+  add_bounded(*cmd, "--padded-batch", b.padded_batch,
+              "sequences per padded microbatch (logprob_batch_size = train_micro_batch_size)", int64_t{1}, kMaxBatch)
       ->capture_default_str();
-  cmd->add_option("--long-len", b.long_len, "tokens per sequence of the long layout (default: --mb-tokens)");
+  add_bounded(*cmd, "--long-len", b.long_len, "tokens per sequence of the long layout (default: --mb-tokens)",
+              int64_t{0}, kMaxSeq);
   cmd->add_flag("--dynamic", b.dynamic, "also time dynamic batching (length buckets of --mb-tokens padded tokens)");
   cmd->add_flag("--no-train", o->no_train, "time get_logprobs only");
   cmd->add_option("--loss", b.loss, "nll or clipped_pg")->capture_default_str();
-  cmd->add_option("--iters", b.iters, "timed calls (median reported)")->capture_default_str();
-  cmd->add_option("--warmup", b.warmup, "untimed calls first")->capture_default_str();
+  add_bounded(*cmd, "--iters", b.iters, "timed calls (median reported)", 1, kMaxIters)->capture_default_str();
+  add_bounded(*cmd, "--warmup", b.warmup, "untimed calls first", 0, kMaxIters)->capture_default_str();
   cmd->add_option("--json", o->json, "also write the report to this JSON file");
   cmd->add_option("--model", b.model_name, "a checkpoint folder or builtin:<name> instead of the shape options");
   o->shape.add_to(*cmd);
   cmd->add_flag("--untied", o->untied, "a separate lm_head (default: tied, as Llama-3.2-1B)");
   cmd->add_option("--backends", o->backends, "the attention allow-list (default: all)");
-  cmd->add_option("--chunk", b.logprob_chunk, "tokens per LM-head chunk (default: the device's)");
+  add_bounded(*cmd, "--chunk", b.logprob_chunk, "tokens per LM-head chunk (default: the device's)", int64_t{0},
+              kMaxSeq);
   cmd->add_flag("--activation-checkpointing", b.activation_checkpointing, "recompute every layer in backward");
   cmd->add_option("--timeout-ms", o->timeout_ms, "communicator timeout")->capture_default_str();
   cmd->callback([o, cmd] {

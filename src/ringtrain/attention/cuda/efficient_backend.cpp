@@ -60,7 +60,7 @@ class EfficientBackend final : public Backend {
  public:
   BackendId id() const override { return BackendId::Efficient; }
   DeviceKind device_kind() const override { return DeviceKind::CUDA; }
-  // Verified by tests/cp_gpu (ring, all-gather, all-to-all, packed documents, S = 131072; two H200s).
+  // Verified by tests/check_gpu/cp_nccl_test.cpp (ring, all-gather, all-to-all, packed documents, S = 131072; two H200s).
   bool cp_capable() const override { return true; }
 
   std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {

@@ -192,7 +192,7 @@ class CudaMathBackend final : public Backend {
  public:
   BackendId id() const override { return BackendId::Math; }
   DeviceKind device_kind() const override { return DeviceKind::CUDA; }
-  bool cp_capable() const override { return true; }  // verified by tests/cp_gpu (ring, all-gather; two H200s)
+  bool cp_capable() const override { return true; }  // verified by tests/check_gpu/cp_nccl_test.cpp (two H200s)
 
   std::vector<std::string> unsupported_reasons(const AttnParams& p) const override {
     std::vector<std::string> r;
