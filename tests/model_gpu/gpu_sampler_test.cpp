@@ -440,7 +440,8 @@ void check_draws() {
       ASSERT_EQ(back.token[static_cast<size_t>(rows - 1 - r)], d.token[static_cast<size_t>(r)]);
       same_later += later.token[static_cast<size_t>(r)] == d.token[static_cast<size_t>(r)];
     }
-    EXPECT_LT(same_later, rows);
+    // Unless the kept set is one token (top-p 0.5 keeps only the likeliest where it holds half the mass).
+    if (std::count_if(q.begin(), q.end(), [](double x) { return x > 0; }) > 1) EXPECT_LT(same_later, rows);
   }
 }
 
