@@ -449,12 +449,14 @@ TEST_F(Checkpoint, DeferredReadsRefuseAFileThatChangedAfterItsHeader) {
   model::to_float32(name, deferred.at(name), out.data());  // unchanged: read
   std::string bytes = model::read_file(weights);
   bytes.back() = static_cast<char>(bytes.back() ^ 1);
+  const auto written = std::filesystem::last_write_time(weights);
   {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past a coarse file-system clock tick
     std::ofstream rewrite(weights, std::ios::in | std::ios::out | std::ios::binary);
     rewrite.seekp(static_cast<std::streamoff>(bytes.size() - 1));
     rewrite.put(bytes.back());
   }
+  // Two seconds on, whatever the file system's clock resolution (some keep whole or even seconds).
+  std::filesystem::last_write_time(weights, written + std::chrono::seconds(2));
   expect_error([&] { model::to_float32(name, deferred.at(name), out.data()); },
                {weights, "changed after its header was read"});
 }

@@ -497,6 +497,11 @@ TEST(GrpoCli, SmokeRunWritesFiniteMetrics) {
       testing::run_cli(again + " --resume --plot " + (d / "ck" / "step_2" / "r.svg").string() + " 2>&1");
   EXPECT_NE(in_checkpoint.output.find("a checkpoint's name in train.checkpoint_dir"), std::string::npos)
       << in_checkpoint.output;
+  // A name that only starts like one is beside them: the run (here with no step left) draws its curves there.
+  const testing::CliResult beside =
+      testing::run_cli(again + " --resume --plot " + (d / "ck" / "step_curves.svg").string() + " 2>&1");
+  EXPECT_EQ(beside.code, 0) << beside.output;
+  EXPECT_TRUE(fs::is_regular_file(d / "ck" / "step_curves.svg"));
 
   // A train.data beside the prompts is named as unused (here before the finished run's checkpoint refuses a fresh one).
   const testing::CliResult with_data = testing::run_cli(again + " --overwrite-metrics train.data=rows.jsonl 2>&1");

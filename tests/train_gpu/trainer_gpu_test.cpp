@@ -248,6 +248,21 @@ TEST(TrainerGpu, DeviceRowsStepEqualsTheHostStep) {
     EXPECT_GT(den, 0) << what;
     EXPECT_LE(std::sqrt(num / den), 1e-4) << what;
   }
+
+  // A batch with no counted token: both paths skip the step and report no loss (NaN, null in metrics.jsonl).
+  std::mt19937_64 rng(testing::fresh_seed());
+  testing::TrainSetup s = testing::make_train_setup(LossKind::NLL, rng, 6, c);
+  std::fill(s.batch.sample_mask.begin(), s.batch.sample_mask.end(), 0);
+  model::PolicyOptions o;
+  o.device = Device::cuda(0);
+  o.dtype = DType::BF16;
+  o.cp_group = &mesh.cp_group();
+  const auto host_policy = model::make_policy(s.config, s.params, o), rows_policy = model::make_policy(s.config, s.params, o);
+  Trainer host(s.cfg, *host_policy, mesh), rows(s.cfg, *rows_policy, mesh);
+  const DeviceBatch d = upload_rows(s.batch, c.vocab, o.device);
+  const StepResult want = host.step(s.batch), got = rows.step(d.rows);
+  EXPECT_TRUE(want.skipped && got.skipped);
+  EXPECT_TRUE(std::isnan(want.loss) && std::isnan(got.loss)) << want.loss << " " << got.loss;
 #endif
 }
 

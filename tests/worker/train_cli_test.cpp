@@ -149,6 +149,16 @@ TEST(TrainCli, CosineSpansTheStepsTheDataGives) {
   EXPECT_LT(lrs["6"].back(), 0.2 * lrs["6"][1]);  // decayed most of the way
   EXPECT_EQ(lrs["100"], lrs["6"]);
   EXPECT_EQ(lrs["0"], lrs["6"]);
+  // As train.steps within the warm-up is refused at load, so are the data's steps within it when the run starts.
+  const testing::CliResult inside = run_cli(train_args("sft", data, dir.path / "inside", 1, 1,
+                                                       " train.epochs=3 policy.scheduler.kind=cosine "
+                                                       "policy.scheduler.warmup_steps=6 train.steps=0") +
+                                            " 2>&1");
+  EXPECT_NE(inside.code, 0);
+  EXPECT_NE(inside.output.find("this run takes 6 steps (train.steps cut to train.epochs = 3 of train.data = " +
+                               data.string() + "), not more than policy.scheduler.warmup_steps = 6"),
+            std::string::npos)
+      << inside.output;
 
   const fs::path few = dir.path / "few.jsonl", run = dir.path / "few";
   write_data(few, "sft", 3, 8);
@@ -742,7 +752,8 @@ TEST(TrainCli, EpochsZeroLeavesTrainStepsTheLimitAndSkippedStepsAreCounted) {
   }
   const testing::CliResult one_skip =
       run_cli(train_args("sft", masked, dir.path / "second", 1, 1,
-                         "train.steps=4 train.epochs=1 policy.train_global_batch_size=1 policy.logprob_batch_size=1"));
+                         "train.steps=4 train.epochs=1 policy.train_global_batch_size=1 policy.logprob_batch_size=1 "
+                         "policy.scheduler.warmup_steps=1"));
   ASSERT_EQ(one_skip.code, 0) << one_skip.output;
   EXPECT_NE(one_skip.output.find("2 of 2 steps done (2 in this run); 1 of them skipped (a non-finite gradient norm or "
                                  "no valid token: no weight changed"),

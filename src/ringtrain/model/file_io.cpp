@@ -60,7 +60,8 @@ InputFile::InputFile(const std::filesystem::path& path) : path_(path.string()) {
     throw Error(cat("cannot read ", path_, ": it is ", file_kind(st.st_mode), ", expected a regular file"));
   }
   identity_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
-               int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+               int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
+               int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec};
 }
 
 InputFile::~InputFile() { ::close(fd_); }

@@ -11,10 +11,10 @@
 namespace ringtrain::model {
 
 // Which file a path named when it was opened, and its version: a file renamed over it or rewritten in place since
-// differs in one of them.
+// differs in one of them (the change time as well as the modification time: a tool can restore the latter).
 struct FileIdentity {
   uint64_t device = 0, inode = 0, size = 0;
-  int64_t mtime_ns = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
   bool operator==(const FileIdentity&) const = default;
 };
 

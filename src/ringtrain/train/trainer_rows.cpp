@@ -262,7 +262,7 @@ StepResult Trainer::step(const TrainRows& batch, const PhaseHook& on_phase_end) 
     for (int64_t j = 0; j < width; ++j) totals[static_cast<size_t>(j)] += host_sums[static_cast<size_t>(k * width + j)];
   }
   detail::all_reduce_sum(mesh_->dp_group(), totals);
-  out.loss = totals[0];
+  out.loss = out.valid_tokens > 0 ? totals[0] : kNoValue;  // a loss over nothing is not 0
   for (size_t j = 0; j < names.size(); ++j) {
     const double count = dpo ? (names[j] == "chosen_nll" ? global_pairs.chosen_tokens : global_pairs.pairs)
                              : global.tokens;

@@ -190,10 +190,16 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   const BatchSchedule schedule(data.units(), c.policy.train_global_batch_size, c.train.seed);
   const int64_t total = total_train_steps(c, data.units());
   // The cosine schedule spans the steps this run takes (train.steps cut to the data's epochs) unless it has its own
-  // policy.scheduler.total_steps. A run that ends inside the warm-up takes the same rates whatever the decay's length.
+  // policy.scheduler.total_steps; as at load, a run that would end inside the warm-up is refused.
   Config run_config = c;
   SchedulerConfig& sched = run_config.policy.scheduler;
-  if (sched.total_steps == 0) sched.total_steps = std::max(total, sched.warmup_steps + 1);
+  if (sched.total_steps == 0) {
+    sched.total_steps = total;
+    RT_CHECK(sched.kind != ScheduleKind::Cosine || total > sched.warmup_steps, "policy.scheduler.kind = cosine: this "
+             "run takes ", total, " steps (train.steps cut to train.epochs = ", c.train.epochs, " of train.data = ",
+             c.train.data, "), not more than policy.scheduler.warmup_steps = ", sched.warmup_steps,
+             ": it would end inside the warm-up (set policy.scheduler.total_steps, or fewer warm-up steps)");
+  }
   // On every rank, so that all of them stop before any weight is loaded; the lead makes its metrics files only after
   // the PolicyWorker's mesh is formed (a collective), so no rank can see them here.
   check_fresh_run(c, o);
@@ -213,7 +219,10 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       const train::TrainingProgress p = worker.load(*from);
       RT_CHECK(p.rng == order, from->string(), ": its data order is '", p.rng, "', this run's '", order,
                "': a run resumes only with the train.seed, train.data and policy.train_global_batch_size it started "
-               "with");
+               "with", p.rng.find(" units (tokens ") != std::string::npos
+                           ? " (an order that hashes 'tokens' was recorded by a ringtrain whose hash covered the tokens "
+                             "alone: continue that run with that version, or start it again)"
+                           : "");
       const int64_t taken = worker.trainer().steps_taken();
       const std::string folder = cat(kStepPrefix, taken);
       RT_CHECK(from->filename() == folder, from->string(), ": its trainer_state.json records step ", taken,
