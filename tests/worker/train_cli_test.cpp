@@ -348,6 +348,13 @@ TEST(TrainCli, ResumeAfterKillRepeatsTheUninterruptedLossesBitwise) {
   // Each step once: the steps the killed run wrote after its checkpoint were dropped, not repeated.
   const std::vector<int64_t> once = {1, 2, 3, 4, 5, 6, 7, 8};
   EXPECT_EQ(logged_steps(killed / "metrics"), once);
+  // Resumed with fewer steps than it has taken: refused, its metrics kept.
+  const testing::CliResult shorter = run_cli(run.args(killed) + " train.steps=5 --resume");
+  EXPECT_NE(shorter.code, 0);
+  EXPECT_NE(shorter.output.find("step_8: the run has taken 8 steps, more than the 5 this run takes"),
+            std::string::npos)
+      << shorter.output;
+  EXPECT_EQ(logged_steps(killed / "metrics"), once);
 
   // A resumed run that has nothing left to do, then export of the last checkpoint.
   const testing::CliResult again = run_cli(run.args(killed) + " --resume");

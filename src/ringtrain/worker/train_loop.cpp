@@ -233,6 +233,9 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       step = checked_add(checked_mul(p.epoch, schedule.steps_per_epoch(), what),
                          p.index / c.policy.train_global_batch_size, what);
       RT_CHECK(step == taken, what, " is not the step the trainer took (", taken, ")");
+      RT_CHECK(step <= total, from->string(), ": the run has taken ", step, " steps, more than the ", total,
+               " this run takes (train.steps = ", c.train.steps, ", train.epochs = ", c.train.epochs,
+               "): raise them to continue it");
       if (lead)
         std::fprintf(stderr, "ringtrain train: resuming from %s (step %lld)\n", from->string().c_str(),
                      static_cast<long long>(step));
