@@ -3,7 +3,6 @@
 // or on GPUs (one process per GPU, relaunched through `ringtrain launch`), its metrics in train.metrics_dir, then
 // the reward curves drawn to an SVG and a summary: mean reward of the first 10 GRPO steps against the last 10.
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -43,9 +42,8 @@ std::string rise_text(const std::vector<double>& v) {
 }
 
 // The curves may lie beside the checkpoints (train.metrics_dir may be train.checkpoint_dir or a folder in it), never
-// at or inside one's name: a save replaces a checkpoint's folder whole (step_N, its leftovers step_N.*, the
-// warm-up's sft_warmup and its staging folders sft_warmup.*).
-// Compared by path, so that a run refused at its resume was refused at its start, when the folders did not exist.
+// at or inside one's name (rl::is_checkpoint_entry). Compared by path, so that a run refused at its resume was
+// refused at its start, when the folders did not exist.
 void check_out_is_not_in_a_checkpoint(const std::filesystem::path& out, const std::string& checkpoint_dir) {
   namespace fs = std::filesystem;
   if (checkpoint_dir.empty()) return;
@@ -55,8 +53,7 @@ void check_out_is_not_in_a_checkpoint(const std::filesystem::path& out, const st
   const fs::path rel = out_path.lexically_relative(root);
   if (rel.empty() || *rel.begin() == "..") return;
   const std::string first = rel.begin()->string();
-  const bool step = first.starts_with("step_") && first.size() > 5 && std::isdigit(static_cast<unsigned char>(first[5]));
-  RT_CHECK(!(step || first == "sft_warmup" || first.starts_with("sft_warmup.")), "--plot ", out.string(), " is or lies inside ",
+  RT_CHECK(!rl::is_checkpoint_entry(first), "--plot ", out.string(), " is or lies inside ",
            (fs::path(checkpoint_dir) / first).string(), ", a checkpoint's name in train.checkpoint_dir (a save "
            "replaces its folder whole); refusing to write there");
 }

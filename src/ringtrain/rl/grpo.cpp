@@ -1,6 +1,7 @@
 #include "ringtrain/rl/grpo.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -263,6 +264,12 @@ void check_grpo_loss(const worker::Config& config) {
 
 }  // namespace
 
+bool is_checkpoint_entry(std::string_view name) {
+  const bool step = name.starts_with("step_") && name.size() > 5 && std::isdigit(static_cast<unsigned char>(name[5]));
+  return step || name == kWarmupFolder ||
+         (name.starts_with(kWarmupFolder) && name.substr(kWarmupFolder.size()).starts_with('.'));
+}
+
 void check_grpo_config(const worker::Config& config, const model::ModelConfig* model) {
   check_grpo_loss(config);
   const CharTokenizer tok;
@@ -279,7 +286,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   const model::ModelConfig model = worker::resolve_model_config(config.policy);
   check_grpo_run(config, &model, tok, prompts);
   const RewardMode mode = parse_reward_mode(g.reward);
-  const fs::path root = config.train.checkpoint_dir, warm_dir = root / "sft_warmup";
+  const fs::path root = config.train.checkpoint_dir, warm_dir = root / kWarmupFolder;
   RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
   if (!root.empty()) worker::prepare_checkpoint_dir(root);
   const bool lead = world.rank() == 0;

@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ringtrain/comm/communicator.h"
@@ -107,10 +108,16 @@ struct GrpoSummary {
 };
 
 // Every check of a GRPO run that reads no weights: the loss (clipped_pg), the prompts (a known built-in task, or a
-// prompt file that holds prompts), grpo.reward, grpo.sft_warmup_steps against train.checkpoint_dir, the first step's
-// prompts against grpo.max_new_tokens and, given the model's config (null: not checked), its vocabulary against the
+// prompt file that holds prompts), grpo.reward, grpo.sft_warmup_steps against train.checkpoint_dir, the prompts'
+// lengths (a file's every record, the task's longest) against grpo.max_new_tokens and, given the model's config (null: not checked), its vocabulary against the
 // task tokenizer's. run_grpo starts with it; `ringtrain config` runs it on a config with grpo.prompts.
 void check_grpo_config(const worker::Config& config, const model::ModelConfig* model);
+
+// The folder of train.checkpoint_dir that holds the SFT warm-up's weights (the run's reference policy).
+inline constexpr std::string_view kWarmupFolder = "sft_warmup";
+// Whether an entry of train.checkpoint_dir named `name` is one of a GRPO run's checkpoints, which a save replaces
+// whole: step_N and its save's leftovers step_N.*, the warm-up's folder and its staging folders.
+bool is_checkpoint_entry(std::string_view name);
 
 // The whole run on this rank (collective over `world`, whose size is config.parallel.world()).
 GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, const GrpoOptions& options = {});
