@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -45,11 +46,18 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
+// Group keys of n rewards in groups of g adjacent ones.
+std::vector<int64_t> adjacent_groups(size_t n, int64_t g) {
+  std::vector<int64_t> keys(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = static_cast<int64_t>(i) / g;
+  return keys;
+}
+
 TEST(GrpoAdvantages, HandComputedGroups) {
   // Groups of 4, sample std (squares / 3): {1,0,0,1} mean 0.5, std sqrt(1/3), so ±sqrt(3)/2; {0.5 x4} all equal;
   // {0,0,0,1} mean 0.25, squares 0.75, std 0.5, so -0.5 and 1.5.
   const std::vector<double> rewards = {1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5, 0, 0, 0, 1};
-  const rl::GroupAdvantages a = rl::group_advantages(rewards, 4, {.eps = 0.0});
+  const rl::GroupAdvantages a = rl::group_advantages(rewards, adjacent_groups(12, 4), {.eps = 0.0});
   const double h = std::sqrt(3.0) / 2;
   const std::vector<double> want = {h, -h, -h, h, 0, 0, 0, 0, -0.5, -0.5, -0.5, 1.5};
   ASSERT_EQ(a.advantages.size(), want.size());
@@ -57,40 +65,48 @@ TEST(GrpoAdvantages, HandComputedGroups) {
   EXPECT_EQ(a.uniform_groups, 1);
 
   // The default epsilon enters the denominator: {1, 0} has std sqrt(1/2), so 0.5 / (sqrt(1/2) + 1e-6).
-  const rl::GroupAdvantages e = rl::group_advantages(std::vector<double>{1, 0}, 2);
+  const rl::GroupAdvantages e = rl::group_advantages(std::vector<double>{1, 0}, adjacent_groups(2, 2));
   EXPECT_DOUBLE_EQ(e.advantages[0], 0.5 / (std::sqrt(0.5) + rl::kAdvantageEps));
   EXPECT_DOUBLE_EQ(e.advantages[1], -0.5 / (std::sqrt(0.5) + rl::kAdvantageEps));
 
   // All-equal groups give exactly 0 (not a rounding residue over epsilon), whatever the value.
-  const rl::GroupAdvantages u = rl::group_advantages(std::vector<double>{0.1, 0.1, 0.1, 0.7, 0.7, 0.7}, 3);
+  const rl::GroupAdvantages u = rl::group_advantages(std::vector<double>{0.1, 0.1, 0.1, 0.7, 0.7, 0.7}, adjacent_groups(6, 3));
   for (double v : u.advantages) EXPECT_EQ(v, 0.0);
   EXPECT_EQ(u.uniform_groups, 2);
 
-  EXPECT_NE(error_of([] { rl::group_advantages(std::vector<double>{1, 0, 1}, 2); }).find("groups of 2"),
+  EXPECT_NE(error_of([] { rl::group_advantages(std::vector<double>{1, 0, 1}, adjacent_groups(2, 2)); })
+                .find("3 rewards but 2 group keys"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              rl::group_advantages(std::vector<double>{1, 0, 1}, adjacent_groups(3, 2), {.leave_one_out = true});
+            }).find("needs groups of 2 or more; group 1 has 1 sample"),
             std::string::npos);
 
   // Leave-one-out, no epsilon: in {1,0,0,1} each sample's others have mean 1/3 or 2/3 and sample std sqrt(1/3), so
   // ±2/sqrt(3); in {0,0,0,1} a 0's others {0,0,1} give -1/sqrt(3), and the 1's others {0,0,0} have no spread: r - 0 =
   // 1, undivided. With groups of 2 the one other has no spread: r_i - r_j.
-  const rl::GroupAdvantages loo = rl::group_advantages(rewards, 4, {.leave_one_out = true, .eps = 0.0});
+  const rl::GroupAdvantages loo = rl::group_advantages(rewards, adjacent_groups(12, 4), {.leave_one_out = true, .eps = 0.0});
   const double r3 = std::sqrt(3.0);
   const std::vector<double> want_loo = {2 / r3, -2 / r3, -2 / r3, 2 / r3, 0, 0, 0, 0, -1 / r3, -1 / r3, -1 / r3, 1};
   for (size_t i = 0; i < want_loo.size(); ++i) EXPECT_NEAR(loo.advantages[i], want_loo[i], 1e-14) << "sample " << i;
-  const rl::GroupAdvantages pair = rl::group_advantages(std::vector<double>{0.25, 1}, 2, {.leave_one_out = true});
+  const rl::GroupAdvantages pair = rl::group_advantages(std::vector<double>{0.25, 1}, adjacent_groups(2, 2), {.leave_one_out = true});
   EXPECT_EQ(pair.advantages, (std::vector<double>{-0.75, 0.75}));
   // Dr. GRPO: r - mean, undivided.
-  const rl::GroupAdvantages plain = rl::group_advantages(rewards, 4, {.normalize = false});
+  const rl::GroupAdvantages plain = rl::group_advantages(rewards, adjacent_groups(12, 4), {.normalize = false});
   const std::vector<double> want_plain = {0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, -0.25, -0.25, -0.25, 0.75};
   for (size_t i = 0; i < want_plain.size(); ++i) EXPECT_DOUBLE_EQ(plain.advantages[i], want_plain[i]) << i;
 }
 
-// Every option against a direct computation over each sample's others (fresh rewards, group sizes 2 to 9), with
-// NeMo RL's sample standard deviation.
+// Every option against a direct computation over each sample's others (fresh rewards, 3 groups of 2 to 9 samples
+// each under arbitrary keys, members scattered over the batch), with NeMo RL's sample standard deviation.
 TEST(GrpoAdvantages, AgainstTheDirectFormula) {
   std::mt19937_64 rng(testing::fresh_seed());
   for (int round = 0; round < 50; ++round) {
-    const int64_t g = 2 + static_cast<int64_t>(rng() % 8);
-    std::vector<double> rewards(static_cast<size_t>(3 * g));
+    std::vector<int64_t> keys;
+    for (const int64_t key : {int64_t{-7}, int64_t{40}, int64_t{1} << 40})
+      keys.insert(keys.end(), 2 + rng() % 8, key);
+    std::shuffle(keys.begin(), keys.end(), rng);
+    std::vector<double> rewards(keys.size());
     // Some groups nearly agree (values 1 apart by 1e-9 of them): the others' spread from its cancelling downdate.
     const bool near = round % 5 == 0;
     for (double& r : rewards)
@@ -99,27 +115,42 @@ TEST(GrpoAdvantages, AgainstTheDirectFormula) {
                          : std::uniform_real_distribution<double>(-2, 2)(rng);
     for (const bool loo : {false, true})
       for (const bool normalize : {false, true}) {
-        const rl::GroupAdvantages a = rl::group_advantages(rewards, g, {normalize, loo, 1e-6});
-        for (size_t first = 0; first < rewards.size(); first += static_cast<size_t>(g))
-          for (size_t i = first; i < first + static_cast<size_t>(g); ++i) {
-            double sum = 0, n = 0;
-            for (size_t j = first; j < first + static_cast<size_t>(g); ++j)
-              if (!loo || j != i) sum += rewards[j], n += 1;
-            const double mean = sum / n;
-            double spread = 0, distinct = 0;
-            for (size_t j = first; j < first + static_cast<size_t>(g); ++j)
-              if (!loo || j != i) {
-                spread += (rewards[j] - mean) * (rewards[j] - mean);
-                distinct += rewards[j] != rewards[loo && i == first ? first + 1 : first];
-              }
-            const double sd = distinct == 0 || n < 2 ? 0.0 : std::sqrt(spread / (n - 1));  // sample std
-            double want = rewards[i] - mean;
-            if (normalize && sd > 0) want /= sd + 1e-6;
-            EXPECT_NEAR(a.advantages[i], want, 1e-6 * (1 + std::abs(want)))
-                << "group size " << g << ", leave-one-out " << loo << ", normalize " << normalize;
-          }
+        const rl::GroupAdvantages a = rl::group_advantages(rewards, keys, {normalize, loo, 1e-6});
+        EXPECT_EQ(a.groups, 3);
+        for (size_t i = 0; i < rewards.size(); ++i) {
+          std::vector<double> others;
+          for (size_t j = 0; j < rewards.size(); ++j)
+            if (keys[j] == keys[i] && (!loo || j != i)) others.push_back(rewards[j]);
+          double sum = 0;
+          for (double r : others) sum += r;
+          const double n = static_cast<double>(others.size()), mean = sum / n;
+          double spread = 0;
+          for (double r : others) spread += (r - mean) * (r - mean);
+          const bool distinct = std::any_of(others.begin(), others.end(), [&](double r) { return r != others[0]; });
+          const double sd = !distinct || n < 2 ? 0.0 : std::sqrt(spread / (n - 1));  // sample std
+          double want = rewards[i] - mean;
+          if (normalize && sd > 0) want /= sd + 1e-6;
+          EXPECT_NEAR(a.advantages[i], want, 1e-6 * (1 + std::abs(want)))
+              << "group of " << others.size() + loo << ", leave-one-out " << loo << ", normalize " << normalize;
+        }
       }
   }
+}
+
+// Rollouts of identical prompts are one group (NeMo RL groups by unique prompt), wherever they lie in the step.
+TEST(GrpoAdvantages, IdenticalPromptsFormOneGroup) {
+  const std::vector<std::vector<int32_t>> prompts = {{5, 6}, {5, 6}, {7}, {7}, {5, 6}, {5, 6}, {5}, {5}, {5, 6, 0}};
+  EXPECT_EQ(rl::prompt_groups(prompts), (std::vector<int64_t>{0, 0, 2, 2, 0, 0, 6, 6, 8}));
+  EXPECT_TRUE(rl::prompt_groups(std::vector<std::vector<int32_t>>{}).empty());
+  // {5, 6} twice (4 rollouts: rewards 1, 0, 0, 0) is one group of mean 0.25 and sample std 0.5, not {1, 0} and
+  // {0, 0}; {7} alone; {5} uniform; {5, 6, 0} one sample, uniform.
+  const std::vector<double> rewards = {1, 0, 0.5, 0, 0, 0, 0.3, 0.3, 0.9};
+  const rl::GroupAdvantages a = rl::group_advantages(rewards, rl::prompt_groups(prompts), {.eps = 0.0});
+  const double h = std::sqrt(0.125);  // {0.5, 0}: mean 0.25, std sqrt(0.125)
+  const std::vector<double> want = {1.5, -0.5, 0.25 / h, -0.25 / h, -0.5, -0.5, 0, 0, 0};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(a.advantages[i], want[i], 1e-15) << "rollout " << i;
+  EXPECT_EQ(a.groups, 4);
+  EXPECT_EQ(a.uniform_groups, 2);
 }
 
 model::ModelConfig char_tiny() {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 
 #include "ringtrain/comm/agreed.h"
@@ -117,16 +118,23 @@ double mean_k3_kl(const std::vector<worker::Sample>& samples, const worker::Logp
 
 }  // namespace
 
-GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size, const AdvantageOptions& o) {
-  RT_CHECK(group_size >= 1 && rewards.size() % static_cast<size_t>(group_size) == 0, "group_advantages: ",
-           rewards.size(), " rewards do not form groups of ", group_size);
-  RT_CHECK(!o.leave_one_out || group_size >= 2, "group_advantages: a leave-one-out baseline needs groups of 2 or more");
+GroupAdvantages group_advantages(std::span<const double> rewards, std::span<const int64_t> group_of,
+                                 const AdvantageOptions& o) {
+  RT_CHECK(group_of.size() == rewards.size(), "group_advantages: ", rewards.size(), " rewards but ", group_of.size(),
+           " group keys");
+  std::map<int64_t, std::vector<size_t>> members;
+  for (size_t i = 0; i < rewards.size(); ++i) members[group_of[i]].push_back(i);
   GroupAdvantages out;
   out.advantages.resize(rewards.size());
-  const size_t g = static_cast<size_t>(group_size);
-  const double n = static_cast<double>(g);
-  for (size_t first = 0; first < rewards.size(); first += g) {
-    const std::span<const double> group = rewards.subspan(first, g);
+  out.groups = static_cast<int64_t>(members.size());
+  std::vector<double> group;
+  for (const auto& [key, index] : members) {
+    const size_t g = index.size();
+    RT_CHECK(!o.leave_one_out || g >= 2, "group_advantages: a leave-one-out baseline needs groups of 2 or more; group ",
+             key, " has 1 sample");
+    group.clear();
+    for (size_t i : index) group.push_back(rewards[i]);
+    const double n = static_cast<double>(g);
     double mean = 0;
     for (double r : group) mean += r;
     mean /= n;
@@ -140,10 +148,11 @@ GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_
     const size_t count_a = static_cast<size_t>(std::count(group.begin(), group.end(), a));
     const size_t count_b = b == group.end() ? 0 : static_cast<size_t>(std::count(group.begin(), group.end(), *b));
     const bool two_values = count_a + count_b == g;
-    // Exactly 0 for a uniform group (r − mean can be a rounding residue of the mean, not a signal).
+    // Exactly 0 for a uniform group (r − mean can be a rounding residue of the mean, not a signal); a group of one
+    // sample is uniform.
     if (count_a == g) {
       out.uniform_groups += 1;
-      std::fill_n(out.advantages.begin() + static_cast<std::ptrdiff_t>(first), g, 0.0);
+      for (size_t i : index) out.advantages[i] = 0.0;
       continue;
     }
     // The sample variance (Bessel's correction, as NeMo RL's calculate_baseline_and_std_per_prompt): of the group,
@@ -169,9 +178,18 @@ GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_
       const double std_dev = std::sqrt(variance);
       double advantage = group[i] - baseline;
       if (o.normalize && std_dev > 0) advantage /= std_dev + o.eps;
-      out.advantages[first + i] = advantage;
+      out.advantages[index[i]] = advantage;
     }
   }
+  return out;
+}
+
+std::vector<int64_t> prompt_groups(std::span<const std::vector<int32_t>> prompts) {
+  std::map<std::vector<int32_t>, int64_t> first;  // prompt tokens -> index of its first rollout
+  std::vector<int64_t> out;
+  out.reserve(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    out.push_back(first.try_emplace(prompts[i], static_cast<int64_t>(i)).first->second);
   return out;
 }
 
@@ -415,7 +433,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
         lengths.push_back(static_cast<double>(gens[i].tokens.size()));
       }
       const GroupAdvantages adv =
-          group_advantages(rewards, G, {.normalize = g.normalize_rewards, .leave_one_out = g.use_leave_one_out_baseline});
+          group_advantages(rewards, prompt_groups(rollout_prompts),
+                           {.normalize = g.normalize_rewards, .leave_one_out = g.use_leave_one_out_baseline});
       std::vector<worker::Sample> samples;
       int64_t tokens = 0;
       for (size_t i = 0; i < gens.size(); ++i) {
@@ -450,7 +469,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
             {"reward/mean", log.reward_mean},
             {"reward/std", std::sqrt(var / static_cast<double>(rewards.size()))},
             {"reward/exact_match", log.exact_match},
-            {"reward/uniform_group_fraction", static_cast<double>(adv.uniform_groups) / static_cast<double>(P)},
+            {"reward/uniform_group_fraction", static_cast<double>(adv.uniform_groups) / static_cast<double>(adv.groups)},
             {"response/length_mean", mean_of(lengths)},
             {"response/length_max", *std::max_element(lengths.begin(), lengths.end())},
             {"kl_to_reference", kl_to_reference},

@@ -41,6 +41,7 @@ constexpr double kAdvantageEps = 1e-6;
 
 struct GroupAdvantages {
   std::vector<double> advantages;  // one per reward, in the rewards' order
+  int64_t groups = 0;              // distinct groups
   int64_t uniform_groups = 0;      // groups whose rewards are all equal (advantage 0: no learning signal)
 };
 // How rewards become advantages (NeMo RL's grpo.normalize_rewards and grpo.use_leave_one_out_baseline).
@@ -49,12 +50,15 @@ struct AdvantageOptions {
   bool leave_one_out = false;  // baseline and std over the group's other samples
   double eps = kAdvantageEps;
 };
-// Rewards in groups of group_size consecutive entries (rewards.size() a multiple of it). Sample i's advantage is
-// r_i - baseline, divided by (std + eps) when normalising and the std is not 0; baseline and std are the mean and the
-// sample standard deviation (n - 1 in the divisor, as NeMo RL) of its group's rewards, or of the others' with
-// leave_one_out (0 for a single other). A group whose rewards are all equal gets 0.
-GroupAdvantages group_advantages(std::span<const double> rewards, int64_t group_size,
+// Rewards in groups: group_of[i] is the group of reward i (any int64 key; a group's members need not be adjacent).
+// Sample i's advantage is r_i - baseline, divided by (std + eps) when normalising and the std is not 0; baseline and
+// std are the mean and the sample standard deviation (n - 1 in the divisor, as NeMo RL) of its group's rewards, or of
+// the others' with leave_one_out (0 for a single other). A group whose rewards are all equal gets 0.
+GroupAdvantages group_advantages(std::span<const double> rewards, std::span<const int64_t> group_of,
                                  const AdvantageOptions& options = {});
+// The group of each rollout: the index of the first rollout with the same prompt tokens. Rollouts of identical
+// prompts form one group, as NeMo RL's calculate_baseline_and_std_per_prompt groups by unique prompt.
+std::vector<int64_t> prompt_groups(std::span<const std::vector<int32_t>> prompts);
 
 // The training sample of one rollout: input_ids = prompt + response; token_mask 1 exactly on the response tokens;
 // advantages = advantage on the response tokens (0 elsewhere); generation_logprobs[p] = the sampler's logprob of
