@@ -4,9 +4,10 @@ the worker's built-in sampler.
 Each step takes policy.train_global_batch_size rollouts (prompt + response tokens, the response's token_mask, the
 group-normalised advantage and the sampler's generation_logprobs: what a sampler such as vLLM hands back), scores
 them under the current and the reference policy, trains one step with the config's clipped policy-gradient loss,
-and prints the metrics (configs/data/grpo.jsonl is synthetic: its generation_logprobs are not the builtin model's, so
-the importance weights, and with them the first losses, are large). At the end it saves a checkpoint, exports the weights as a Hugging Face folder and lists
-what an inference engine would be refit with.
+and prints the metrics (configs/data/grpo.jsonl is synthetic: random tokens and advantages; its generation_logprobs
+are the starting policy's of configs/grpo.yaml at its train.seed with N(0, 0.02) noise, the mismatch of a sampler
+that computes in another precision). At the end it saves a checkpoint, exports the weights as a Hugging Face folder
+and lists what an inference engine would be refit with.
 
 With --rollouts sampler the loop is a whole RL loop: each step draws a group of responses per random prompt with
 worker.generate (the current weights; its logprobs are the generation_logprobs), scores each response with a toy
@@ -54,7 +55,8 @@ def sampler_rollouts(worker, rng, prompts, group, max_new_tokens, seed):
     starts = [rng.integers(0, vocab, size=int(rng.integers(4, 12))).tolist() for _ in range(prompts)]
     gens = worker.generate([p for p in starts for _ in range(group)], max_new_tokens, temperature=1.0, seed=seed)
     rewards = np.array([np.mean(g["tokens"] % 2 == 0) for g in gens], np.float64).reshape(prompts, group)
-    advantages = (rewards - rewards.mean(axis=1, keepdims=True)) / (rewards.std(axis=1, keepdims=True) + 1e-6)
+    # The sample std (ddof=1), as NeMo RL and `ringtrain grpo` divide by.
+    advantages = (rewards - rewards.mean(axis=1, keepdims=True)) / (rewards.std(axis=1, ddof=1, keepdims=True) + 1e-6)
     rows = []
     for i, g in enumerate(gens):
         p, n = starts[i // group], len(g["tokens"])
@@ -84,6 +86,8 @@ def main():
     gbs = int(ringtrain.load_config(args.config, args.overrides).split("train_global_batch_size: ")[1].split()[0])
     schedule = ringtrain.BatchSchedule(len(rollouts), gbs, seed=0)
 
+    if args.rollouts == "sampler" and args.group < 2:
+        ap.error(f"--group {args.group}: a group needs 2 or more responses")
     if args.rollouts == "sampler" and gbs % args.group:
         ap.error(f"policy.train_global_batch_size {gbs} is not a multiple of --group {args.group}")
     rng = np.random.default_rng(0)

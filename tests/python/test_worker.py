@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -840,6 +841,36 @@ class TestCtrlC(unittest.TestCase):
         np.testing.assert_array_equal(got, want)
         self.assertEqual(len(calls), 1)
         self.assertGreater(calls[0] - start, 0.5 * full, "the handler ran while the call was still running")
+
+
+class TestExample(unittest.TestCase):
+    """examples/python/grpo_loop.py as README shows it, both rollout sources: every step's metrics finite, the data
+    file's generation_logprobs those of configs/grpo.yaml's starting policy (noise of 0.02), the sampler's equal to the
+    policy's, and the checkpoint and Hugging Face folder written."""
+
+    STEP = re.compile(r"^step (\d+): loss ([-+]\S+)  grad_norm (\S+)  .*\|prev - gen\| (\S+)  (?:reward (\S+)  )?")
+
+    def run_example(self, out, *args):
+        r = subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "examples", "python", "grpo_loop.py"),
+                            "--steps", "2", "--out", out, *args], capture_output=True, text=True, timeout=300,
+                           cwd=SOURCE_DIR, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        steps = [m.groups() for m in map(self.STEP.match, r.stdout.splitlines()) if m]
+        self.assertEqual([int(g[0]) for g in steps], [1, 2], r.stdout)
+        for g in steps:
+            self.assertTrue(all(math.isfinite(float(v)) for v in g[1:4] if v is not None), r.stdout)
+        for f in ("config.json", "model.safetensors"):
+            self.assertTrue(os.path.isfile(os.path.join(out, "hf", f)), f)
+        self.assertTrue(os.path.isdir(os.path.join(out, "step_2")))
+        return steps
+
+    def test_file_and_sampler_rollouts(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for _, _, _, mismatch, _ in self.run_example(os.path.join(tmp, "file")):
+                self.assertLess(float(mismatch), 0.03)  # mean |N(0, 0.02)| = 0.016; a stale file: > 1
+            for _, _, _, mismatch, reward in self.run_example(os.path.join(tmp, "sampler"), "--rollouts", "sampler"):
+                self.assertEqual(float(mismatch), 0.0)  # the sampler's logprobs are the fp32 policy's (3 decimals)
+                self.assertTrue(0 <= float(reward) <= 1)
 
 
 class TestExitAndFork(unittest.TestCase):
