@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -19,7 +20,9 @@
 #include "ringtrain/comm/agreed.h"
 #include "ringtrain/comm/in_process.h"
 #include "ringtrain/core/error.h"
+#include "ringtrain/model/hf_config.h"
 #include "ringtrain/model/params.h"
+#include "ringtrain/model/policy.h"
 #include "ringtrain/rl/grpo.h"
 #include "ringtrain/worker/config.h"
 #include "test_util.h"
@@ -362,6 +365,32 @@ TEST(GrpoLoop, APromptFileIsKnownByItsRecordsAndCheckedWhole) {
   EXPECT_NE(answer_too_long.find("long_answer.jsonl:2: SFT warm-up: prompt '4567'"), std::string::npos)
       << answer_too_long;
   EXPECT_FALSE(fs::exists(fresh));
+
+  // Validation: a prompt file has no held-out part, so it needs grpo.val_prompts, whose records are checked whole at
+  // the start too; with one, the run validates on its first max_val_samples records.
+  const auto validation_error = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> o = {"grpo.prompts=" + file, "train.checkpoint_dir=" + fresh, "grpo.val_period=1"};
+    o.insert(o.end(), more.begin(), more.end());
+    return error_of([&] { run_small(worker::parse_config(small_config(d, 1, 1), "p.yaml", o)); });
+  };
+  EXPECT_NE(validation_error({}).find("grpo.val_prompts is required to validate a run on a prompt file (grpo.prompts = " +
+                                      file + ")"),
+            std::string::npos)
+      << validation_error({});
+  const std::string val_long = validation_error({"grpo.val_prompts=" + write("val_long.jsonl", long_prompt)});
+  EXPECT_NE(val_long.find("val_long.jsonl:4: validation: grpo.max_new_tokens = 7: prompt '111"), std::string::npos)
+      << val_long;
+  const std::string val_empty = validation_error({"grpo.val_prompts=" + write("val_empty.jsonl", {})});
+  EXPECT_NE(val_empty.find("prompt file " + (d / "val_empty.jsonl").string() + ": no records"),
+            std::string::npos)
+      << val_empty;
+  EXPECT_FALSE(fs::exists(fresh));
+  const auto validated = run_small(worker::parse_config(
+      small_config(d, 1, 1), "p.yaml",
+      {"grpo.prompts=" + file, "train.checkpoint_dir=" + fresh, "grpo.val_period=1",
+       "grpo.val_prompts=" + write("val.jsonl", long_prompt), "grpo.max_val_samples=3"}));  // the long 4th left out
+  ASSERT_EQ(validated.size(), 1u);
+  EXPECT_TRUE(validated[0].validation.has_value());
 }
 
 // A stop asked on one rank while it samples: every rank stops at the same point (the sampling rank at its next token,
@@ -408,6 +437,84 @@ TEST(GrpoLoop, AStopOnOneRankWhileSamplingStopsEveryRankAndResumeRepeatsTheSteps
   }
 }
 
+// Greedy responses of the policy in `dir` (a checkpoint) to `examples`, scored by the partial and exact rewards:
+// what a validation of those weights must report.
+std::pair<double, double> greedy_rewards(const fs::path& dir, const std::vector<rl::Example>& examples) {
+  const model::ModelConfig c = model::load_config(dir);
+  auto policy = model::make_policy(c, model::load_checkpoint_params(dir, c), model::PolicyOptions{});
+  model::Sampler sampler(*policy);
+  model::SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 7;
+  greedy.stop_tokens = {rl::CharTokenizer::kEos};
+  const rl::CharTokenizer tok;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const rl::Example& e : examples) prompts.push_back(tok.encode_prompt(e.prompt));
+  const std::vector<model::Generation> gens = sampler.generate(prompts, greedy);
+  double partial = 0, exact = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    partial += rl::reward(tok, examples[i].answer, gens[i].tokens, rl::RewardMode::Partial);
+    exact += rl::reward(tok, examples[i].answer, gens[i].tokens, rl::RewardMode::Exact);
+  }
+  const double n = static_cast<double>(examples.size());
+  return {partial / n, exact / n};
+}
+
+// Validation before GRPO and every 2 steps and after the last: its own record at the warm-up's last step number,
+// then val/* in the records of steps 2 and 3, each equal to greedy decoding of the held-out prompts (the built-in
+// task's examples at rl::kValidationIndexBase on) from the weights of that moment; the same on 2 context-parallel
+// ranks; the rollouts and losses unchanged by it.
+TEST(GrpoLoop, ValidationDecodesTheHeldOutPromptsGreedily) {
+  const fs::path d = fresh_dir("validation"), plain = fresh_dir("validation_off");
+  const auto config = [](const fs::path& dir, int64_t cp, const std::vector<std::string>& extra) {
+    std::vector<std::string> o = {"train.metrics_dir=" + (dir / "m").string()};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return worker::parse_config(small_config(dir, cp, 3), "v.yaml", o);
+  };
+  const std::vector<std::string> validate = {"grpo.val_at_start=true", "grpo.val_period=2", "grpo.max_val_samples=11"};
+  const auto with = run_small(config(d, 1, validate));
+  const auto without = run_small(config(plain, 1, {}));
+  ASSERT_EQ(with.size(), 3u);
+  ASSERT_EQ(without.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(with[i].loss, without[i].loss) << "step " << i + 1;
+    EXPECT_EQ(with[i].reward_mean, without[i].reward_mean) << "step " << i + 1;
+    EXPECT_FALSE(without[i].validation.has_value());
+  }
+  EXPECT_FALSE(with[0].validation.has_value());
+  ASSERT_TRUE(with[1].validation.has_value() && with[2].validation.has_value());
+
+  std::vector<rl::Example> held_out;
+  const rl::ReverseDigitsTask task(5);  // small_config's train.seed
+  for (uint64_t i = 0; i < 11; ++i) held_out.push_back(task.example(rl::kValidationIndexBase + i));
+  std::map<int64_t, nlohmann::json> val;  // step -> record with val/* keys
+  std::ifstream in(d / "m" / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    if (row.contains("val/reward")) val[row["step"].get<int64_t>()] = row;
+  }
+  ASSERT_EQ(val.size(), 3u);
+  ASSERT_TRUE(val.count(3) && val.count(5) && val.count(6));  // 3 warm-up steps, then GRPO steps 2 and 3
+  EXPECT_FALSE(val[3].contains("loss"));  // the start's record holds the validation only
+  for (const auto& [step, dir] : {std::pair{int64_t{3}, d / "ck" / "sft_warmup"}, std::pair{int64_t{5}, d / "ck" / "step_2"},
+                                  std::pair{int64_t{6}, d / "ck" / "step_3"}}) {
+    const auto [partial, exact] = greedy_rewards(dir, held_out);
+    EXPECT_DOUBLE_EQ(val[step]["val/reward"].get<double>(), partial) << "record " << step;
+    EXPECT_DOUBLE_EQ(val[step]["val/exact_match"].get<double>(), exact) << "record " << step;
+    EXPECT_GT(val[step]["val/response_length"].get<double>(), 0);
+  }
+  EXPECT_DOUBLE_EQ(with[2].validation->first, val[6]["val/reward"].get<double>());
+  // The weights move between the validations: not the same responses throughout (the warm-up's lr is high).
+  EXPECT_NE(val[3]["val/reward"], val[6]["val/reward"]);
+
+  // Two context-parallel ranks decode the same responses (fp32 weights within rounding; greedy choices the same).
+  const auto two = run_small(config(fresh_dir("validation_cp2"), 2, validate));
+  ASSERT_EQ(two.size(), 3u);
+  ASSERT_TRUE(two[2].validation.has_value());
+  EXPECT_EQ(two[2].validation->first, with[2].validation->first);
+}
+
 TEST(GrpoConfig, BadValuesNamedByKey) {
   const std::string base = small_config(fresh_dir("cfg"), 1, 2);
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
@@ -421,6 +528,9 @@ TEST(GrpoConfig, BadValuesNamedByKey) {
                                         "must equal policy.train_global_batch_size = 8"},
       {{"train.steps=0"}, "train.steps = 0: a GRPO run needs"},
       {{"grpo.temprature=1"}, "unknown key 'grpo.temprature' (did you mean 'grpo.temperature'"},
+      {{"grpo.val_period=-1"}, "grpo.val_period = -1: out of range"},
+      {{"grpo.max_val_samples=0"}, "grpo.max_val_samples = 0: out of range"},
+      {{"grpo.val_at_start=sometimes"}, "grpo.val_at_start = 'sometimes'"},
   };
   for (const auto& [overrides, want] : cases) {
     const std::string got = error_of([&] { worker::parse_config(base, "g.yaml", overrides); });

@@ -1,7 +1,8 @@
 // `ringtrain grpo --config FILE [KEY=VALUE ...] [--resume]`: the GRPO loop of rl/grpo.h (optional SFT warm-up, then
 // sampling, rewards, group-normalised advantages and clipped-PG steps) on the CPU (ranks are threads of this process)
 // or on GPUs (one process per GPU, relaunched through `ringtrain launch`), its metrics in train.metrics_dir, then
-// the reward curves drawn to an SVG and a summary: mean reward of the first 10 GRPO steps against the last 10.
+// the reward curves drawn to an SVG and a summary: mean reward of the first 10 GRPO steps against the last 10, and
+// the first validation against the last (grpo.val_period, grpo.val_at_start).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -159,21 +160,42 @@ void add_grpo_command(CLI::App& app) {
                 summary.warmup_seconds,
                 skipped > 0 ? cat("; ", skipped, " of them skipped", worker::kSkippedWhy).c_str() : "");
     std::vector<double> reward, exact;
+    worker::Series val_reward, val_exact;  // by GRPO step: 0 = before the first
     if (!c.train.metrics_dir.empty()) {
       const std::filesystem::path jsonl = std::filesystem::path(c.train.metrics_dir) / "metrics.jsonl";
       const std::vector<worker::Series> all = worker::read_metrics(jsonl);
-      const std::vector<worker::Series> panels =
-          worker::select_series(all, {"reward/mean", "reward/exact_match", "loss", "kl_to_reference"});
+      std::vector<std::string> names = {"reward/mean", "reward/exact_match", "loss", "kl_to_reference"};
+      for (const worker::Series& s : all) {
+        if (s.name == "val/reward") val_reward = s;
+        if (s.name == "val/exact_match") val_exact = s, names.push_back(s.name);
+      }
+      const std::vector<worker::Series> panels = worker::select_series(all, names);
       reward = panels[0].values, exact = panels[1].values;
       const std::string title = "GRPO on " + c.grpo.prompts + " (" + c.policy.model_name + ")";
       worker::write_svg(plot, worker::render_svg(panels, title));
       std::printf("metrics: %s; curves: %s\n", jsonl.c_str(), plot.c_str());
+      for (worker::Series* s : {&val_reward, &val_exact})
+        for (double& step : s->steps) step -= static_cast<double>(c.grpo.sft_warmup_steps);
     } else {
       for (const rl::GrpoStepLog& s : summary.steps) reward.push_back(s.reward_mean), exact.push_back(s.exact_match);
+      const auto add = [&](double step, const std::pair<double, double>& v) {
+        val_reward.steps.push_back(step), val_reward.values.push_back(v.first);
+        val_exact.steps.push_back(step), val_exact.values.push_back(v.second);
+      };
+      if (summary.start_validation) add(0, *summary.start_validation);
+      for (const rl::GrpoStepLog& s : summary.steps)
+        if (s.validation) add(static_cast<double>(s.step), *s.validation);
     }
     if (!reward.empty()) {
       std::printf("reward (%s): %s\n", c.grpo.reward.c_str(), rise_text(reward).c_str());
       std::printf("exact match:    %s\n", rise_text(exact).c_str());
+    }
+    if (!val_reward.values.empty() && val_reward.values.size() == val_exact.values.size()) {
+      const size_t last = val_reward.values.size() - 1;
+      std::printf("held-out, greedy (%lld prompts): reward %.3f -> %.3f, exact match %.3f -> %.3f (GRPO step %.0f -> "
+                  "%.0f)\n",
+                  static_cast<long long>(summary.validation_prompts), val_reward.values[0], val_reward.values[last],
+                  val_exact.values[0], val_exact.values[last], val_reward.steps[0], val_reward.steps[last]);
     }
   });
 }

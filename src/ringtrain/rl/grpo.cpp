@@ -231,8 +231,7 @@ PromptSource::PromptSource(const worker::Config& config, const CharTokenizer& to
     task_ = std::make_unique<ReverseDigitsTask>(config.train.seed);
     identity_ = p;
   } else {
-    file_ = read_prompt_file(p, tokenizer);
-    RT_CHECK(!file_.empty(), "grpo.prompts = ", p, ": the file holds no prompts");
+    file_ = read_prompt_file(p, tokenizer);  // an error for a file without records
     Fnv1a hash;
     for (const Example& e : file_) hash.mix(e.prompt), hash.mix(e.answer);
     identity_ = cat("a file of ", file_.size(), " records (", hash.hex(), ")");
@@ -251,9 +250,29 @@ std::vector<Example> PromptSource::length_bounds() const {
 
 namespace {
 
+// The held-out examples of a run that validates: grpo.val_prompts' first grpo.max_val_samples records, or without
+// that file the built-in task's examples at indices no GRPO step or warm-up draws. A prompt file has no held-out part.
+std::vector<Example> validation_examples(const worker::Config& config, const CharTokenizer& tok,
+                                         const PromptSource& prompts) {
+  const worker::GrpoConfig& g = config.grpo;
+  std::vector<Example> out;
+  if (!g.validates()) return out;
+  if (!g.val_prompts.empty()) {
+    out = read_prompt_file(g.val_prompts, tok);  // an error for a file without records
+    if (static_cast<int64_t>(out.size()) > g.max_val_samples) out.resize(static_cast<size_t>(g.max_val_samples));
+    return out;
+  }
+  RT_CHECK(prompts.builtin(), "grpo.val_prompts is required to validate a run on a prompt file (grpo.prompts = ",
+           g.prompts, "): name a JSONL file of held-out {prompt, answer} records, or set grpo.val_period = 0 and "
+           "grpo.val_at_start = false");
+  for (int64_t i = 0; i < g.max_val_samples; ++i)
+    out.push_back(prompts.example(kValidationIndexBase + static_cast<uint64_t>(i)));
+  return out;
+}
+
 // check_grpo_config on the prompts that the run reads (a prompt file is read once).
 void check_grpo_run(const worker::Config& config, const model::ModelConfig* model, const CharTokenizer& tok,
-                    const PromptSource& prompts) {
+                    const PromptSource& prompts, std::span<const Example> validation) {
   const worker::GrpoConfig& g = config.grpo;
   if (model)
     RT_CHECK(model->vocab >= tok.vocab_size(), "policy.model_name = ", config.policy.model_name, ": its vocabulary (",
@@ -271,6 +290,55 @@ void check_grpo_run(const worker::Config& config, const model::ModelConfig* mode
       checked_prompt(tok, ex, static_cast<int64_t>(tok.encode_answer(ex.answer).size()), "SFT warm-up", config);
   };
   for (const Example& ex : prompts.length_bounds()) check(ex);
+  for (const Example& ex : validation) checked_prompt(tok, ex, g.max_new_tokens, "validation: " + sampling, config);
+}
+
+struct Validation {
+  double reward = 0, exact_match = 0, length_mean = 0, seconds = 0;
+};
+
+// One greedy response per held-out example, scored by the run's reward; the prompts go to the sampler in batches of
+// a step's rollouts (policy.train_global_batch_size), which the sampler is known to hold. Every rank samples the
+// same responses; a stop asked on any rank stops all of them here together (comm::Interrupted).
+Validation validate(model::Sampler& sampler, std::span<const Example> examples, const CharTokenizer& tok,
+                    const worker::Config& config, RewardMode mode, comm::Communicator& world, const StopRequest* stop,
+                    const std::string& what) {
+  const auto t0 = Clock::now();
+  model::SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = config.grpo.max_new_tokens;
+  greedy.stop_tokens = {CharTokenizer::kEos};
+  const size_t batch = static_cast<size_t>(config.policy.train_global_batch_size);
+  Validation v;
+  for (size_t first = 0; first < examples.size(); first += batch) {
+    const std::span<const Example> part = examples.subspan(first, std::min(batch, examples.size() - first));
+    std::vector<std::vector<int32_t>> prompts;
+    for (const Example& ex : part) prompts.push_back(tok.encode_prompt(ex.prompt));
+    std::vector<model::Generation> gens;
+    bool stopped = false;
+    try {
+      gens = sampler.generate(prompts, greedy);
+    } catch (const comm::Interrupted&) {
+      stopped = true;
+    }
+    comm::agree_to_stop(world, stop, stopped, what);
+    for (size_t i = 0; i < part.size(); ++i) {
+      v.reward += reward(tok, part[i].answer, gens[i].tokens, mode);
+      v.exact_match += reward(tok, part[i].answer, gens[i].tokens, RewardMode::Exact);
+      v.length_mean += static_cast<double>(gens[i].tokens.size());
+    }
+  }
+  const double n = static_cast<double>(examples.size());
+  v.reward /= n, v.exact_match /= n, v.length_mean /= n;
+  v.seconds = seconds_since(t0);
+  return v;
+}
+
+worker::Scalars validation_scalars(const Validation& v) {
+  return {{"val/reward", v.reward},
+          {"val/exact_match", v.exact_match},
+          {"val/response_length", v.length_mean},
+          {"time/validate", v.seconds}};
 }
 
 // The loss first: a config of another loss is refused before its prompts are read.
@@ -291,7 +359,8 @@ bool is_checkpoint_entry(std::string_view name) {
 void check_grpo_config(const worker::Config& config, const model::ModelConfig* model) {
   check_grpo_loss(config);
   const CharTokenizer tok;
-  check_grpo_run(config, model, tok, PromptSource(config, tok));
+  const PromptSource prompts(config, tok);
+  check_grpo_run(config, model, tok, prompts, validation_examples(config, tok, prompts));
 }
 
 GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, const GrpoOptions& options) {
@@ -302,7 +371,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   const CharTokenizer tok;
   const PromptSource prompts(config, tok);
   const model::ModelConfig model = worker::resolve_model_config(config.policy);
-  check_grpo_run(config, &model, tok, prompts);
+  const std::vector<Example> held_out = validation_examples(config, tok, prompts);
+  check_grpo_run(config, &model, tok, prompts, held_out);
   const RewardMode mode = parse_reward_mode(g.reward);
   const fs::path root = config.train.checkpoint_dir, warm_dir = root / kWarmupFolder;
   RT_CHECK(!options.resume || !root.empty(), "--resume needs train.checkpoint_dir");
@@ -330,6 +400,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   if (!from) open_metrics(0);
 
   GrpoSummary summary;
+  summary.validation_prompts = static_cast<int64_t>(held_out.size());
   worker::Config grpo_config = config;
   if (g.sft_warmup_steps > 0) {
     if (!from) {
@@ -398,7 +469,27 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   };
   int64_t step = start;
   int64_t skipped = 0;  // steps of this run that changed no weight
+  std::string validating;  // the validation in progress, for the report of a stop in it
+  const auto run_validation = [&](const std::string& what) {
+    validating = what;
+    const Validation v = validate(sampler, held_out, tok, config, mode, world, options.stop, what);
+    validating.clear();
+    return v;
+  };
+  const auto show_validation = [&](const std::string& when, const Validation& v) {
+    if (!progress) return;
+    progress->finish();
+    std::fprintf(stderr, "validation %s: reward %.3f, exact match %.3f (%zu held-out prompts, greedy)\n", when.c_str(),
+                 v.reward, v.exact_match, held_out.size());
+  };
   try {
+    if (start == 0 && g.val_at_start) {
+      // Its own record, numbered as the last record before GRPO's first step (the warm-up's last, or 0).
+      const Validation v = run_validation("validation before GRPO step 1");
+      show_validation("before GRPO step 1", v);
+      if (metrics) metrics->write(warm, validation_scalars(v));
+      summary.start_validation = {v.reward, v.exact_match};
+    }
     for (; step < config.train.steps; ++step) {
       const auto t0 = Clock::now();
       std::vector<Example> examples;
@@ -453,6 +544,17 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
       const double t_logprobs = seconds_since(t1);
       const worker::TrainResult r = policy_worker.train(samples);
       const double t_step = seconds_since(t0);
+      // After the step's update, so a stop asked during it stops the run after this step, which is recorded and
+      // saved as any finished step.
+      std::optional<Validation> validation;
+      bool stop_after_step = false;
+      if (g.val_period > 0 && ((step + 1) % g.val_period == 0 || step + 1 == config.train.steps)) {
+        try {
+          validation = run_validation(cat("validation after GRPO step ", step + 1));
+        } catch (const comm::Interrupted&) {
+          stop_after_step = true;
+        }
+      }
 
       GrpoStepLog log;
       log.step = step + 1;
@@ -483,6 +585,8 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
         s.emplace_back("time/generate", t_generate);
         s.emplace_back("time/logprobs", t_logprobs);
         s.emplace_back("time/train", r.seconds);
+        if (validation)
+          for (auto& kv : validation_scalars(*validation)) s.push_back(std::move(kv));
         metrics->write(warm + step + 1, s);
       }
       if (progress) {
@@ -490,16 +594,24 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
         std::snprintf(note, sizeof note, "reward %.3f | exact %.3f", log.reward_mean, log.exact_match);
         progress->update(step + 1, tokens, r.step.loss, skipped > 0 ? cat(note, " | ", skipped, " skipped") : note);
       }
+      if (validation) show_validation(cat("after GRPO step ", step + 1), *validation);
+      if (validation) log.validation = {validation->reward, validation->exact_match};
       const bool last = step + 1 == config.train.steps;
       const int64_t every = config.train.checkpoint_every;
       if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) checkpoint(step + 1);
       summary.steps.push_back(log);
       if (options.on_step) options.on_step(log);
+      if (stop_after_step) {
+        ++step;  // finished: the stop's report and save count it
+        throw comm::Interrupted(cat(validating, " was interrupted; the step itself finished"));
+      }
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();
     const std::string where =
-        cat("stopped in GRPO step ", step + 1, " of ", config.train.steps, ", which changed nothing");
+        validating.empty()
+            ? cat("stopped in GRPO step ", step + 1, " of ", config.train.steps, ", which changed nothing")
+            : cat("stopped in the ", validating, " (of ", config.train.steps, " steps), which changed nothing");
     worker::save_at_stop_and_report(config, lead, "grpo", where, step, saved, checkpoint);
     throw;
   }

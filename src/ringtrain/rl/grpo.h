@@ -19,9 +19,11 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ringtrain/comm/communicator.h"
@@ -67,6 +69,10 @@ worker::Sample rollout_sample(std::span<const int32_t> prompt, const model::Gene
 // SFT warm-up: prompt + answer, the loss on the answer tokens only.
 worker::Sample sft_sample(std::span<const int32_t> prompt, std::span<const int32_t> answer);
 
+// The built-in task's held-out prompts (grpo.val_prompts empty) are its examples from this index on: above both the
+// GRPO steps' and the SFT warm-up's.
+inline constexpr uint64_t kValidationIndexBase = uint64_t{1} << 41;
+
 // The prompts of a run: the built-in task (grpo.prompts = builtin:reverse_digits, seeded by train.seed) or a
 // prompt file, cycled by index.
 class PromptSource {
@@ -78,6 +84,7 @@ class PromptSource {
   // What fixes the prompts by index, for checkpoints: the task's name (its examples follow train.seed), or the
   // file's record count and an FNV-1a hash of its records, whatever the path it is named by.
   const std::string& identity() const { return identity_; }
+  bool builtin() const { return task_ != nullptr; }
 
  private:
   std::unique_ptr<ReverseDigitsTask> task_;
@@ -91,6 +98,9 @@ struct GrpoStepLog {
   double reward_mean = 0, exact_match = 0;
   double loss = 0, grad_norm = 0;
   bool skipped = false;  // the step changed no weight (worker::kSkippedWhy)
+  // The validation after this step (grpo.val_period), if one ran: mean reward and exact-match rate of one greedy
+  // response per held-out prompt.
+  std::optional<std::pair<double, double>> validation;
 };
 
 struct GrpoOptions {
@@ -108,6 +118,9 @@ struct GrpoOptions {
 
 struct GrpoSummary {
   std::vector<GrpoStepLog> steps;  // this invocation's GRPO steps
+  // The validation before the first GRPO step (grpo.val_at_start; not on a resumed run): reward, exact-match rate.
+  std::optional<std::pair<double, double>> start_validation;
+  int64_t validation_prompts = 0;  // held-out prompts per validation (0: the run does not validate)
   double warmup_seconds = 0, grpo_seconds = 0;
 };
 

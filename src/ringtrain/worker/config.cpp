@@ -483,6 +483,18 @@ const std::vector<Field>& schema() {
     f.push_back(bool_field(
         "grpo.use_leave_one_out_baseline", "baseline of a sample = the mean reward of the others of its group",
         [](auto& c) -> auto& { return c.grpo.use_leave_one_out_baseline; }));
+    f.push_back(int_field(
+        "grpo.val_period", "validate every N GRPO steps and after the last; 0 = never",
+        [](auto& c) -> auto& { return c.grpo.val_period; }, 0, std::numeric_limits<int32_t>::max()));
+    f.push_back(bool_field(
+        "grpo.val_at_start", "validate before the first GRPO step (after the SFT warm-up)",
+        [](auto& c) -> auto& { return c.grpo.val_at_start; }));
+    f.push_back(int_field(
+        "grpo.max_val_samples", "held-out prompts per validation (one greedy response each)",
+        [](auto& c) -> auto& { return c.grpo.max_val_samples; }, 1, kMaxBatch));
+    f.push_back(string_field(
+        "grpo.val_prompts", "held-out {prompt, answer} JSONL file; empty = the built-in task's held-out prompts",
+        [](auto& c) -> auto& { return c.grpo.val_prompts; }));
     for (Field& x : f)
       if (x.storage.empty()) x.storage = x.path;
     return f;

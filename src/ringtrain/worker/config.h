@@ -138,6 +138,11 @@ struct GrpoConfig {
   double sft_warmup_lr = 0.0;      // 0 = policy.optimizer.kwargs.lr
   bool normalize_rewards = true;   // advantages divided by their group's reward std (off: Dr. GRPO)
   bool use_leave_one_out_baseline = false;  // a sample's baseline is the mean of the other samples of its group
+  int64_t val_period = 0;                   // validate every N GRPO steps and after the last; 0 = never
+  bool val_at_start = false;                // validate before the first GRPO step
+  int64_t max_val_samples = 256;            // held-out prompts per validation
+  std::string val_prompts;  // held-out prompts: a JSONL file; empty = the built-in task's own held-out stream
+  bool validates() const { return val_period > 0 || val_at_start; }
   bool operator==(const GrpoConfig&) const = default;
 };
 
