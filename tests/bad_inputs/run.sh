@@ -303,6 +303,9 @@ expect_error grpo-cpu-under-a-launcher 'ringtrain grpo on the CPU runs its 1 ran
 touch ckpt_file
 expect_error train-checkpoint-dir-file 'train.checkpoint_dir = ckpt_file: not a directory' \
   "$bin" train --config run.yaml train.checkpoint_dir=ckpt_file
+ln -s no_such_target ckpt_dangling
+expect_error train-checkpoint-dir-dangling 'train.checkpoint_dir = ckpt_dangling: a symbolic link to no_such_target, which does not exist' \
+  "$bin" train --config run.yaml train.checkpoint_dir=ckpt_dangling
 mkdir -p ckpt_partial/step_3
 expect_error train-incomplete-step 'ckpt_partial/step_3 is not a complete checkpoint' \
   "$bin" train --config run.yaml train.checkpoint_dir=ckpt_partial --resume

@@ -252,6 +252,9 @@ TEST(HfConfig, UnsupportedValuesNameTheKey) {
       {"vocab_size", nullptr, "key 'vocab_size'"},
       {"head_dim", 5, "key 'head_dim' = 5"},
       {"mlp_bias", true, "key 'mlp_bias' = true"},
+      {"quantization_config",
+       {{"quant_method", "gptq"}, {"bits", 4}},
+       "key 'quantization_config' = {\"bits\":4,\"quant_method\":\"gptq\"}: quantized checkpoints are not supported"},
       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "key 'rope_type' = \"yarn\""},
       // Keys that change the rotation are read or refused, never left unread.
       {"partial_rotary_factor", 0.5, "key 'partial_rotary_factor' = 0.5: only 1.0 is supported"},

@@ -267,6 +267,11 @@ TEST(TrainCheckpoint, DamagedOrForeignCheckpointsAreNamed) {
   // A step counter the next step would overflow.
   e = with_state([](nlohmann::json& j) { j["step"] = std::numeric_limits<int64_t>::max(); });
   EXPECT_NE(e.find("step = 9223372036854775807: expected an integer in [0, 2^53]"), std::string::npos) << e;
+  // Counters that no run writes: more optimizer steps than steps, a schedule off the step count. The step is 2.
+  e = with_state([](nlohmann::json& j) { j["step"] = 1; });
+  EXPECT_NE(e.find(state.string() + ": optimizer_steps = 2 exceeds step = 1"), std::string::npos) << e;
+  e = with_state([](nlohmann::json& j) { j["schedule_position"] = 0; });
+  EXPECT_NE(e.find(state.string() + ": schedule_position = 0 but step = 2"), std::string::npos) << e;
   e = with_state([](nlohmann::json& j) { j["master_dtype"] = "int32"; });
   EXPECT_NE(e.find("master_dtype = 'int32': expected fp64, fp32, bf16 or fp16"), std::string::npos) << e;
   // A float dtype other than the files': the first piece read names it.

@@ -409,6 +409,17 @@ TEST(TrainCli, ExportCarriesTheTokenizerFilesAndLeavesAUsersModelFolderAlone) {
       << over_base.output;
   EXPECT_EQ(file_text(base / "model.safetensors"), before);
   EXPECT_EQ(file_text(base / "tokenizer.json"), tokenizer);
+  // Into the folder it reads, or onto it: refused before anything is written.
+  const testing::CliResult inside = run_cli("export " + base.string() + " --out " + (base / "hf").string());
+  EXPECT_NE(inside.code, 0);
+  EXPECT_NE(inside.output.find("--out " + (base / "hf").string() + " lies inside " + base.string() +
+                               " (the checkpoint folder, which this command reads)"),
+            std::string::npos)
+      << inside.output;
+  EXPECT_FALSE(fs::exists(base / "hf"));
+  const testing::CliResult onto = run_cli("export " + hf.string() + " --out " + hf.string() + "/");
+  EXPECT_NE(onto.code, 0);
+  EXPECT_NE(onto.output.find("is the checkpoint folder; refusing to overwrite it"), std::string::npos) << onto.output;
 
   const testing::CliResult no_dir =
       run_cli("export " + base.string() + " --out " + (dir.path / "hf2").string() + " --files-from " + blob.string());

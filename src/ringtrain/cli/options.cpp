@@ -197,7 +197,7 @@ void check_out_is_not_input(const char* out_option, const std::string& out, cons
   for (const InputPath& in : inputs) {
     if (in.path.empty()) continue;
     RT_CHECK(!fs::equivalent(out, in.path, ec), out_option, " ", out, " is the ", in.what,
-             " file; refusing to overwrite it");
+             fs::is_directory(in.path, ec) ? " folder" : " file", "; refusing to overwrite it");
     if (!fs::is_directory(in.path, ec) || out_path.empty()) continue;
     const fs::path folder = fs::canonical(in.path, ec);
     if (ec) continue;

@@ -100,6 +100,7 @@ void add_export_command(CLI::App& app) {
                   "the folder whose tokenizer, chat template and generation config files the export copies (default: "
                   "the checkpoint folder, which for a training step_N holds those of the run's base model)");
   cmd->callback([o] {
+    check_out_is_not_input("--out", o->out, {{o->checkpoint, "checkpoint"}, {o->files_from, "--files-from"}});
     const model::ModelConfig m = model::load_config(o->checkpoint);
     worker::write_hf_folder(o->out, m, model::load_checkpoint_params(o->checkpoint, m),
                             model::read_hf_companion_files(o->files_from.empty() ? o->checkpoint : o->files_from));

@@ -274,6 +274,10 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   if (r.boolean_or("mlp_bias", false)) r.bad("mlp_bias", "MLP biases are not supported");
   if (r.number_or("attention_dropout", 0.0) != 0.0) r.bad("attention_dropout", "dropout is not supported");
   if (r.integer_or("pretraining_tp", 1) != 1) r.bad("pretraining_tp", "only 1 is supported");
+  // A quantized checkpoint's tensors are not the weights (packed integers and scales): its names would be refused or
+  // mistaken for the weights later, so the config says why first.
+  if (r.has("quantization_config") && !r.j.at("quantization_config").is_null())
+    r.bad("quantization_config", "quantized checkpoints are not supported (bf16, fp16 or fp32 weights)");
   const bool attention_bias = r.boolean_or("attention_bias", false);
   if (c.arch == Arch::Qwen2) {
     c.qkv_bias = true;

@@ -467,6 +467,11 @@ TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& train
       steps = counter(st.at("step"), "step");
       optimizer_steps = counter(st.at("optimizer_steps"), "optimizer_steps");
       schedule_position = counter(st.at("schedule_position"), "schedule_position");
+      // A skipped step takes no optimizer step; the schedule steps once per train step, skipped or not.
+      RT_CHECK(optimizer_steps <= steps, state_path.string(), ": optimizer_steps = ", optimizer_steps,
+               " exceeds step = ", steps);
+      RT_CHECK(schedule_position == steps, state_path.string(), ": schedule_position = ", schedule_position,
+               " but step = ", steps, " (the schedule steps once per train step)");
       progress.epoch = counter(st.at("data").at("epoch"), "data.epoch");
       progress.index = counter(st.at("data").at("index"), "data.index");
       progress.rng = st.at("rng").get<std::string>();

@@ -122,8 +122,10 @@ void save_at_stop_and_report(const Config& c, bool lead, const std::string& comm
 void prepare_checkpoint_dir(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
+  const bool dangling = fs::is_symlink(fs::symlink_status(dir)) && !fs::exists(dir);
   RT_CHECK(fs::status(dir).type() == fs::file_type::directory, "train.checkpoint_dir = ", dir.string(),
-           ": not a directory", ec ? cat(" (", ec.message(), ")") : std::string());
+           dangling ? cat(": a symbolic link to ", fs::read_symlink(dir, ec).string(), ", which does not exist")
+                    : cat(": not a directory", ec ? cat(" (", ec.message(), ")") : std::string()));
   RT_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "train.checkpoint_dir = ", dir.string(), ": not writable: ",
            std::strerror(errno));
   // A leftover step_N.saving or step_N.old that is not ours would stop the run at that save: refused now instead.
