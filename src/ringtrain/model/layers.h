@@ -13,10 +13,10 @@
 namespace ringtrain::model {
 
 // parallel_for over `items` work items of about `cost` multiply-adds each, run serially when the whole loop is
-// too small to pay for starting threads (parallel_for starts them per call).
+// too small to pay for waking the pool's workers.
 template <typename F>
 void parallel_items(int64_t items, int64_t cost, F&& fn) {
-  constexpr int64_t kMinParallelWork = 1 << 16;
+  constexpr int64_t kMinParallelWork = 1 << 20;
   if (items * cost < kMinParallelWork) {
     for (int64_t i = 0; i < items; ++i) fn(i);
   } else {
