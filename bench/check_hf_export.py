@@ -48,7 +48,7 @@ def main():
         run([a.bin, "train", "--config", a.config] + overrides)
         step = os.path.join(ckpt, "step_%d" % a.steps)
         run([a.bin, "export", step, "--out", hf])
-        run([a.bin, "logprobs", "--config", a.config, "--set"] + overrides +
+        run([a.bin, "logprobs", "--config", a.config] + overrides +
             ["--checkpoint", step, "--data", a.data, "--out", ours])
         with open(ours) as f:
             ours_lp = [json.loads(line)["logprobs"] for line in f]

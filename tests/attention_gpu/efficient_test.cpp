@@ -146,7 +146,7 @@ TEST(EfficientCuda, SmallMisalignedRowsTakeTheSimtPath) {
   p.device = Device::cuda();
   be->forward(p, {q, k, v, o, lse});
   be->backward(p, {q, k, v, o, dout, lse, dq, dk, dv});
-  cuda_synchronize(0);
+  synchronize(Device::cuda(0));
   const Errors e = compare({download(o), download(lse), download(dq), download(dk), download(dv)}, ref);
   e.print("misaligned bf16 rows (SIMT path)");
   expect_within(e, 1e-2, 1e-3);
@@ -317,7 +317,7 @@ TEST(EfficientCuda, Bf16Causal131072RowSlices) {
   const Tensor gv = poisoned_device({1, S, 1, D}, DType::BF16);
   be->forward(p, {qd, kd, vd, o, lse});
   be->backward(p, {qd, kd, vd, o, dod, lse, gq, gk, gv});
-  cuda_synchronize(0);
+  synchronize(Device::cuda(0));
   const Tensor o_h = download(o), lse_h = download(lse), dq_h = download(gq), dk_h = download(gk), dv_h = download(gv);
 
   for (int64_t r0 : {int64_t(0), S / 2 - 37, S - n}) {

@@ -23,12 +23,12 @@ using attention::MaskType;
 
 double median_ms(const std::function<void()>& run) {
   for (int i = 0; i < 3; ++i) run();
-  cuda_synchronize(0);
+  synchronize(Device::cuda(0));
   std::vector<double> ms;
   for (int i = 0; i < 10; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
-    cuda_synchronize(0);
+    synchronize(Device::cuda(0));
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());

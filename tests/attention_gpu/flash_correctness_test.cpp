@@ -188,7 +188,7 @@ GpuResult run_gpu(const Case& c, const Problem& pr) {
 
   GpuResult r;
   if (c.forward_only) {
-    cuda_synchronize(0);
+    synchronize(Device::cuda(0));
     r.o = to_host(o);
     r.lse = to_host(lse);
     return r;
@@ -212,7 +212,7 @@ GpuResult run_gpu(const Case& c, const Problem& pr) {
   b.cu_seqlens_q = cu_q;
   b.cu_seqlens_kv = cu_kv;
   gpu_flash().backward(p, b);
-  cuda_synchronize(0);
+  synchronize(Device::cuda(0));
   r.o = to_host(o);
   r.lse = to_host(lse);
   r.dq = to_host(dq);
@@ -371,7 +371,7 @@ TEST(FlashCuda, HeadDim256DeterministicBackwardIsRefused) {
     Tensor q = to_device(pr.q), k = to_device(pr.k), v = to_device(pr.v), dout = to_device(pr.dout);
     Tensor o = poisoned_device(pr.q, c.dtype), lse = poisoned_device(pr.lse_ref, DType::F32);
     attention::forward(p, {q, k, v, o, lse});
-    cuda_synchronize(0);
+    synchronize(Device::cuda(0));
     EXPECT_LE(rel_error(to_host(o), pr.o_ref), tol(c.dtype));
     Tensor dq = poisoned_device(pr.q, c.dtype), dk = poisoned_device(pr.k, c.dtype);
     Tensor dv = poisoned_device(pr.k, c.dtype);
@@ -418,7 +418,7 @@ TEST(FlashCuda, Bf16Causal131072RowSlices) {
   Tensor gq = poisoned_device(q, DType::BF16), gk = poisoned_device(k, DType::BF16), gv = poisoned_device(k, DType::BF16);
   gpu_flash().forward(p, {qd, kd, vd, o, lse});
   gpu_flash().backward(p, {qd, kd, vd, o, dod, lse, gq, gk, gv});
-  cuda_synchronize(0);
+  synchronize(Device::cuda(0));
   const Tensor o_h = to_host(o), lse_h = to_host(lse), dq_h = to_host(gq), dk_h = to_host(gk), dv_h = to_host(gv);
 
   for (int64_t r0 : {int64_t(0), S / 2 - 37, S - n}) {
@@ -479,7 +479,7 @@ TEST(FlashCuda, PackedForwardIgnoresNanRowsPastTheSequences) {
     Tensor cu_q = to_device(pr.cu_q), cu_kv = to_device(pr.cu_kv);
     Tensor o = poisoned_device(pr.q, c.dtype), lse = poisoned_device(pr.lse_ref, DType::F32);
     gpu_flash().forward(p, {q, k, v, o, lse, cu_q, cu_kv});
-    cuda_synchronize(0);
+    synchronize(Device::cuda(0));
     const double e_o = rel_error(to_host(o), pr.o_ref), e_lse = max_abs_error(to_host(lse), pr.lse_ref);
     std::printf("[%s, %lld NaN rows after the keys] rel err O %.2e; LSE max abs %.2e\n", p.describe().c_str(),
                 static_cast<long long>(pad), e_o, e_lse);

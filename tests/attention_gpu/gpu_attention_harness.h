@@ -206,7 +206,7 @@ inline Result run_gpu(const attention::Backend& be, const Case& c, const Problem
     attention::validate(p, b);
     be.backward(p, b);
   }
-  cuda_synchronize(0);
+  synchronize(Device::cuda(0));
   return {download(o), download(lse), download(dq), download(dk), download(dv)};
 }
 

@@ -277,7 +277,7 @@ expect_error config-cp-two-overrides 'sets the same setting as the override of p
 # typo would otherwise start that many CPU ranks (threads) or allocate world x world mailboxes.
 expect_error config-cp-too-large 'parallel.cp = 1025: out of range \[1, 1024\]' "$bin" config run.yaml parallel.cp=1025
 expect_error config-world-too-large 'parallel.dp \(64\) x parallel.cp \(32\) = 2048 ranks: at most 1024' \
-  "$bin" logprobs --config run.yaml --data good.jsonl --set parallel.dp=64 parallel.cp=32
+  "$bin" logprobs --config run.yaml --data good.jsonl parallel.dp=64 parallel.cp=32
 # yaml-cpp takes a leading FF FE for a UTF-16 byte-order mark and drops the value with it.
 expect_error config-override-byte-order-mark 'the value starts with a byte-order mark' \
   "$bin" config run.yaml "$(printf 'train.data=\xff\xfe')"

@@ -184,7 +184,7 @@ TEST(AsyncOps, HostViewsMatchTheBlockingOnes) { check_async_ops(Device::cpu()); 
 TEST(AsyncOps, DeviceKernelsMatchTheHost) {
   RT_REQUIRE_GPU();
   check_async_ops(Device::cuda(0));
-  cuda_synchronize(0);
+  synchronize(Device::cuda(0));
 }
 
 // first_outside over random int32 / int64 ids viewed transposed (row stride 1), with random lengths and a few planted
@@ -266,7 +266,7 @@ TEST(DeviceOps, CudaViewsWithoutCudaSupportAreClearErrors) {
   EXPECT_EQ(hopper_unavailable_reason(Device::cuda(0)), "this build of ringtrain has no CUDA support");
   EXPECT_EQ(hopper_unavailable_reason(Device::cpu()), "runs on CUDA devices, not cpu");
   EXPECT_EQ(cuda_arch(0), 0);
-  cuda_synchronize(0);  // nothing to wait for
+  synchronize(Device::cuda(0));  // nothing to wait for
 
   float host[6] = {};
   // A device address that must never be touched: any host access would crash the test.

@@ -244,7 +244,7 @@ class TestMultiRank(unittest.TestCase):
             with self.subTest(overrides=overrides), tempfile.TemporaryDirectory() as tmp:
                 w = ringtrain.PolicyWorker(GRPO_YAML, overrides)
                 self.assertEqual((w.world_size, w.local_ranks), (2 * (1 + ("parallel.dp=2" in overrides)),) * 2)
-                cli = cli_logprobs(GRPO_YAML, rows, tmp, "--set", *overrides)
+                cli = cli_logprobs(GRPO_YAML, rows, tmp, *overrides)
                 ids, lengths = padded_ids(rows, rng=rng, dtype=np.int32)
                 lp = w.get_logprobs({"input_ids": ids, "input_lengths": lengths})["logprobs"]
                 assert_valid_logprobs(self, lp, lengths, ids.shape[1])

@@ -543,6 +543,10 @@ TEST(GrpoConfig, BadValuesNamedByKey) {
   };
   EXPECT_NE(start_error({"loss_fn.type=nll"}).find("loss_fn.type = nll: a GRPO run trains with clipped_pg"),
             std::string::npos);
+  // Beside train.data the section is checked when the GRPO run starts (`ringtrain train` would leave it unused).
+  EXPECT_NE(start_error({"train.data=rows.jsonl", "grpo.num_prompts_per_step=3"})
+                .find("grpo.num_prompts_per_step (3) x grpo.num_generations_per_prompt (4) = 12 must equal"),
+            std::string::npos);
   EXPECT_NE(start_error({"grpo.prompts=builtin:sort"}).find("grpo.prompts = builtin:sort: unknown built-in task"),
             std::string::npos);
   EXPECT_NE(start_error({"train.checkpoint_dir=", "train.checkpoint_every=0"}).find(

@@ -19,6 +19,7 @@
 #include "ringtrain/rl/task.h"
 #include "ringtrain/rl/tokenizer.h"
 #include "ringtrain/train/optimizer.h"
+#include "train/host_adamw.h"
 
 namespace ringtrain {
 namespace {

@@ -11,6 +11,7 @@
 #include "ringtrain/core/error.h"
 #include "ringtrain/train/optimizer.h"
 #include "ringtrain/train/schedule.h"
+#include "host_adamw.h"
 #include "test_util.h"
 
 namespace ringtrain::train {

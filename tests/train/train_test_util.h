@@ -3,14 +3,15 @@
 // running a trainer on an in-process dp × cp mesh.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <memory>
-#include <algorithm>
 #include <functional>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "host_adamw.h"
 #include "model/model_test_util.h"
 #include "ringtrain/attention/backend.h"
 #include "ringtrain/comm/in_process.h"
@@ -245,7 +246,7 @@ inline MeshRun run_on_mesh(const TrainSetup& s, DType dtype, train::MeshShape sh
 }
 
 // The reference step: one policy (on options.device), the whole batch as one microbatch, the loss on it, backward, and host AdamW over
-// the whole flat vector (trainmath's AdamW, not the trainer's shards). Returns the new weights in layout order.
+// the whole flat vector (host_adamw.h's AdamW, not the trainer's shards). Returns the new weights in layout order.
 inline std::vector<double> reference_step(const TrainSetup& s, const model::PolicyOptions& options, double* loss,
                                           double* grad_norm) {
   using namespace train;

@@ -1,6 +1,6 @@
 // The train step (train/trainer.h) on CPU in-process ranks:
 // - 1 × 1 against an independent reference: the whole batch scored at once by a fresh policy, the loss of
-//   losses.h, its backward, and trainmath's unsharded host AdamW;
+//   losses.h, its backward, and the unsharded host AdamW of host_adamw.h;
 // - dp × cp ∈ {1×2, 2×1, 2×2, 1×4} against 1 × 1 on the same global batch (loss, gradient norm, metrics,
 //   updated weights), for NLL, the clipped PG with KL and importance weights, and DPO, in fp64 and fp32;
 // - a NaN injected into one rank's gradient skips the step on every rank, leaving weights, master weights and

@@ -49,7 +49,7 @@ void upload(const DeviceBuffer& dst, std::vector<T>& host, DType dtype) {
 template <typename T>
 std::vector<T> download(const DeviceBuffer& src, DType dtype) {
   std::vector<T> host(static_cast<size_t>(src.view.numel()));
-  cuda_synchronize(0);
+  synchronize(Device::cuda(0));
   copy(contiguous_view(host.data(), dtype, Device::cpu(), {src.view.numel()}), src.view);
   return host;
 }
@@ -169,12 +169,12 @@ TEST(AdamWGpuBench, UpdateAndNormAt1_24BParameters) {
   const AdamWStep step = plan_adamw_step({}, 0, 1e-5, 2.0);
   auto median_ms = [](auto&& run) {
     for (int i = 0; i < 2; ++i) run();
-    cuda_synchronize(0);
+    synchronize(Device::cuda(0));
     std::vector<double> ms;
     for (int i = 0; i < 9; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       run();
-      cuda_synchronize(0);
+      synchronize(Device::cuda(0));
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(ms.begin(), ms.end());

@@ -1,6 +1,6 @@
 // The train step on one GPU (bf16 GPU policy, fp32 gradients, the device AdamW and sum of squares, a one-rank NCCL
 // world) against a reference built from the same GPU policy's own pieces: the whole batch scored at once, the loss
-// of losses.h, its backward, and trainmath's host AdamW in fp64 on the gradients read back. Skips without a GPU.
+// of losses.h, its backward, and host_adamw.h's AdamW in fp64 on the gradients read back. Skips without a GPU.
 //
 // Tolerances: the reference scores the 6 sequences as one batch padded to the longest, the trainer in microbatches
 // of 2 padded to their own longest, so GEMM and attention shapes differ and so can bf16 roundings of activations

@@ -160,6 +160,38 @@ TEST(TrainCli, CosineSpansTheStepsTheDataGives) {
             std::string::npos)
       << inside.output;
 
+  // Resumed with more steps, the schedule keeps the length it was made for (steps 3-6 as in the 6-step run, min_lr
+  // after), saying so; an explicit total_steps stretches it (and so moves step 3's lr).
+  const fs::path longer = dir.path / "longer";
+  ASSERT_EQ(run_cli(train_args("sft", data, longer, 1, 1, cosine + " train.steps=2 train.checkpoint_every=2")).code, 0);
+  const auto lr_of = [&](const fs::path& run) {
+    std::map<int64_t, double> out;
+    std::ifstream in(run / "metrics" / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      out[j.at("step").get<int64_t>()] = j.at("lr").get<double>();
+    }
+    return out;
+  };
+  fs::copy(longer, dir.path / "stretched", fs::copy_options::recursive);
+  const testing::CliResult kept =
+      run_cli(train_args("sft", data, longer, 1, 1, cosine + " train.steps=8 train.epochs=4") + " --resume 2>&1");
+  ASSERT_EQ(kept.code, 0) << kept.output;
+  EXPECT_NE(kept.output.find("ringtrain train: the cosine schedule of " + (longer / "ckpt" / "step_2").string() +
+                             " continues over the 2 steps it was made for (policy.scheduler.total_steps = 0 follows "
+                             "the run's steps, 8 now; set it to 8"),
+            std::string::npos)
+      << kept.output;
+  const std::map<int64_t, double> kept_lr = lr_of(longer);
+  ASSERT_EQ(kept_lr.size(), 8u);
+  for (int64_t step = 3; step <= 8; ++step) EXPECT_EQ(kept_lr.at(step), 1.0e-5) << "step " << step;  // min_lr
+  const testing::CliResult stretched = run_cli(
+      train_args("sft", data, dir.path / "stretched", 1, 1,
+                 cosine + " train.steps=8 train.epochs=4 policy.scheduler.total_steps=8") + " --resume 2>&1");
+  ASSERT_EQ(stretched.code, 0) << stretched.output;
+  EXPECT_EQ(stretched.output.find("continues over"), std::string::npos) << stretched.output;
+  EXPECT_GT(lr_of(dir.path / "stretched").at(3), 1.0e-4);
+
   const fs::path few = dir.path / "few.jsonl", run = dir.path / "few";
   write_data(few, "sft", 3, 8);
   const testing::CliResult r = run_cli(train_args("sft", few, run, 1, 1) + " 2>&1");
@@ -708,7 +740,7 @@ TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
     return read_logprobs(out);
   };
   const auto start = score("start.jsonl", "");
-  const auto mesh = score("mesh.jsonl", "--set parallel.dp=2 parallel.cp=2 policy.sequence_packing.enabled=true");
+  const auto mesh = score("mesh.jsonl", "parallel.dp=2 parallel.cp=2 policy.sequence_packing.enabled=true");
   const auto reference = score("reference.jsonl", "--reference");
   const auto trained = score("trained.jsonl", "--checkpoint " + (dir.path / "ckpt" / "step_3").string());
   // A scoring config names no training data; the same model, seed and precision score the same.
@@ -738,7 +770,7 @@ TEST(TrainCli, LogprobsWithAConfigScoreTheStartingAndTheTrainedWeights) {
       {base + " --chunk 64", "with --config, --chunk is the config's policy.logprob_chunk_size"},
       {model + " --reference", "--reference needs --config"},
       {model + ckpt, "--checkpoint needs --config"},
-      {model + " --set parallel.cp=2", "--set needs --config"},
+      {model + " parallel.cp=2", "KEY=VALUE overrides (parallel.cp=2) need --config"},
       {model + " --cp-comm a2a", "with --cp 1 there is none"},
   };
   for (const auto& [args, message] : refused) {
@@ -862,7 +894,7 @@ TEST(TrainCli, BadInputNamesFileLineAndFieldAndWritesNoCheckpoint) {
 }
 
 // `train` refuses a GRPO-only config (naming `ringtrain grpo`) before writing anything, and says that a grpo section
-// beside train.data is not used.
+// beside train.data is not used, without checking it against the batch (8 x 8 prompts' samples against 4 here).
 TEST(TrainCli, AGrpoConfigIsRefusedAndAnUnusedGrpoSectionIsNamed) {
   const Deadline test_deadline(120);
   TempDir dir("rt_train_grpo");
@@ -879,8 +911,7 @@ TEST(TrainCli, AGrpoConfigIsRefusedAndAnUnusedGrpoSectionIsNamed) {
   write_data(data, "sft", 8, 1);
   const testing::CliResult both = run_cli(
       train_args("sft", data, run, 1, 1,
-                 "train.steps=3 policy.scheduler.total_steps=3 grpo.prompts=builtin:reverse_digits "
-                 "grpo.num_prompts_per_step=2 grpo.num_generations_per_prompt=2"));
+                 "train.steps=3 policy.scheduler.total_steps=3 grpo.prompts=builtin:reverse_digits"));
   EXPECT_EQ(both.code, 0) << both.output;
   EXPECT_NE(both.output.find("the grpo section (grpo.prompts = builtin:reverse_digits) is not used"), std::string::npos)
       << both.output;

@@ -129,14 +129,14 @@ TEST(PolicyWorkerGpu, ReferenceWeightsComeFromHostMemoryAndTheTrainedOnesComeBac
   const TrainResult t = w.train(samples);
   ASSERT_TRUE(std::isfinite(t.step.loss) && !t.step.skipped);
   const std::vector<float> trained = w.policy().params();
-  cuda_synchronize(dev);
+  synchronize(Device::cuda(dev));
   cuda_reset_pool_peak(dev);
   const LogprobResult after = w.get_logprobs(samples);
-  cuda_synchronize(dev);
+  synchronize(Device::cuda(dev));
   const uint64_t peak_score = cuda_pool_peak_bytes(dev);
   cuda_reset_pool_peak(dev);
   const LogprobResult ref1 = w.get_reference_logprobs(samples);
-  cuda_synchronize(dev);
+  synchronize(Device::cuda(dev));
   const uint64_t peak_reference = cuda_pool_peak_bytes(dev);
   // A second copy of the weights on the GPU would add weight_bytes to the peak; the upload goes one tensor at a time
   // and the trained weights come back from the master shards in place.

@@ -10,6 +10,7 @@
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/check/timing.h"
 #include "ringtrain/comm/in_process.h"
+#include "ringtrain/core/clock.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/cp/zigzag.h"
@@ -17,7 +18,6 @@
 namespace ringtrain::check {
 
 using attention::AttnParams;
-using Clock = std::chrono::steady_clock;
 
 std::string AttnProblem::describe() const {
   return cat(dtype_name(dtype), " B=", batch, " S=", seq, " Hq=", heads_q, " Hkv=", heads_kv, " D=", head_dim,
@@ -71,12 +71,7 @@ void AttnBuffers::fill_inputs(uint64_t seed) const {
 
 namespace {
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Waits for the work enqueued on a GPU; CPU work is done when the call returns.
-void synchronize(Device dev) {
-  if (dev.is_cuda()) cuda_synchronize(dev.index);
-}
 
 // Host results of the problem's shape: o, dq, dk, dv of `dtype`, lse fp32, all NaN until written.
 AttnResults host_results(const AttnProblem& p, DType dtype) {
@@ -151,14 +146,14 @@ AttnResults math_attention(const AttnProblem& p, const AttnInputs& in, DType out
   attention::AttnForwardArgs fa;
   fa.q = in.q, fa.k = in.k, fa.v = in.v, fa.o = r.o, fa.lse = r.lse;
   attention::validate(params, fa);
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   math->forward(params, fa);
   r.forward_seconds = seconds_since(t0);
   attention::AttnBackwardArgs ba;
   ba.q = in.q, ba.k = in.k, ba.v = in.v, ba.o = r.o, ba.dout = in.dout, ba.lse = r.lse;
   ba.dq = r.dq, ba.dk = r.dk, ba.dv = r.dv;
   attention::validate(params, ba);
-  t0 = Clock::now();
+  t0 = SteadyClock::now();
   math->backward(params, ba);
   r.backward_seconds = seconds_since(t0);
   return r;
@@ -192,11 +187,11 @@ AttnResults attention_on_device(const AttnProblem& p, const AttnInputs& in, Devi
   const attention::BackendScope cp_scope = attention::BackendScope::context_parallel(1);
   AttnResults r = host_results(p, p.dtype);
   synchronize(dev);
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   attention::forward(params, b.forward_args());
   synchronize(dev);
   r.forward_seconds = seconds_since(t0);
-  t0 = Clock::now();
+  t0 = SteadyClock::now();
   attention::backward(params, b.backward_args());
   synchronize(dev);
   r.backward_seconds = seconds_since(t0);
@@ -223,12 +218,12 @@ AttnResults cp_attention_on_ranks(const AttnProblem& p, const AttnInputs& in, co
     std::optional<attention::BackendScope> model;
     if (!opt.model_scope.empty()) model.emplace("model", opt.model_scope);
     c.barrier();
-    auto t0 = Clock::now();
+    auto t0 = SteadyClock::now();
     cp::KeptKv kept;
     cp::attention_forward(c, opt.config, params, local.forward_args(), p.seq, opt.keep_kv ? &kept : nullptr);
     c.barrier();
     const double fwd = seconds_since(t0);
-    t0 = Clock::now();
+    t0 = SteadyClock::now();
     cp::attention_backward(c, opt.config, params, local.backward_args(), p.seq, opt.keep_kv ? &kept : nullptr);
     c.barrier();
     const double bwd = seconds_since(t0);

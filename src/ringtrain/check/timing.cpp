@@ -35,7 +35,17 @@ std::unique_ptr<DeviceClock> DeviceClock::make(Device dev, void* stream) {
 double median(std::vector<double> v) {
   RT_CHECK(!v.empty(), "median of no values");
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double max_over_ranks(comm::Communicator& world, double value) {
+  Tensor t = Tensor::empty({1}, DType::F64, world.device());
+  const TensorView host = contiguous_view(&value, DType::F64, Device::cpu(), {1});
+  copy(t, host);
+  world.all_reduce(t.data(), 1, DType::F64, comm::ReduceOp::Max);
+  copy(host, t);
+  return value;
 }
 
 double TimedRuns::median_to(size_t mark) const {

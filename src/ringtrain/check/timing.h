@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "ringtrain/comm/communicator.h"
 #include "ringtrain/core/tensor.h"
 
 namespace ringtrain::check {
@@ -21,7 +22,12 @@ class DeviceClock {
   virtual std::vector<double> finish() = 0;
 };
 
+// The median (the mean of the two middle values of an even count); an error for no values.
 double median(std::vector<double> v);
+// The largest of the ranks' values (fp64): a benchmark's time is its slowest rank's, since every rank waits for the
+// others in the collectives anyway.
+double max_over_ranks(comm::Communicator& world, double value);
+inline double gib(double bytes) { return bytes / double(1 << 30); }
 
 // ms[i][k]: timed run i, milliseconds from the run's start to its k-th mark (the last one is the run's end).
 struct TimedRuns {

@@ -13,6 +13,7 @@
 #include "ringtrain/check/attention_check.h"
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/cli/options.h"
+#include "ringtrain/core/clock.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/parallel.h"
@@ -21,9 +22,7 @@
 namespace ringtrain::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 }  // namespace
 
@@ -99,12 +98,12 @@ void add_attention_check_command(CLI::App& app) {
 
     const check::AttnInputs in = check::random_inputs(prob, o->seed);
     attention::reset_dispatch_counts();
-    const auto t_run = Clock::now();
+    const auto t_run = SteadyClock::now();
     const check::AttnResults got =
         dev.is_cuda() ? check::attention_on_device(prob, in, dev) : check::cp_attention_on_ranks(prob, in, run);
     const double run_s = seconds_since(t_run);
     const attention::DispatchCounts counts = attention::dispatch_counts();
-    const auto t_ref = Clock::now();
+    const auto t_ref = SteadyClock::now();
     const check::AttnResults ref = check::reference_attention(prob, in);
     const double ref_s = seconds_since(t_ref);
 

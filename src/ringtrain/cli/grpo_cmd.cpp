@@ -162,7 +162,7 @@ void add_grpo_command(CLI::App& app) {
     std::vector<double> reward, exact;
     worker::Series val_reward, val_exact;  // by GRPO step: 0 = before the first
     if (!c.train.metrics_dir.empty()) {
-      const std::filesystem::path jsonl = std::filesystem::path(c.train.metrics_dir) / "metrics.jsonl";
+      const std::filesystem::path jsonl = worker::metrics_jsonl(c.train.metrics_dir);
       const std::vector<worker::Series> all = worker::read_metrics(jsonl);
       std::vector<std::string> names = {"reward/mean", "reward/exact_match", "loss", "kl_to_reference"};
       for (const worker::Series& s : all) {

@@ -77,7 +77,7 @@ void add_logprobs_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("logprobs", "Next-token log-probabilities of token sequences");
   cmd->add_option("--model", o->model, "checkpoint folder (config.json + safetensors); or --config");
   cmd->add_option("--config", o->with_config.config, "run config: model, device, mesh and batching from it");
-  cmd->add_option("--set", o->with_config.overrides, "with --config: KEY=VALUE overrides");
+  cmd->add_option("overrides", o->with_config.overrides, "with --config: KEY=VALUE overrides, e.g. parallel.cp=2");
   cmd->add_option("--checkpoint", o->with_config.checkpoint, "with --config: a training checkpoint's weights");
   cmd->add_flag("--reference", o->with_config.reference,
                 "with --config: the config's starting (reference) weights (not with --checkpoint)");
@@ -115,7 +115,7 @@ void add_logprobs_command(CLI::App& app) {
           {"--model-backends", "attention.backends"}, {"--chunk", "policy.logprob_chunk_size"}};
       for (const auto& [option, key] : from_config)
         RT_CHECK(!given(option), "logprobs: with --config, ", option, " is the config's ", key,
-                 "; set it with --set ", key, "=... (or drop --config)");
+                 "; override it with ", key, "=... (or drop --config)");
       RT_CHECK(o->with_config.checkpoint.empty() || !o->with_config.reference,
                "logprobs: --checkpoint and --reference name two different weights (a training checkpoint's, the "
                "config's starting ones); give one of them");
@@ -124,7 +124,8 @@ void add_logprobs_command(CLI::App& app) {
       return;
     }
     RT_CHECK(!o->model.empty(), "logprobs: --model or --config is required");
-    RT_CHECK(!given("--set"), "logprobs: --set needs --config (it overrides a run config's keys)");
+    RT_CHECK(!given("overrides"), "logprobs: KEY=VALUE overrides (", o->with_config.overrides.front(),
+             ") need --config (they override a run config's keys)");
     for (const char* option : {"--checkpoint", "--reference"})
       RT_CHECK(!given(option), "logprobs: ", option, " needs --config (with --model the weights are the folder's)");
     RT_CHECK(o->cp > 1 || !given("--cp-comm"), "logprobs: --cp-comm chooses how --cp ranks exchange keys and values; "

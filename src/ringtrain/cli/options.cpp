@@ -70,7 +70,9 @@ void AttnShapeOptions::add_to(CLI::App& cmd, unsigned fields) {
   if (fields & kKvSeq) add_bounded(cmd, "--kv-seq", kv_seq, "key length (default: --seq)", int64_t{1}, kMaxSeq);
   if (fields & kHeads) {
     add_bounded(cmd, "--heads", heads, "query heads", int64_t{1}, kMaxHeads)->capture_default_str();
-    CLI::Option* o = add_bounded(cmd, "--kv-heads", kv_heads, "key/value heads (default: --heads)", int64_t{1}, kMaxHeads);
+    // A command that sets a default states it; without one, --kv-heads follows --heads.
+    CLI::Option* o = add_bounded(cmd, "--kv-heads", kv_heads, kv_heads ? "key/value heads" : "key/value heads "
+                                 "(default: --heads)", int64_t{1}, kMaxHeads);
     if (kv_heads) o->capture_default_str();
   }
   if (fields & kHeadDim)

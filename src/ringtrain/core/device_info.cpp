@@ -32,8 +32,9 @@ std::string hopper_unavailable_reason(Device device) {
   return "";
 }
 
-void cuda_synchronize(int device) {
-  if (const DeviceOps* ops = find_device_ops(DeviceKind::CUDA)) ops->synchronize(device);
+void synchronize(Device device) {
+  if (!device.is_cuda()) return;
+  if (const DeviceOps* ops = find_device_ops(DeviceKind::CUDA)) ops->synchronize(device.index);
 }
 
 uint64_t cuda_pool_peak_bytes(int device) {

@@ -19,8 +19,8 @@ int cuda_arch(int device);
 // Why `device` cannot run this build's GPU kernels (not a CUDA device, no usable GPU, not a Hopper GPU: they are
 // built for sm_90a), or "" when it can. Every GPU backend reports this reason first.
 std::string hopper_unavailable_reason(Device device);
-// Waits for all work on the device (a no-op without CUDA).
-void cuda_synchronize(int device);
+// Waits for all work on the device (a no-op on the CPU, and without CUDA).
+void synchronize(Device device);
 // The high-water mark of the device's default memory pool (where Tensor allocates) in bytes since the last reset
 // (0 without CUDA), and restarting it from what is in use now.
 uint64_t cuda_pool_peak_bytes(int device);

@@ -1,6 +1,5 @@
 #include "ringtrain/core/log.h"
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,15 +20,12 @@ LogLevel level_from_env() {
   return LogLevel::Info;
 }
 
-std::atomic<LogLevel>& level_ref() {
-  static std::atomic<LogLevel> level{level_from_env()};
-  return level;
-}
-
 }  // namespace
 
-LogLevel log_level() { return level_ref().load(std::memory_order_relaxed); }
-void set_log_level(LogLevel level) { level_ref().store(level); }
+LogLevel log_level() {
+  static const LogLevel level = level_from_env();
+  return level;
+}
 
 void log_line(LogLevel level, const std::string& msg) {
   static const char* names[] = {"debug", "info", "warn", "error"};

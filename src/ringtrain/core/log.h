@@ -10,7 +10,6 @@ namespace ringtrain {
 enum class LogLevel { Debug = 0, Info = 1, Warn = 2, Error = 3 };
 
 LogLevel log_level();
-void set_log_level(LogLevel level);
 void log_line(LogLevel level, const std::string& msg);
 
 }  // namespace ringtrain

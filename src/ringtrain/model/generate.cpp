@@ -7,6 +7,7 @@
 
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/comm/agreed.h"
+#include "ringtrain/core/checked.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/hashed_normal.h"
 #include "ringtrain/model/decoder_layer.h"
@@ -128,13 +129,6 @@ bool more_likely(std::span<const float> lp, int32_t a, int32_t b) {
   return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
 }
 
-// a * b for non-negative sizes, or an error naming `what`.
-int64_t checked_mul(int64_t a, int64_t b, const char* what) {
-  int64_t r = 0;
-  RT_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &r), "generation: ", what, " overflows (", a, " * ", b,
-           ")");
-  return r;
-}
 
 }  // namespace
 
@@ -206,9 +200,6 @@ Sampler::Sampler(ModelConfig config, const float* params, SamplerOptions options
   RT_CHECK(params_ != nullptr, "sampler: no weights");
 }
 
-Sampler::Sampler(const Model<float>& model, SamplerOptions options)
-    : Sampler(model.config(), model.params().data(), std::move(options)) {}
-
 Sampler::Sampler(Policy& policy, SamplerOptions options)
     : config_(policy.config()), layout_(config_), options_(std::move(options)),
       inv_freq_(rope_inv_freq(config_.rope, config_.head_dim)), policy_(&policy),
@@ -262,9 +253,9 @@ std::vector<Generation> Sampler::generate(const std::vector<std::vector<int32_t>
   }
   check_sequence_supported(config_, longest);
   const int64_t elements =
-      checked_mul(checked_mul(checked_mul(cache.slots, cache.row, "KV cache size"), 2, "KV cache size"),
-                  config_.layers, "KV cache size");
-  const int64_t bytes = checked_mul(elements, static_cast<int64_t>(sizeof(float)), "KV cache size");
+      checked_mul(checked_mul(checked_mul(cache.slots, cache.row, "generation: KV cache size"), 2, "generation: KV cache size"),
+                  config_.layers, "generation: KV cache size");
+  const int64_t bytes = checked_mul(elements, static_cast<int64_t>(sizeof(float)), "generation: KV cache size");
   RT_CHECK(bytes <= options_.max_cache_bytes, "generation: the KV cache of ", batch, " prompts (", cache.slots,
            " token slots) needs ", bytes, " bytes, more than max_cache_bytes = ", options_.max_cache_bytes);
   cache.data.assign(static_cast<size_t>(elements), 0.f);

@@ -106,7 +106,6 @@ class DeviceSampler {
 class Sampler {
  public:
   Sampler(ModelConfig config, const float* params, SamplerOptions options = {});
-  explicit Sampler(const Model<float>& model, SamplerOptions options = {});
   explicit Sampler(Policy& policy, SamplerOptions options = {});
 
   const ModelConfig& config() const { return config_; }

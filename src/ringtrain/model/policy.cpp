@@ -114,12 +114,6 @@ class CpuPolicy final : public Policy {
 
 }  // namespace
 
-int64_t TokenBatch::tokens() const {
-  int64_t n = 0;
-  for (const auto& s : sequences) n += static_cast<int64_t>(s.size());
-  return n;
-}
-
 std::unique_ptr<DeviceSampler> Policy::make_device_sampler(const SamplerOptions&) { return nullptr; }
 
 bool Policy::sum_grad_squares_in_next_backward(double*) { return false; }

@@ -45,7 +45,6 @@ struct TokenBatch {
   // every sequence padded to the longest. Packed: the sequences back to back in one row, positions restarting in
   // each and attention kept within each (THD with cu_seqlens), so nothing is computed on padding.
   bool packed = false;
-  int64_t tokens() const;
 };
 
 // Token sequences read where they lie, so that a caller's CUDA tensor stays on its GPU: sequence i of the batch is

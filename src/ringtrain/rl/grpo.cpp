@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "ringtrain/comm/agreed.h"
+#include "ringtrain/core/clock.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/core/fnv1a.h"
 #include "ringtrain/rl/prompt_file.h"
@@ -21,9 +22,7 @@ namespace ringtrain::rl {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 constexpr std::string_view kBuiltinTask = "builtin:reverse_digits";
 // The warm-up's examples come from indices far above any GRPO prompt's, so that on the built-in task the two streams
@@ -303,7 +302,7 @@ struct Validation {
 Validation validate(model::Sampler& sampler, std::span<const Example> examples, const CharTokenizer& tok,
                     const worker::Config& config, RewardMode mode, comm::Communicator& world, const StopRequest* stop,
                     const std::string& what) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   model::SamplingParams greedy;
   greedy.temperature = 0;
   greedy.max_new_tokens = config.grpo.max_new_tokens;
@@ -341,8 +340,9 @@ worker::Scalars validation_scalars(const Validation& v) {
           {"time/validate", v.seconds}};
 }
 
-// The loss first: a config of another loss is refused before its prompts are read.
+// The section against the rest, then the loss: a config of another loss is refused before its prompts are read.
 void check_grpo_loss(const worker::Config& config) {
+  config.validate_grpo();
   RT_CHECK(config.loss_fn.type == worker::LossType::ClippedPg, "loss_fn.type = ",
            worker::loss_type_name(config.loss_fn.type),
            ": a GRPO run trains with clipped_pg (its SFT warm-up uses nll by itself)");
@@ -404,7 +404,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   worker::Config grpo_config = config;
   if (g.sft_warmup_steps > 0) {
     if (!from) {
-      const auto t0 = Clock::now();
+      const auto t0 = SteadyClock::now();
       sft_warmup(config, world, prompts, tok, metrics.get(), options, warm_dir);
       summary.warmup_seconds = seconds_since(t0);
     }
@@ -416,7 +416,11 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     grpo_config.policy.model_name = warm_dir.string();
   }
 
-  const auto t_start = Clock::now();
+  if (from)
+    comm::all_or_none(world, "resume", [&] {
+      worker::keep_saved_schedule_length(config, grpo_config, *from, lead, "ringtrain grpo");
+    });
+  const auto t_start = SteadyClock::now();
   worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights, options.stop);
   if (lead) worker::remove_save_leftovers(config, "grpo");  // every rank has checked the folder by now
   // What fixes the rollouts of step s (prompts and sampling seeds) and the records before them (the warm-up's):
@@ -491,7 +495,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
       summary.start_validation = {v.reward, v.exact_match};
     }
     for (; step < config.train.steps; ++step) {
-      const auto t0 = Clock::now();
+      const auto t0 = SteadyClock::now();
       std::vector<Example> examples;
       std::vector<std::vector<int32_t>> rollout_prompts;
       std::vector<uint64_t> sample_ids;
@@ -533,7 +537,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
         tokens += samples.back().length();
       }
 
-      const auto t1 = Clock::now();
+      const auto t1 = SteadyClock::now();
       worker::LogprobResult prev = policy_worker.get_logprobs(samples);
       worker::LogprobResult ref = policy_worker.get_reference_logprobs(samples);
       const double kl_to_reference = mean_k3_kl(samples, prev, ref);

@@ -6,6 +6,8 @@
 #include <random>
 
 #include "ringtrain/attention/backend.h"
+#include "ringtrain/check/device_checks.h"
+#include "ringtrain/check/timing.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/flops.h"
@@ -17,28 +19,9 @@ namespace ringtrain::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr double kPeakBf16Flops = 989e12;  // H200 dense bf16
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double gib(double bytes) { return bytes / double(1 << 30); }
-
-// The slowest rank's value: every rank waits for the others in the collectives anyway.
-double max_over_ranks(comm::Communicator& world, double value) {
-  Tensor t = Tensor::empty({1}, DType::F64, world.device());
-  const TensorView host = contiguous_view(&value, DType::F64, Device::cpu(), {1});
-  copy(t, host);
-  world.all_reduce(t.data(), 1, DType::F64, comm::ReduceOp::Max);
-  copy(host, t);
-  return value;
-}
-
-void synchronize(Device d) {
-  if (d.is_cuda()) cuda_synchronize(d.index);
-}
+using check::gib;
+using check::max_over_ranks;
+using check::median;
 
 }  // namespace
 
@@ -138,7 +121,7 @@ nlohmann::json run_train_bench(const BenchTrainOptions& o, comm::Communicator& w
   row["step_ms"] = ms;
   row["tokens_per_s"] = o.seq / (ms * 1e-3);
   row["tflops_per_gpu"] = flops / gpus / (ms * 1e9);
-  row["mfu"] = flops / gpus / (ms * 1e-3) / kPeakBf16Flops;
+  row["mfu"] = flops / gpus / (ms * 1e-3) / check::kPeakBf16Flops;
   row["peak_pool_gib"] = gib(peak);
   row["params"] = policy->weights().numel();
   row["weights_gib"] = gib(static_cast<double>(policy->weights().nbytes()));

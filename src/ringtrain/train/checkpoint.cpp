@@ -423,6 +423,13 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
     st["step"] = trainer.steps_taken();
     st["optimizer_steps"] = trainer.optimizer_steps();
     st["schedule_position"] = trainer.schedule_position();
+    const ScheduleConfig& sc = trainer.config().schedule;
+    st["schedule"] = {{"decay", sc.decay == ScheduleConfig::Decay::Cosine ? "cosine" : "constant"},
+                      {"base_lr", sc.base_lr},
+                      {"warmup_steps", sc.warmup_steps},
+                      {"warmup_start_factor", sc.warmup_start_factor},
+                      {"decay_steps", sc.decay_steps},
+                      {"min_lr", sc.min_lr}};
     st["data"] = {{"epoch", progress.epoch}, {"index", progress.index}};
     st["rng"] = progress.rng;
     st["mesh"] = {{"dp", trainer.mesh().dp()}, {"cp", trainer.mesh().cp()}};
@@ -441,6 +448,33 @@ void save_training_checkpoint(const fs::path& dir_in, Trainer& trainer, const Tr
     staging->publish(dest, dest.parent_path() / (dest.filename().string() + ".old"), check_replaceable);
   }));
   world.barrier();  // every rank returns with the checkpoint in place
+}
+
+std::optional<ScheduleConfig> saved_schedule(const fs::path& dir_in) {
+  const fs::path state_path = normalized(dir_in) / kStateFile;
+  const json st = read_json(state_path);
+  if (!st.is_object() || !st.contains("schedule")) return std::nullopt;
+  try {
+    const json& j = st.at("schedule");
+    ScheduleConfig sc;
+    const std::string decay = j.at("decay").get<std::string>();
+    RT_CHECK(decay == "cosine" || decay == "constant", state_path.string(), ": schedule.decay = '",
+             decay.substr(0, 40), "': expected cosine or constant");
+    sc.decay = decay == "cosine" ? ScheduleConfig::Decay::Cosine : ScheduleConfig::Decay::Constant;
+    sc.base_lr = j.at("base_lr").get<double>();
+    sc.warmup_steps = j.at("warmup_steps").get<int64_t>();
+    sc.warmup_start_factor = j.at("warmup_start_factor").get<double>();
+    sc.decay_steps = j.at("decay_steps").get<int64_t>();
+    sc.min_lr = j.at("min_lr").get<double>();
+    try {
+      validate(sc);
+    } catch (const Error& e) {
+      throw Error(cat(state_path.string(), ": schedule: ", e.what()));
+    }
+    return sc;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(cat(state_path.string(), ": schedule: ", e.what()));
+  }
 }
 
 TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& trainer) {

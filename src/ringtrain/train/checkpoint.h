@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,9 @@ std::vector<std::filesystem::path> remove_save_leftovers(const std::filesystem::
 // An error naming `config_file` (a checkpoint's config.json) and the first key that differs unless it describes the
 // model of `policy_config` (its storage dtype and special token ids aside).
 void check_same_model(const std::filesystem::path& config_file, const model::ModelConfig& policy_config);
+// The learning-rate schedule a checkpoint's run trained with (recorded in its trainer_state.json), or nullopt for a
+// checkpoint that records none. Errors name the file and the key.
+std::optional<ScheduleConfig> saved_schedule(const std::filesystem::path& dir);
 // Collective; the trainer's policy must have the checkpoint's model. Restores the weights (from the master
 // shards), the optimizer state, the step counters and the schedule; returns the data position and RNG state.
 // Errors name the file and the mismatch (missing or truncated file, another model, a piece out of range, an

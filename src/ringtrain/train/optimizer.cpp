@@ -91,38 +91,6 @@ void adamw_update(const AdamWStep& s, M* master, M* exp_avg, M* exp_avg_sq, cons
   }
 }
 
-template <typename M>
-AdamW<M>::AdamW(const AdamWConfig& cfg, int64_t shard_begin, int64_t shard_end)
-    : cfg_(cfg), begin_(shard_begin), end_(shard_end) {
-  validate(cfg);
-  RT_CHECK(shard_begin >= 0 && shard_end >= shard_begin, "AdamW: bad shard [", shard_begin, ", ", shard_end, ")");
-  exp_avg_.assign(static_cast<size_t>(end_ - begin_), M(0));
-  exp_avg_sq_.assign(static_cast<size_t>(end_ - begin_), M(0));
-}
-
-template <typename M>
-AdamWStep AdamW<M>::step(std::span<M> master, std::span<const M> grad, double lr, double global_grad_sq_norm,
-                         ComputeWeights out) {
-  const size_t n = exp_avg_.size();
-  RT_CHECK(master.size() == n && grad.size() == n, "AdamW: shard [", begin_, ", ", end_, ") has ", n,
-           " elements but got ", master.size(), " master weights and ", grad.size(), " gradients");
-  const AdamWStep s = plan_adamw_step(cfg_, completed_steps_, lr, global_grad_sq_norm);
-  adamw_update(s, master.data(), exp_avg_.data(), exp_avg_sq_.data(), grad.data(), static_cast<int64_t>(n), out);
-  if (!s.skipped) completed_steps_ = s.step;
-  return s;
-}
-
-template <typename M>
-void AdamW<M>::load_state(int64_t completed_steps, std::span<const M> exp_avg, std::span<const M> exp_avg_sq) {
-  RT_CHECK(completed_steps >= 0, "AdamW state: step count ", completed_steps, " < 0");
-  RT_CHECK(exp_avg.size() == exp_avg_.size() && exp_avg_sq.size() == exp_avg_sq_.size(), "AdamW state: shard [",
-           begin_, ", ", end_, ") has ", exp_avg_.size(), " elements but the state has ", exp_avg.size(), " and ",
-           exp_avg_sq.size());
-  completed_steps_ = completed_steps;
-  exp_avg_.assign(exp_avg.begin(), exp_avg.end());
-  exp_avg_sq_.assign(exp_avg_sq.begin(), exp_avg_sq.end());
-}
-
 template AdamWScalars<float> adamw_scalars<float>(const AdamWStep&);
 template AdamWScalars<double> adamw_scalars<double>(const AdamWStep&);
 template double sum_of_squares<float>(std::span<const float>);
@@ -130,7 +98,5 @@ template double sum_of_squares<double>(std::span<const double>);
 template void adamw_update<float>(const AdamWStep&, float*, float*, float*, const float*, int64_t, ComputeWeights);
 template void adamw_update<double>(const AdamWStep&, double*, double*, double*, const double*, int64_t,
                                    ComputeWeights);
-template class AdamW<float>;
-template class AdamW<double>;
 
 }  // namespace ringtrain::train

@@ -3,8 +3,8 @@
 //
 // The flow of one step: every rank computes sum_of_squares of its gradient shard, the trainer all-reduces the sums,
 // plan_adamw_step turns the global sum into an AdamWStep (skip or not, clip coefficient, bias corrections), and the
-// update runs on the shard (AdamW::step on the host, the kernels of train/device_optimizer.h on a GPU) with the same
-// per-element arithmetic in the master type.
+// update runs on the shard (adamw_update on the host, the kernels of train/device_optimizer.h on a GPU) with the same
+// per-element arithmetic in the master type. The trainer keeps the moments (train/trainer.h's ShardState).
 #pragma once
 
 #include <cstdint>
@@ -63,33 +63,5 @@ struct ComputeWeights {
 template <typename M>
 void adamw_update(const AdamWStep& s, M* master, M* exp_avg, M* exp_avg_sq, const M* grad, int64_t n,
                   ComputeWeights out);
-
-// AdamW state of one shard on the host: fp32 (M = float) or fp64 (M = double) moments and step count.
-template <typename M>
-class AdamW {
- public:
-  AdamW(const AdamWConfig& cfg, int64_t shard_begin, int64_t shard_end);
-
-  // master and grad: the shard's [shard_end - shard_begin] elements; master is updated in place, out (if set)
-  // receives the new weights of the shard in the compute dtype. Returns what was done (see AdamWStep).
-  AdamWStep step(std::span<M> master, std::span<const M> grad, double lr, double global_grad_sq_norm,
-                 ComputeWeights out = {});
-
-  int64_t shard_begin() const { return begin_; }
-  int64_t shard_end() const { return end_; }
-  int64_t completed_steps() const { return completed_steps_; }
-  const AdamWConfig& config() const { return cfg_; }
-
-  // Checkpoint state: the step count and the two moment shards as flat buffers of shard size.
-  std::span<const M> exp_avg() const { return exp_avg_; }
-  std::span<const M> exp_avg_sq() const { return exp_avg_sq_; }
-  void load_state(int64_t completed_steps, std::span<const M> exp_avg, std::span<const M> exp_avg_sq);
-
- private:
-  AdamWConfig cfg_;
-  int64_t begin_, end_;
-  int64_t completed_steps_ = 0;
-  std::vector<M> exp_avg_, exp_avg_sq_;
-};
 
 }  // namespace ringtrain::train

@@ -6,22 +6,16 @@
 #include <memory>
 #include <random>
 
+#include "ringtrain/check/timing.h"
+#include "ringtrain/core/clock.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/worker/packing.h"
 
 namespace ringtrain::worker {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // The bar for this mix: packed at least 2x padded, and within 15% of the long layout's tokens/s.
 constexpr double kBarOverPadded = 2.0, kBarOverLong = 0.85;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Warm-up calls, then the median wall time of `iters` calls, each started after a barrier.
 template <typename F>
@@ -30,11 +24,11 @@ double median_seconds(comm::Communicator& world, int warmup, int iters, F&& call
   std::vector<double> seconds;
   for (int i = 0; i < iters; ++i) {
     world.barrier();
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     call();
-    seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    seconds.push_back(seconds_since(t0));
   }
-  return median(seconds);
+  return check::median(seconds);
 }
 
 // Random tokens for the given lengths; every token a loss target; +-1 advantages for clipped_pg.

@@ -174,13 +174,6 @@ const EnumName<ScheduleKind> kSchedules[] = {{ScheduleKind::Constant, "constant"
 const EnumName<cp::CpComm> kCpComms[] = {
     {cp::CpComm::Ring, "ring"}, {cp::CpComm::AllGather, "allgather"}, {cp::CpComm::AllToAll, "a2a"}};
 
-// Shortest text that reads back as the same double.
-std::string double_text(double v) {
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, end);
-}
-
 // One key of the schema: how to read it into a Config and how to write it back.
 struct Field {
   std::string path;  // "policy.train_micro_batch_size"
@@ -201,7 +194,7 @@ template <typename Get>
 Field double_field(std::string path, std::string doc, Get get, double lo, double hi) {
   return {path, std::move(doc),
           [=](Config& c, const YAML::Node& n, const std::string& w) { get(c) = parse_double(n, path, w, lo, hi); },
-          [=](const Config& c, YAML::Emitter& e) { e << double_text(get(c)); }};
+          [=](const Config& c, YAML::Emitter& e) { e << cat(get(c)); }};
 }
 template <typename Get>
 Field bool_field(std::string path, std::string doc, Get get) {
@@ -310,8 +303,8 @@ const std::vector<Field>& schema() {
                    c.policy.optimizer.beta2 = parse_double(n[1], key + "[1]", w, 0.0, below_one);
                  },
                  [](const Config& c, YAML::Emitter& e) {
-                   e << YAML::Flow << YAML::BeginSeq << double_text(c.policy.optimizer.beta1)
-                     << double_text(c.policy.optimizer.beta2) << YAML::EndSeq;
+                   e << YAML::Flow << YAML::BeginSeq << cat(c.policy.optimizer.beta1)
+                     << cat(c.policy.optimizer.beta2) << YAML::EndSeq;
                  }});
     f.push_back(double_field(
         "policy.optimizer.kwargs.eps", "AdamW denominator epsilon",
@@ -350,7 +343,7 @@ const std::vector<Field>& schema() {
                      c.loss_fn.ratio_clip_c = parse_double(n, "loss_fn.ratio_clip_c", w, std::nextafter(1.0, 2.0), 1e6);
                  },
                  [](const Config& c, YAML::Emitter& e) {
-                   if (c.loss_fn.ratio_clip_c) e << double_text(*c.loss_fn.ratio_clip_c);
+                   if (c.loss_fn.ratio_clip_c) e << cat(*c.loss_fn.ratio_clip_c);
                    else e << YAML::Null;
                  }});
     f.push_back(bool_field(
@@ -774,13 +767,16 @@ void Config::validate(ConfigUse use) const {
   RT_CHECK(train.steps > 0 || train.epochs > 0, "train.steps and train.epochs are both 0: the run would never start");
   RT_CHECK(train.checkpoint_every == 0 || !train.checkpoint_dir.empty(),
            "train.checkpoint_every = ", train.checkpoint_every, " needs train.checkpoint_dir");
-  if (!grpo.prompts.empty()) {
-    RT_CHECK(train.steps > 0, "train.steps = 0: a GRPO run needs its number of steps (grpo.prompts is set)");
-    const int64_t batch = grpo.num_prompts_per_step * grpo.num_generations_per_prompt;  // both at most 2^24
-    RT_CHECK(batch == policy.train_global_batch_size, "grpo.num_prompts_per_step (", grpo.num_prompts_per_step,
-             ") x grpo.num_generations_per_prompt (", grpo.num_generations_per_prompt, ") = ", batch,
-             " must equal policy.train_global_batch_size = ", policy.train_global_batch_size);
-  }
+  // With train.data too, the grpo section may be one that `ringtrain train` leaves unused (and names so).
+  if (!grpo.prompts.empty() && train.data.empty()) validate_grpo();
+}
+
+void Config::validate_grpo() const {
+  RT_CHECK(train.steps > 0, "train.steps = 0: a GRPO run needs its number of steps (grpo.prompts is set)");
+  const int64_t batch = grpo.num_prompts_per_step * grpo.num_generations_per_prompt;  // both at most 2^24
+  RT_CHECK(batch == policy.train_global_batch_size, "grpo.num_prompts_per_step (", grpo.num_prompts_per_step,
+           ") x grpo.num_generations_per_prompt (", grpo.num_generations_per_prompt, ") = ", batch,
+           " must equal policy.train_global_batch_size = ", policy.train_global_batch_size);
 }
 
 void Config::validate_against(const model::ModelConfig& m) const {

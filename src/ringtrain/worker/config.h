@@ -168,6 +168,9 @@ struct Config {
   // Checks against the model's config.json, before weights are read: heads divisible by cp for a2a, the lengths
   // within the model's positions and sliding window.
   void validate_against(const model::ModelConfig& model) const;
+  // The checks of the grpo section against the rest (train.steps, the batch = prompts x samples): validate() runs them
+  // when grpo.prompts is set without train.data (a GRPO run), `ringtrain grpo` always.
+  void validate_grpo() const;
 
   // The compute dtype of the policy.
   DType compute_dtype() const;

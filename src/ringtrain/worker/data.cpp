@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/hashed_normal.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/safetensors.h"
 #include "ringtrain/worker/json_line.h"
@@ -184,7 +185,6 @@ void check_masks_given_alike(const json& row, const std::vector<std::string>& ma
 
 }  // namespace
 
-const std::vector<std::string>& sample_fields() { return kSampleKeys; }
 
 DataSpec data_spec(const Config& c, const model::ModelConfig& m) {
   DataSpec s;
@@ -402,12 +402,11 @@ void write_batch_safetensors(const std::filesystem::path& file, const Dataset& d
 
 namespace {
 
-// splitmix64: a small, well-mixed generator whose output is the same on every platform (std::shuffle is not).
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+// The splitmix64 generator: well mixed, and the same on every platform (std::shuffle is not).
+uint64_t next_random(uint64_t& state) {
+  const uint64_t r = splitmix64(state);
+  state += 0x9e3779b97f4a7c15ull;
+  return r;
 }
 
 }  // namespace
@@ -427,7 +426,7 @@ std::vector<int64_t> BatchSchedule::step_units(int64_t step) const {
   std::iota(order.begin(), order.end(), 0);
   uint64_t state = seed_ ^ (0xd1b54a32d192ed03ull * static_cast<uint64_t>(epoch + 1));
   for (int64_t i = units_ - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(i + 1));
+    const int64_t j = static_cast<int64_t>(next_random(state) % static_cast<uint64_t>(i + 1));
     std::swap(order[i], order[j]);
   }
   return {order.begin() + in_epoch * global_batch_, order.begin() + (in_epoch + 1) * global_batch_};

@@ -58,8 +58,6 @@ struct Dataset {
   int64_t tokens() const;
 };
 
-// The fields a JSONL row of sequences may have (DPO pairs have their own).
-const std::vector<std::string>& sample_fields();
 
 // JSONL text; `source` names it in errors ("FILE:LINE: field: what").
 Dataset parse_jsonl(std::string_view text, const std::string& source, const DataSpec& spec);

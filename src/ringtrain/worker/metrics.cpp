@@ -26,7 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::string_view kEventPrefix = "events.out.tfevents.";
-constexpr const char* kJsonlName = "metrics.jsonl";
 
 constexpr std::array<uint32_t, 256> make_crc32c_table() {
   std::array<uint32_t, 256> table{};
@@ -190,7 +189,7 @@ void keep_event_steps(const fs::path& path, int64_t after_step) {
 }  // namespace
 
 void check_no_earlier_metrics(const fs::path& dir, EarlierMetrics what, const std::string& hint) {
-  const fs::path jsonl = dir / kJsonlName;
+  const fs::path jsonl = metrics_jsonl(dir);
   std::error_code ec;
   if (fs::symlink_status(jsonl, ec).type() == fs::file_type::regular && fs::file_size(jsonl, ec) > 0 && !ec)
     throw Error(cat(jsonl.string(), " holds the metrics of an earlier run; ", hint));
@@ -264,9 +263,11 @@ void EventFileWriter::write_scalars(int64_t step, double wall_time, const Scalar
   write_record(e.SerializeAsString());
 }
 
+fs::path metrics_jsonl(const fs::path& dir) { return dir / "metrics.jsonl"; }
+
 MetricsWriter::MetricsWriter(const std::filesystem::path& dir, bool tensorboard, MetricsStart start) {
   ensure_directory(dir);
-  jsonl_path_ = dir / kJsonlName;
+  jsonl_path_ = metrics_jsonl(dir);
   int flags = O_APPEND;
   switch (start.mode) {
     case MetricsStart::Mode::Fresh:

@@ -63,6 +63,9 @@ enum class EarlierMetrics : uint8_t { Records, RecordsOrEventFiles };
 // weight. `hint` ends the message (which options avoid the refusal).
 void check_no_earlier_metrics(const std::filesystem::path& dir, EarlierMetrics what, const std::string& hint);
 
+// DIR/metrics.jsonl, the records' file of a metrics folder.
+std::filesystem::path metrics_jsonl(const std::filesystem::path& dir);
+
 // metrics.jsonl (appended to what `start` keeps of an earlier run's) and, unless disabled, a new event file.
 class MetricsWriter {
  public:
@@ -72,7 +75,6 @@ class MetricsWriter {
   // {"step": step, "wall_time": seconds since the epoch, name: value, ...}; a non-finite value is written as null
   // (JSON has no NaN) and in the event file as the float it is.
   void write(int64_t step, const Scalars& values);
-  const std::filesystem::path& jsonl_path() const { return jsonl_path_; }
   const EventFileWriter* events() const { return events_.get(); }
 
  private:

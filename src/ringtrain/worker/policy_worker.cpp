@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "ringtrain/comm/agreed.h"
+#include "ringtrain/core/clock.h"
 #include "ringtrain/core/device_info.h"
 #include "ringtrain/core/device_ops.h"
 #include "ringtrain/core/error.h"
@@ -17,7 +18,6 @@ namespace ringtrain::worker {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 train::TrainerConfig trainer_config(const Config& c) {
   train::TrainerConfig t;
@@ -356,7 +356,6 @@ PolicyWorker::PolicyWorker(const Config& config, comm::Communicator& world, Star
 
 PolicyWorker::~PolicyWorker() = default;
 
-const Config& PolicyWorker::config() const { return state_->config; }
 const model::ModelConfig& PolicyWorker::model_config() const { return state_->model; }
 model::Policy& PolicyWorker::policy() { return *state_->policy; }
 train::Trainer& PolicyWorker::trainer() { return state_->trainer(); }
@@ -400,7 +399,7 @@ void check_global_batch(int64_t sequences, const Config& c) {
 TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
   State& s = *state_;
   const Config& c = s.config;
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   check_samples(samples, s.model, c.policy.max_total_sequence_length, "train");
   const bool dpo = c.loss_fn.type == LossType::Dpo, pg = c.loss_fn.type == LossType::ClippedPg;
   check_global_batch(static_cast<int64_t>(samples.size()), c);
@@ -448,8 +447,8 @@ TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
 
   TrainResult out;
   out.step = s.trainer().step(batch);
-  if (c.device.is_cuda()) cuda_synchronize(s.policy->device().index);
-  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  synchronize(s.policy->device());
+  out.seconds = seconds_since(t0);
   int64_t tokens = 0;
   for (const Sample& x : samples) tokens += x.length();
   out.tokens_per_second = out.seconds > 0 ? static_cast<double>(tokens) / out.seconds : 0.0;
@@ -459,7 +458,7 @@ TrainResult PolicyWorker::train(const std::vector<Sample>& samples) {
 TrainResult PolicyWorker::train_rows(const TrainRowsBatch& batch) {
   State& s = *state_;
   const Config& c = s.config;
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const TensorView& ids = batch.tokens.ids;
   const Device dev = s.policy->device();
   RT_CHECK(dev.is_cuda() && ids.device == dev, "train: a batch of device rows needs the policy and input_ids on one ",
@@ -505,8 +504,8 @@ TrainResult PolicyWorker::train_rows(const TrainRowsBatch& batch) {
 
   TrainResult out;
   out.step = s.trainer().step(rows);
-  cuda_synchronize(dev.index);
-  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  synchronize(dev);
+  out.seconds = seconds_since(t0);
   out.tokens_per_second = out.seconds > 0 ? static_cast<double>(tokens) / out.seconds : 0.0;
   return out;
 }

@@ -84,7 +84,6 @@ class PolicyWorker {
                const StopRequest* stop = nullptr);
   ~PolicyWorker();
 
-  const Config& config() const;
   const model::ModelConfig& model_config() const;
   model::Policy& policy();
   train::Trainer& trainer();  // step counters, the optimizer shard (made here when no step or load made it yet)

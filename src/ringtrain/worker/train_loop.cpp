@@ -181,6 +181,21 @@ bool has_loss_target(const Dataset& data) {
 
 }  // namespace
 
+void keep_saved_schedule_length(const Config& c, Config& run_config, const fs::path& from, bool lead,
+                                const char* command) {
+  if (c.policy.scheduler.kind != ScheduleKind::Cosine || c.policy.scheduler.total_steps != 0) return;
+  const std::optional<train::ScheduleConfig> saved = train::saved_schedule(from);
+  if (!saved || saved->decay != train::ScheduleConfig::Decay::Cosine) return;
+  const int64_t length = saved->warmup_steps + saved->decay_steps, now = run_config.total_scheduler_steps();
+  if (length == now) return;
+  run_config.policy.scheduler.total_steps = length;
+  if (lead)
+    std::fprintf(stderr, "%s: the cosine schedule of %s continues over the %lld steps it was made for "
+                 "(policy.scheduler.total_steps = 0 follows the run's steps, %lld now; set it to %lld to stretch the "
+                 "schedule's rest over them)\n", command, from.string().c_str(), static_cast<long long>(length),
+                 static_cast<long long>(now), static_cast<long long>(now));
+}
+
 int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& data, const TrainRunOptions& o) {
   const bool lead = world.rank() == 0;
   // Steps on such data would still move the weights (weight decay) and report a loss of 0.
@@ -208,7 +223,13 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
   if (!c.train.checkpoint_dir.empty()) prepare_checkpoint_dir(c.train.checkpoint_dir);
   const RunFolderLocks locks = lead ? lock_run_folders(c) : RunFolderLocks{};
   // Every rank, agreed (a rank whose files differ must not leave the others waiting), before the lead writes a metric.
-  if (o.resume) comm::all_or_none(world, "resume", [&] { check_resume_start(c, o.overwrite_metrics); });
+  if (o.resume)
+    comm::all_or_none(world, "resume", [&] {
+      check_resume_start(c, o.overwrite_metrics);
+      if (c.train.checkpoint_dir.empty()) return;
+      if (const auto from = newest_checkpoint(c.train.checkpoint_dir))
+        keep_saved_schedule_length(c, run_config, *from, lead, "ringtrain train");
+    });
   PolicyWorker worker(run_config, world, o.starting_weights, o.stop);
   if (lead) remove_save_leftovers(c, "train");  // after the worker's collective start: every rank checked the folder
   const fs::path ckpt_dir = c.train.checkpoint_dir;

@@ -68,6 +68,13 @@ inline constexpr const char* kSkippedWhy =
 // step_N.saving, never step_N.
 std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::path& dir);
 
+// For a run that resumes from checkpoint `from`: a cosine schedule whose length the config leaves to the run
+// (policy.scheduler.total_steps = 0) keeps the length it was made for, which a changed train.steps would otherwise
+// stretch or cut (the learning rate jumping at the resume); `run_config`'s total_steps is set to it and the lead says
+// so. An explicit total_steps is taken as given.
+void keep_saved_schedule_length(const Config& c, Config& run_config, const std::filesystem::path& from, bool lead,
+                                const char* command);
+
 // What continues a run of config `c` that stopped: "--resume continues from DIR/step_N", or why nothing does and
 // what a new run needs. Never throws for a folder it cannot read: it says so instead.
 std::string resume_hint(const Config& c);

@@ -28,21 +28,6 @@ __device__ __forceinline__ uint32_t panel_off(int rows, int row, int col) {
                                (col % 8) * 2);
 }
 
-// cp.async of rows [0, ROWS) x C of a 16-bit global tile into a panel tile; rows >= rows_valid become zeros.
-template <int ROWS, int C, int NTHREADS>
-__device__ __forceinline__ void load_panels(uint32_t sdst, const uint16_t* g, int64_t row_stride, int rows_valid,
-                                            int tid) {
-  constexpr int kChunks = C / 8;
-  static_assert((ROWS * kChunks) % NTHREADS == 0, "tile copy must split evenly over the threads");
-#pragma unroll
-  for (int i = 0; i < ROWS * kChunks / NTHREADS; ++i) {
-    const int idx = i * NTHREADS + tid, r = idx / kChunks, c = idx % kChunks;
-    const bool ok = r < rows_valid;
-    tile::cp_async16(sdst + (c / 8) * ROWS * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4),
-                     ok ? g + r * row_stride + c * 8 : g, ok);
-  }
-}
-
 // cp.async of a [ROWS][C] tile into a panel tile by the producer warp's 32 lanes, rows >= rows_valid zero-filled.
 // A loop, not unrolled: the producer runs on few registers.
 template <int ROWS, int C>
@@ -101,10 +86,6 @@ __device__ __forceinline__ void keep(uint32_t (&r)[N][4]) {
 
 // Makes this thread's generic shared-memory writes (st.shared, cp.async) visible to wgmma and bulk copies.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 // Barrier over the `threads` threads that use id `id` (1..15; 0 is __syncthreads).
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

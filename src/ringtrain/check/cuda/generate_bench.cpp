@@ -20,21 +20,13 @@
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/check/cuda/cuda_checks.h"
 #include "ringtrain/check/device_checks.h"
+#include "ringtrain/check/timing.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/cuda/gpu_model.h"
 #include "ringtrain/model/cuda/gpu_sampler.h"
 #include "ringtrain/model/flops.h"
 
 namespace ringtrain::check::cuda {
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
 
 nlohmann::json run_generate_bench(const GenerateBenchOptions& o) {
   check_generate_bench_sizes(o);

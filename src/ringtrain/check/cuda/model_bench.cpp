@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ringtrain/check/cuda/cuda_checks.h"
+#include "ringtrain/check/timing.h"
 #include "ringtrain/core/cuda/check.h"
 #include "ringtrain/core/error.h"
 #include "ringtrain/model/cp_scoring.h"
@@ -53,7 +54,6 @@ model::ModelConfig bench_config(const ModelBenchOptions& o) {
 
 
 
-double gib(uint64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
 
 // The current device's default pool, where Tensor allocates.
 cudaMemPool_t current_pool() {
@@ -128,16 +128,6 @@ void train_step(model::cuda::GpuModel& m, StepInputs& in, StepBuffers& buf, int6
   m.backward(buf.d_hidden.ptr<bf16>(), *in.attention);
 }
 
-// The slowest rank's time (ms): every rank waits for the others in the collectives anyway.
-double max_over_ranks(double ms, comm::Communicator* comm) {
-  if (!comm) return ms;
-  const Tensor t = Tensor::empty({1}, DType::F32, comm->device());
-  float v = static_cast<float>(ms);
-  copy(t, contiguous_view(&v, DType::F32, Device::cpu(), {1}));
-  comm->all_reduce(t.data(), 1, DType::F32, comm::ReduceOp::Max);
-  copy(contiguous_view(&v, DType::F32, Device::cpu(), {1}), t);
-  return v;
-}
 
 nlohmann::json bench_shape(model::cuda::GpuModel& m, int64_t seq, const ModelBenchOptions& o, comm::Communicator* comm,
                            const cp::CpConfig& cfg) {
@@ -157,7 +147,7 @@ nlohmann::json bench_shape(model::cuda::GpuModel& m, int64_t seq, const ModelBen
       [&] {
         if (comm) comm->barrier();
       });
-  const double ms = max_over_ranks(runs.median_to(2), comm);
+  const double ms = comm ? max_over_ranks(*comm, runs.median_to(2)) : runs.median_to(2);
   const uint64_t peak = pool_attribute(cudaMemPoolAttrUsedMemHigh);
   size_t free_bytes = 0, total_bytes = 0;
   RT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
