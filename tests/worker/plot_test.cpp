@@ -56,8 +56,8 @@ TEST(WorkerPlot, PanelsAndPointsMatchTheData) {
                      {"reward/mean", std::normal_distribution<double>()(rng)}});
     }
   }
-  // Steps 31-37 written again (a file from a writer that appended a resumed run, which MetricsWriter no longer does):
-  // the later values replace the earlier ones.
+  // Steps 31-37 written again (a file appended to by hand, or by another writer): the later values replace the earlier
+  // ones.
   {
     std::ofstream again(dir / "metrics.jsonl", std::ios::app);
     again.precision(17);

@@ -1,4 +1,5 @@
-// The ringtrain subcommands. Each file in cli/ adds one; main.cpp lists them.
+// The ringtrain subcommands, added by the files of cli/ (a file adds one, or a command and its relatives: train and
+// export, bench and its parts); main.cpp lists them.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -12,6 +12,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/comm/agreed.h"
+#include "ringtrain/comm/rendezvous.h"
 #include "ringtrain/core/error.h"
 
 namespace ringtrain::cli {
@@ -66,8 +67,14 @@ void on_signal(int sig) {
 
 StopOnSignal::StopOnSignal(std::string announcement) {
   RT_CHECK(!g_installed, "StopOnSignal: one at a time");
-  const char* rank = std::getenv("RANK");  // the other ranks of a multi-process run stay quiet
-  g_announcement = !rank || std::string(rank) == "0" ? std::move(announcement) : std::string();
+  // The other ranks of a multi-process run (torchrun, mpirun, srun) stay quiet; variables that do not parse are the
+  // launcher check's to report, so this process speaks.
+  bool lead = true;
+  try {
+    lead = comm::rank_info_from_environment().rank == 0;
+  } catch (const Error&) {
+  }
+  g_announcement = lead ? std::move(announcement) : std::string();
   g_request.clear();
   g_signal.store(0);
   g_first_ns.store(0);

@@ -12,13 +12,11 @@
 #include <cstring>
 #include <thread>
 
+#include "ringtrain/comm/communicator.h"
 #include "ringtrain/core/error.h"
 
 namespace ringtrain::comm {
 namespace {
-
-// More ranks than any node has GPUs; beyond it a typo would fork thousands of processes.
-constexpr int kMaxLocalRanks = 1024;
 
 // Returns the child's pid, or -1 with errno set when fork fails.
 pid_t spawn(const LaunchOptions& o, int rank, const std::vector<std::string>& argv) {
@@ -87,8 +85,8 @@ void restore_handlers(const struct sigaction& term, const struct sigaction& intr
 }  // namespace
 
 LaunchResult launch_local(const LaunchOptions& o, const std::vector<std::string>& argv) {
-  RT_CHECK(o.nproc >= 1 && o.nproc <= kMaxLocalRanks, "launch: --nproc must be in [1, ", kMaxLocalRanks, "], got ",
-           o.nproc);
+  // comm::kMaxRanks: more ranks than any node has GPUs; beyond it a typo would fork thousands of processes.
+  RT_CHECK(o.nproc >= 1 && o.nproc <= kMaxRanks, "launch: --nproc must be in [1, ", kMaxRanks, "], got ", o.nproc);
   RT_CHECK(!argv.empty(), "launch: no command given (usage: ringtrain launch --nproc N -- COMMAND ...)");
   struct sigaction sa {}, old_term {}, old_int {}, old_hup {};
   sa.sa_handler = on_stop_signal;

@@ -105,7 +105,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // so the result does not depend on the device or on how the work is split (host and device agree up to float
 // rounding). Complete when it returns.
 void fill_normal_hashed(const TensorView& dst, uint64_t seed, double stddev = 1.0);
-// Sets every element of a host or device view to value (used to poison outputs in tests). Complete when it returns.
+// Sets every element of a host or device view to value (zeroing buffers; poisoning outputs in tests). Complete when it
+// returns.
 void fill(const TensorView& dst, double value);
 
 // Stream-ordered forms for the hot paths (CP steps, the GPU model): device views of one GPU are enqueued on

@@ -1,7 +1,6 @@
 #include "ringtrain/rl/grpo.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -351,8 +350,7 @@ void check_grpo_loss(const worker::Config& config) {
 }  // namespace
 
 bool is_checkpoint_entry(std::string_view name) {
-  const bool step = name.starts_with("step_") && name.size() > 5 && std::isdigit(static_cast<unsigned char>(name[5]));
-  return step || name == kWarmupFolder ||
+  return worker::is_step_entry(name) || name == kWarmupFolder ||
          (name.starts_with(kWarmupFolder) && name.substr(kWarmupFolder.size()).starts_with('.'));
 }
 
@@ -468,7 +466,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
     train::TrainingProgress position;
     position.index = done;
     position.rng = rollout_order;
-    policy_worker.save(root / cat("step_", done), position);
+    policy_worker.save(worker::step_folder(root, done), position);
     saved = done;
   };
   int64_t step = start;
@@ -598,11 +596,12 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
         std::snprintf(note, sizeof note, "reward %.3f | exact %.3f", log.reward_mean, log.exact_match);
         progress->update(step + 1, tokens, r.step.loss, skipped > 0 ? cat(note, " | ", skipped, " skipped") : note);
       }
-      if (validation) show_validation(cat("after GRPO step ", step + 1), *validation);
-      if (validation) log.validation = {validation->reward, validation->exact_match};
-      const bool last = step + 1 == config.train.steps;
-      const int64_t every = config.train.checkpoint_every;
-      if (!root.empty() && (last || (every > 0 && (step + 1) % every == 0))) checkpoint(step + 1);
+      if (validation) {
+        show_validation(cat("after GRPO step ", step + 1), *validation);
+        log.validation = {validation->reward, validation->exact_match};
+      }
+      if (!root.empty() && worker::checkpoint_due(step + 1, config.train.steps, config.train.checkpoint_every))
+        checkpoint(step + 1);
       summary.steps.push_back(log);
       if (options.on_step) options.on_step(log);
       if (stop_after_step) {

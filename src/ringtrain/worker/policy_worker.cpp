@@ -530,7 +530,8 @@ constexpr const char* kFinishedExport = ".ringtrain-export";
 
 // What an export writes: an existing folder is replaced only when it holds nothing else (an earlier export, a
 // leftover of one, or an empty folder), so that no user file, and no checkpoint, is ever deleted by an export. A
-// folder without kFinishedExport (an export of an earlier version) may hold config.json and model.safetensors only.
+// folder without kFinishedExport (a Hugging Face folder written by another tool) may hold config.json and
+// model.safetensors only.
 // A leftover may also hold the temporary names its files were being written under.
 enum class ExportFolder : uint8_t { Destination, Leftover };
 void check_replaceable_export(const fs::path& p, ExportFolder kind) {

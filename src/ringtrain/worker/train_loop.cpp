@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -196,6 +197,17 @@ void keep_saved_schedule_length(const Config& c, Config& run_config, const fs::p
                  static_cast<long long>(now), static_cast<long long>(now));
 }
 
+fs::path step_folder(const fs::path& dir, int64_t steps) { return dir / cat(kStepPrefix, steps); }
+
+bool is_step_entry(std::string_view name) {
+  return name.starts_with(kStepPrefix) && name.size() > kStepPrefix.size() &&
+         std::isdigit(static_cast<unsigned char>(name[kStepPrefix.size()]));
+}
+
+bool checkpoint_due(int64_t done, int64_t steps, int64_t every) {
+  return done == steps || (every > 0 && done % every == 0);
+}
+
 int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& data, const TrainRunOptions& o) {
   const bool lead = world.rank() == 0;
   // Steps on such data would still move the weights (weight decay) and report a loss of 0.
@@ -243,8 +255,9 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       RT_CHECK(p.rng == order, from->string(), ": its data order is '", p.rng, "', this run's '", order,
                "': a run resumes only with the train.seed, train.data and policy.train_global_batch_size it started "
                "with", p.rng.find(" units (tokens ") != std::string::npos
-                           ? " (an order that hashes 'tokens' was recorded by a ringtrain whose hash covered the tokens "
-                             "alone: continue that run with that version, or start it again)"
+                           ? " (an order that hashes 'tokens' covers the tokens alone; this build compares every row "
+                             "field and cannot continue it: start the run again, or continue it with the build that "
+                             "wrote it)"
                            : "");
       const int64_t taken = worker.trainer().steps_taken();
       const std::string folder = cat(kStepPrefix, taken);
@@ -278,7 +291,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
     p.epoch = done / schedule.steps_per_epoch();
     p.index = done % schedule.steps_per_epoch() * c.policy.train_global_batch_size;
     p.rng = order;
-    worker.save(ckpt_dir / cat(kStepPrefix, done), p);
+    worker.save(step_folder(ckpt_dir, done), p);
     saved = done;
   };
 
@@ -311,9 +324,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       }
       skipped += r.step.skipped ? 1 : 0;
       if (progress) progress->update(step + 1, tokens, r.step.loss, skipped > 0 ? cat(skipped, " skipped") : "");
-      const bool last = step + 1 == total;
-      if (!ckpt_dir.empty() && (last || (c.train.checkpoint_every > 0 && (step + 1) % c.train.checkpoint_every == 0)))
-        checkpoint(step + 1);
+      if (!ckpt_dir.empty() && checkpoint_due(step + 1, total, c.train.checkpoint_every)) checkpoint(step + 1);
     }
   } catch (const comm::Interrupted&) {
     if (progress) progress->finish();

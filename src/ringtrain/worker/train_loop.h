@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ringtrain/comm/communicator.h"
@@ -62,6 +63,13 @@ int64_t total_train_steps(const Config& c, int64_t units);
 // What a skipped step (train::StepResult::skipped) is, for the end-of-run lines that count them.
 inline constexpr const char* kSkippedWhy =
     " (a non-finite gradient norm or no valid token: no weight changed; `skipped` in metrics.jsonl)";
+
+// DIR/step_N, the checkpoint of a run's first N steps (`ringtrain train`'s and `ringtrain grpo`'s).
+std::filesystem::path step_folder(const std::filesystem::path& dir, int64_t steps);
+// Whether `name` is a checkpoint's (step_N) or a save's leftover's (step_N.*) in a checkpoint folder.
+bool is_step_entry(std::string_view name);
+// Whether the step that makes `done` steps of `steps` is saved: every train.checkpoint_every steps and the last.
+bool checkpoint_due(int64_t done, int64_t steps, int64_t every);
 
 // The newest checkpoint DIR/step_N (highest N), if any. DIR must be a directory (or absent); a step_N that is not a
 // complete checkpoint (a directory holding trainer_state.json) is an error: a save that did not finish leaves
