@@ -12,6 +12,7 @@
 #include "ringtrain/attention/selection.h"
 #include "ringtrain/check/attention_check.h"
 #include "ringtrain/cli/commands.h"
+#include "ringtrain/cli/multi_gpu.h"
 #include "ringtrain/cli/options.h"
 #include "ringtrain/core/clock.h"
 #include "ringtrain/core/device_info.h"
@@ -67,12 +68,7 @@ void add_attention_check_command(CLI::App& app) {
     run.cp = s.cp;
     run.config.comm = s.parsed_comm();
     run.timeout = std::chrono::milliseconds(o->timeout_ms);
-    if (dev.is_cuda()) {
-      if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-        std::fprintf(stderr, "ringtrain attention-check: --device cuda cannot run here: %s\n", why.c_str());
-        throw Exit{2};
-      }
-    }
+    if (dev.is_cuda()) require_cuda("attention-check");
     const RootBackends root(s.backends, "--backends");
     if (o->seed == 0) o->seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
     if (dev.is_cuda() && s.cp > 1) {  // one process per GPU, parity against one GPU

@@ -166,12 +166,7 @@ void run(BenchRolloutsCli& o) {
   const bool cuda = o.device == "cuda";
   std::optional<RemoveOnSignal> on_signal;  // before any CUDA call, which starts threads of its own
   if (b.model_name.empty()) on_signal.emplace();
-  if (cuda) {
-    if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-      std::fprintf(stderr, "ringtrain: bench rollouts needs a GPU: %s\n", why.c_str());
-      throw Exit{2};
-    }
-  }
+  if (cuda) require_cuda("bench rollouts");
   std::unique_ptr<TempCheckpoint> folder;
   if (b.model_name.empty()) {
     model::ModelConfig m = o.shape.apply_to(train::llama_1b_config(), !o.untied);

@@ -52,14 +52,7 @@ void run(BenchTrainCli& o) {
     return;
   }
   RT_CHECK(o.device == "cuda", "bench train: --device ", o.device, ": expected cuda or cpu");
-  if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-    std::fprintf(stderr, "ringtrain: bench train needs a GPU: %s\n", why.c_str());
-    throw Exit{2};
-  }
-  if (cuda_device_count() < o.cp) {
-    std::fprintf(stderr, "ringtrain: --cp %d needs %d GPUs on this node, found %d\n", o.cp, o.cp, cuda_device_count());
-    throw Exit{2};
-  }
+  require_gpus(o.cp, "bench train");
   if (o.cp > 1 && !inside_ranks(o.cp)) throw relaunch_self(o.cp);
   const std::unique_ptr<comm::Communicator> world = nccl_from_environment(timeout);
   const nlohmann::json row = train::run_train_bench(b, *world);

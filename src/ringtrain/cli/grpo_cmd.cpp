@@ -111,10 +111,7 @@ void add_grpo_command(CLI::App& app) {
       std::fprintf(stderr, "ringtrain grpo: note: train.data = %s is not used: GRPO trains on its own rollouts of "
                    "grpo.prompts; `ringtrain train` trains on train.data\n", c.train.data.c_str());
     if (c.device.is_cuda()) {
-      if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-        std::fprintf(stderr, "ringtrain grpo: device cuda cannot run here: %s\n", why.c_str());
-        throw Exit{2};
-      }
+      require_cuda("grpo");
       if (!inside_ranks(world))
         throw relaunch_self(world, {}, saving_stop_grace(std::chrono::seconds(o->timeout_s)));
     }
@@ -138,21 +135,13 @@ void add_grpo_command(CLI::App& app) {
     const char* then = worker::saves_at_stop(c) ? "saves the GRPO steps it finished" : "ends without saving";
     run_stoppable("grpo", then, [&](const StopRequest* stop) {
       options.stop = stop;
-      if (c.device.is_cuda()) {
-        // One process per GPU: the sampler runs in each, on the host copy of its policy's weights.
-        const auto comm = nccl_from_environment(timeout);
-        lead = comm->rank() == 0;
-        if (lead) announce();
-        summary = rl::run_grpo(c, *comm, options);
-      } else {
-        announce();
-        worker::StartingWeights shared;  // one copy of the starting weights for all ranks of this process
-        options.starting_weights = &shared;
-        comm::run_ranks(world, timeout, [&](comm::Communicator& rank) {
-          rl::GrpoSummary mine = rl::run_grpo(c, rank, options);
-          if (rank.rank() == 0) summary = std::move(mine);
-        });
-      }
+      lead = run_on_ranks(c, timeout, [&](comm::Communicator& rank, worker::StartingWeights* shared) {
+        if (rank.rank() == 0) announce();
+        rl::GrpoOptions mine = options;
+        mine.starting_weights = shared;
+        rl::GrpoSummary result = rl::run_grpo(c, rank, mine);
+        if (rank.rank() == 0) summary = std::move(result);
+      });
     });
     if (!lead) return;
     const auto skipped = std::count_if(summary.steps.begin(), summary.steps.end(), [](auto& s) { return s.skipped; });

@@ -137,15 +137,7 @@ void add_logprobs_command(CLI::App& app) {
     cp::CpConfig cfg;
     cfg.comm = cp::parse_cp_comm(o->cp_comm);
     if (device.is_cuda()) {
-      if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-        std::fprintf(stderr, "ringtrain logprobs: --device cuda cannot run here: %s\n", why.c_str());
-        throw Exit{2};
-      }
-      if (cuda_device_count() < o->cp) {
-        std::fprintf(stderr, "ringtrain logprobs: --cp %d needs %d GPUs on this node, found %d\n", o->cp, o->cp,
-                     cuda_device_count());
-        throw Exit{2};
-      }
+      require_gpus(o->cp, "logprobs");
       if (o->cp > 1 && !inside_ranks(o->cp)) throw relaunch_self(o->cp);
     }
     const ModelConfig config = load_config(o->model);

@@ -25,10 +25,7 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
   const int world = static_cast<int>(c.parallel.world());
   if (!c.device.is_cuda()) check_one_process_on_cpu("ringtrain logprobs", world);
   if (c.device.is_cuda()) {
-    if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-      std::fprintf(stderr, "ringtrain logprobs: device cuda cannot run here: %s\n", why.c_str());
-      throw Exit{2};
-    }
+    require_cuda("logprobs");
     if (!inside_ranks(world)) throw relaunch_self(world);
   }
   const model::ModelConfig m = worker::resolve_model_config(c.policy);
@@ -38,23 +35,16 @@ std::optional<std::vector<std::vector<float>>> run_config_logprobs(const ConfigL
   spec.max_length = c.policy.max_total_sequence_length;
   const std::vector<worker::Sample> samples = worker::load_dataset(o.data, spec).samples;
   std::vector<std::vector<float>> results;
-  worker::StartingWeights shared;  // CPU ranks: one copy of the starting weights, read in place by ranks that score
-  const auto score = [&](comm::Communicator& comm, const StopRequest* stop) {
-    worker::PolicyWorker w(c, comm, &shared, stop);
-    if (!o.checkpoint.empty()) w.load(o.checkpoint);
-    worker::LogprobResult r = o.reference ? w.get_reference_logprobs(samples) : w.get_logprobs(samples);
-    if (comm.rank() == 0) results = std::move(r.logprobs);
-  };
-  const auto timeout = std::chrono::seconds(o.timeout_s);
   bool lead = true;
   run_stoppable("logprobs", "ends without writing", [&](const StopRequest* stop) {  // stopped: nothing is written
-    if (c.device.is_cuda()) {
-      const auto comm = nccl_from_environment(timeout);
-      score(*comm, stop);
-      lead = comm->rank() == 0;
-    } else {
-      comm::run_ranks(world, timeout, [&](comm::Communicator& comm) { score(comm, stop); });
-    }
+    lead = run_on_ranks(c, std::chrono::seconds(o.timeout_s),
+                        [&](comm::Communicator& comm, worker::StartingWeights* shared) {
+                          worker::PolicyWorker w(c, comm, shared, stop);
+                          if (!o.checkpoint.empty()) w.load(o.checkpoint);
+                          worker::LogprobResult r =
+                              o.reference ? w.get_reference_logprobs(samples) : w.get_logprobs(samples);
+                          if (comm.rank() == 0) results = std::move(r.logprobs);
+                        });
   });
   if (!lead) return std::nullopt;
   return results;

@@ -8,6 +8,7 @@
 
 #include "ringtrain/cli/commands.h"
 #include "ringtrain/comm/gpu_communicator.h"
+#include "ringtrain/comm/in_process.h"
 #include "ringtrain/comm/launch.h"
 #include "ringtrain/comm/rendezvous.h"
 #include "ringtrain/core/device_info.h"
@@ -52,11 +53,15 @@ std::unique_ptr<comm::Communicator> nccl_from_environment(std::chrono::milliseco
   return comm::make_gpu_communicator(comm::rank_info_from_environment(), timeout);
 }
 
-void require_gpus(int gpus, const char* what) {
+void require_cuda(const char* what) {
   if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-    std::fprintf(stderr, "ringtrain %s: needs GPUs: %s\n", what, why.c_str());
+    std::fprintf(stderr, "ringtrain %s: device cuda cannot run here: %s\n", what, why.c_str());
     throw Exit{2};
   }
+}
+
+void require_gpus(int gpus, const char* what) {
+  require_cuda(what);
   if (cuda_device_count() < gpus) {
     std::fprintf(stderr, "ringtrain %s: --cp %d needs %d GPUs on this node, found %d\n", what, gpus, gpus,
                  cuda_device_count());
@@ -68,6 +73,19 @@ void require_gpus(int gpus, const char* what) {
       throw Exit{2};
     }
   }
+}
+
+bool run_on_ranks(const worker::Config& c, std::chrono::milliseconds timeout,
+                  const std::function<void(comm::Communicator&, worker::StartingWeights*)>& rank) {
+  if (c.device.is_cuda()) {
+    const auto comm = nccl_from_environment(timeout);
+    rank(*comm, nullptr);
+    return comm->rank() == 0;
+  }
+  worker::StartingWeights shared;
+  comm::run_ranks(static_cast<int>(c.parallel.world()), timeout,
+                  [&](comm::Communicator& comm) { rank(comm, &shared); });
+  return true;
 }
 
 }  // namespace ringtrain::cli

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "ringtrain/cli/exit.h"
 #include "ringtrain/comm/communicator.h"
 #include "ringtrain/comm/launch.h"
+#include "ringtrain/worker/config.h"
+#include "ringtrain/worker/policy_worker.h"
 
 namespace ringtrain::cli {
 
@@ -29,8 +32,15 @@ Exit relaunch_self(int world, const std::vector<std::string>& extra_args = {},
 std::chrono::milliseconds saving_stop_grace(std::chrono::seconds timeout);
 // This rank's GPU communicator (GPU = local rank); a clear error when the build has none.
 std::unique_ptr<comm::Communicator> nccl_from_environment(std::chrono::milliseconds timeout);
-// Ends the command with exit code 2 and the reason unless this node has `gpus` usable GPUs (and, for more than one,
-// a GPU communicator). `what` names the command in the message.
+// Ends the command with exit code 2 and the reason unless this build can run on this machine's GPU. `what` names the
+// command in the message.
+void require_cuda(const char* what);
+// require_cuda, and unless this node has `gpus` usable GPUs (and, for more than one, a GPU communicator): --cp N.
 void require_gpus(int gpus, const char* what);
+// Runs `rank` on each rank of a config's run that lives in this process: this GPU process's rank (one of the config's
+// world of GPU processes), or on the CPU its world of ranks as threads that share one copy of the starting weights.
+// Returns whether this process holds rank 0 (a CPU run always does).
+bool run_on_ranks(const worker::Config& c, std::chrono::milliseconds timeout,
+                  const std::function<void(comm::Communicator&, worker::StartingWeights*)>& rank);
 
 }  // namespace ringtrain::cli

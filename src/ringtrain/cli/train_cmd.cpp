@@ -52,12 +52,7 @@ void add_train_command(CLI::App& app) {
     const int world = static_cast<int>(c.parallel.world());
     if (!c.device.is_cuda()) check_one_process_on_cpu("ringtrain train", world);
     worker::check_fresh_run(c, ro);  // once, before GPU ranks are started
-    if (c.device.is_cuda()) {
-      if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
-        std::fprintf(stderr, "ringtrain train: device cuda cannot run here: %s\n", why.c_str());
-        throw Exit{2};
-      }
-    }
+    if (c.device.is_cuda()) require_cuda("train");
     const bool in_ranks = c.device.is_cuda() && inside_ranks(world);  // one of the GPU ranks, not their launcher
     if (!c.grpo.prompts.empty() && !in_ranks)
       std::fprintf(stderr, "ringtrain train: note: the grpo section (grpo.prompts = %s) is not used: train runs SFT / "
@@ -74,14 +69,11 @@ void add_train_command(CLI::App& app) {
     const char* then = worker::saves_at_stop(c) ? "saves the steps it finished" : "ends without saving";
     run_stoppable("train", then, [&](const StopRequest* stop) {
       ro.stop = stop;
-      if (c.device.is_cuda()) {
-        const auto comm = nccl_from_environment(timeout);
-        worker::run_training(c, *comm, data, ro);
-      } else {
-        worker::StartingWeights shared;  // one copy of the reference weights for all ranks of this process
-        ro.starting_weights = &shared;
-        comm::run_ranks(world, timeout, [&](comm::Communicator& comm) { worker::run_training(c, comm, data, ro); });
-      }
+      run_on_ranks(c, timeout, [&](comm::Communicator& comm, worker::StartingWeights* shared) {
+        worker::TrainRunOptions mine = ro;
+        mine.starting_weights = shared;
+        worker::run_training(c, comm, data, mine);
+      });
     });
   });
 }
