@@ -57,7 +57,7 @@ set_key() { sed -i -E "s/(\"$2\": )[^,]*/\1$3/" "$1/config.json"; }
 
 # --- data lines (logprobs --data) ---
 { printf '{"input_ids": '; nested 100000; printf '}\n'; } >deep.jsonl
-expect_error data-deep-json 'deep.jsonl:1: nested deeper than' "$bin" logprobs --model ck --data deep.jsonl
+expect_error data-deep-json 'deep.jsonl:1: JSON nested deeper than' "$bin" logprobs --model ck --data deep.jsonl
 printf '{"input_ids": [1]}\n\n{"input_ids": [2]}\n' >blank_middle.jsonl
 expect_error data-blank-line 'blank_middle.jsonl:2: blank line' "$bin" logprobs --model ck --data blank_middle.jsonl
 printf '{"input_ids":[1,2,3],"foo":1}\n' > unknown_field.jsonl

@@ -158,12 +158,12 @@ TEST_F(PromptFile, ErrorsNameFileAndLine) {
     EXPECT_NE(e.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << e;
     EXPECT_NE(e.find("prompts.jsonl"), std::string::npos) << e;
   };
-  expect(ok + "{\"prompt\": \"1=\"", ":2: not valid JSON");
-  expect(ok + "{\"prompt\": \"12\", \"answer\": 1e999}", ":2: not valid JSON (");  // a number past a double
+  expect(ok + "{\"prompt\": \"1=\"", ":2: invalid JSON");
+  expect(ok + "{\"prompt\": \"12\", \"answer\": 1e999}", ":2: invalid JSON: ");  // a number past a double
   expect(ok + ok + "{\"prompt\": \"1=\"}\n", ":3: missing key 'answer'");
   expect(ok + "{\"prompt\": 1, \"answer\": \"1\"}", ":2: key 'prompt' must be a string");
   expect(ok + "{\"prompt\": \"1=\", \"answer\": \"1\", \"id\": \"x\"}", ":2: unknown key 'id'");
-  expect(ok + "{\"prompt\": {\"a\": [[[1]]]}, \"answer\": \"1\"}", ":2: nested values are not allowed");
+  expect(ok + "{\"prompt\": {\"a\": [[[1]]]}, \"answer\": \"1\"}", ":2: JSON nested deeper than 1 level");
   expect(ok + "{\"prompt\": \"12=\", \"answer\": \"21\", \"answer\": \"x\"}", ":2: key \"answer\" given twice");
   expect(ok + "[1, 2]", ":2: a record must be a JSON object");
   expect(ok + "{\"prompt\": \"1=\", \"answer\": \"X\"}", ":2: key 'answer': tokenizer: character 'X' at position 0");
@@ -171,7 +171,7 @@ TEST_F(PromptFile, ErrorsNameFileAndLine) {
   expect("\n\n", "no records");
   expect(ok + std::string(static_cast<size_t>(rl::kMaxPromptLineBytes) + 10, ' '), ":2: line longer than");
   // Deep nesting is refused at its first level, before the parser descends.
-  expect(ok + "{\"prompt\": " + std::string(100000, '[') + "}", ":2: nested values are not allowed");
+  expect(ok + "{\"prompt\": " + std::string(100000, '[') + "}", ":2: JSON nested deeper than 1 level");
   EXPECT_NE(error_of([&] { rl::read_prompt_file(dir_, tok_); }).find("not a regular file"), std::string::npos);
   EXPECT_NE(error_of([&] { rl::read_prompt_file(dir_ / "missing.jsonl", tok_); }).find("not a regular file"),
             std::string::npos);

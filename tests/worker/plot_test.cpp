@@ -220,7 +220,7 @@ TEST(WorkerPlot, BadInputsAreNamed) {
     }
     return "no error";
   };
-  EXPECT_NE(error_of("{\"step\": 1}\n{\"loss\": [1]}\n").find("m.jsonl:2: nested deeper"), std::string::npos);
+  EXPECT_NE(error_of("{\"step\": 1}\n{\"loss\": [1]}\n").find("m.jsonl:2: JSON nested deeper"), std::string::npos);
   EXPECT_NE(error_of("{\"loss\": 1}\n").find("m.jsonl:1: expected an object with a numeric \"step\""),
             std::string::npos);
   EXPECT_NE(error_of("{\"step\": 1,\n").find("m.jsonl:1: invalid JSON"), std::string::npos);

@@ -70,17 +70,30 @@ JsonShapeIssue check_json_shape(std::string_view text, int max_depth) {
   return checker.issue();
 }
 
-nlohmann::json parse_json(std::string_view text, const std::string& source) {
-  using nlohmann::json;
+namespace {
+
+template <typename Json>
+Json parse_checked(std::string_view text, const std::string& source, int max_depth) {
   check_no_nul(text, source);
-  const JsonShapeIssue issue = check_json_shape(text, kMaxJsonDepth);
-  RT_CHECK(issue.kind != JsonShapeIssue::TooDeep, source, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
+  const JsonShapeIssue issue = check_json_shape(text, max_depth);
+  RT_CHECK(issue.kind != JsonShapeIssue::TooDeep, source, ": JSON nested deeper than ", max_depth,
+           max_depth == 1 ? " level" : " levels");
   RT_CHECK(issue.kind != JsonShapeIssue::KeyTwice, source, ": key ", json_excerpt(issue.key), " given twice");
   try {
-    return json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
+    return Json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number too large for a double
     throw Error(cat(source, ": invalid JSON: ", e.what()));
   }
+}
+
+}  // namespace
+
+nlohmann::json parse_json(std::string_view text, const std::string& source, int max_depth) {
+  return parse_checked<nlohmann::json>(text, source, max_depth);
+}
+
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& source, int max_depth) {
+  return parse_checked<nlohmann::ordered_json>(text, source, max_depth);
 }
 
 std::string json_excerpt(const nlohmann::json& value, size_t max_chars) {

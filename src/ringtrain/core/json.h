@@ -27,9 +27,13 @@ JsonShapeIssue check_json_shape(std::string_view text, int max_depth);
 // follows it would be ignored unseen.
 void check_no_nul(std::string_view text, const std::string& source);
 
-// Parses `text`; an Error names `source` (file, or file:line) and what is wrong, including too deep nesting and a
-// key given twice in one object, and a NUL byte.
-nlohmann::json parse_json(std::string_view text, const std::string& source);
+// Parses `text`; an Error names `source` (file, or file:line) and what is wrong, including nesting deeper than
+// max_depth containers (1: an object of scalars, 2: an object of lists), a key given twice in one object, and a NUL
+// byte. The checks run before anything is built, so a hostile text cannot exhaust the stack or memory through nesting.
+nlohmann::json parse_json(std::string_view text, const std::string& source, int max_depth = kMaxJsonDepth);
+// The same, the keys of each object kept in the order of the text.
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& source,
+                                          int max_depth = kMaxJsonDepth);
 
 // The value's JSON text, cut to `max_chars` with "..." (for error messages).
 std::string json_excerpt(const nlohmann::json& value, size_t max_chars = 120);

@@ -38,18 +38,8 @@ std::vector<Example> read_prompt_file(const std::filesystem::path& path, const C
     if (!any && !in) break;
     if (blank(line)) continue;
     const std::string where = cat(name, ":", number);
-    check_no_nul(line, where);
     // Records are flat: any object or array inside the top-level one is refused before the line is parsed.
-    const JsonShapeIssue issue = check_json_shape(line, 1);
-    RT_CHECK(issue.kind != JsonShapeIssue::TooDeep, where,
-             ": nested values are not allowed (a record is {\"prompt\": \"...\", \"answer\": \"...\"})");
-    RT_CHECK(issue.kind != JsonShapeIssue::KeyTwice, where, ": key ", json_excerpt(issue.key), " given twice");
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number too large for a double
-      throw Error(cat(where, ": not valid JSON (", e.what(), ")"));
-    }
+    const nlohmann::json record = parse_json(line, where, 1);
     RT_CHECK(record.is_object(), where, ": a record must be a JSON object, not ", record.type_name());
     for (const auto& [key, value] : record.items()) {
       RT_CHECK(key == "prompt" || key == "answer", where, ": unknown key '", key, "' (expected prompt, answer)");

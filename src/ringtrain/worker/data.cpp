@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
 #include "ringtrain/core/hashed_normal.h"
 #include "ringtrain/model/file_io.h"
 #include "ringtrain/model/safetensors.h"
-#include "ringtrain/worker/json_line.h"
 
 namespace ringtrain::worker {
 namespace {
@@ -220,7 +220,7 @@ Dataset parse_jsonl(std::string_view text, const std::string& source, const Data
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const std::string where = cat(source, ":", lineno);
     RT_CHECK(line.find_first_not_of(" \t") != std::string_view::npos, where, ": blank line (one JSON object per line)");
-    const json row = parse_json_line(line, kMaxRowDepth, where);
+    const json row = parse_ordered_json(line, where, kMaxRowDepth);
     const RowReader r{row, where, spec};
     if (d.pairs) {
       check_keys(row, kPairKeys, where);

@@ -9,8 +9,8 @@
 #include <map>
 
 #include "ringtrain/core/error.h"
+#include "ringtrain/core/json.h"
 #include "ringtrain/model/file_io.h"
-#include "ringtrain/worker/json_line.h"
 
 namespace ringtrain::worker {
 namespace {
@@ -178,7 +178,7 @@ std::vector<Series> read_metrics(const std::filesystem::path& jsonl) {
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     nlohmann::ordered_json j;
     try {
-      j = parse_json_line(line, 1, where);  // an object of scalars
+      j = parse_ordered_json(line, where, 1);  // an object of scalars
     } catch (const Error&) {
       if (last_unended) break;  // the run was writing it when it stopped
       throw;
