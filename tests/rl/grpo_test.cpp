@@ -25,6 +25,7 @@
 #include "ringtrain/model/policy.h"
 #include "ringtrain/rl/grpo.h"
 #include "ringtrain/worker/config.h"
+#include "rl_test_util.h"
 #include "test_util.h"
 
 namespace ringtrain {
@@ -450,14 +451,7 @@ std::pair<double, double> greedy_rewards(const fs::path& dir, const std::vector<
   const rl::CharTokenizer tok;
   std::vector<std::vector<int32_t>> prompts;
   for (const rl::Example& e : examples) prompts.push_back(tok.encode_prompt(e.prompt));
-  const std::vector<model::Generation> gens = sampler.generate(prompts, greedy);
-  double partial = 0, exact = 0;
-  for (size_t i = 0; i < examples.size(); ++i) {
-    partial += rl::reward(tok, examples[i].answer, gens[i].tokens, rl::RewardMode::Partial);
-    exact += rl::reward(tok, examples[i].answer, gens[i].tokens, rl::RewardMode::Exact);
-  }
-  const double n = static_cast<double>(examples.size());
-  return {partial / n, exact / n};
+  return rl::testing::mean_rewards(examples, sampler.generate(prompts, greedy));
 }
 
 // Validation before GRPO and every 2 steps and after the last: its own record at the warm-up's last step number,

@@ -19,6 +19,7 @@
 #include "ringtrain/rl/task.h"
 #include "ringtrain/rl/tokenizer.h"
 #include "ringtrain/train/optimizer.h"
+#include "rl_test_util.h"
 #include "train/host_adamw.h"
 
 namespace ringtrain {
@@ -77,13 +78,7 @@ struct TinyRun {
     const std::vector<rl::Example> ex = task.examples(uint64_t{1} << 40, n);
     std::vector<std::vector<int32_t>> prompts;
     for (const rl::Example& e : ex) prompts.push_back(tok.encode_prompt(e.prompt));
-    const std::vector<model::Generation> gens = sampler.generate(prompts, s);
-    double partial = 0, exact = 0;
-    for (size_t i = 0; i < ex.size(); ++i) {
-      partial += rl::reward(tok, ex[i].answer, gens[i].tokens, rl::RewardMode::Partial);
-      exact += rl::reward(tok, ex[i].answer, gens[i].tokens, rl::RewardMode::Exact);
-    }
-    return {partial / static_cast<double>(n), exact / static_cast<double>(n)};
+    return rl::testing::mean_rewards(ex, sampler.generate(prompts, s));
   }
 };
 

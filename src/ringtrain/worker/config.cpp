@@ -319,7 +319,7 @@ const std::vector<Field>& schema() {
         "policy.scheduler.min_lr", "the cosine schedule's final learning rate",
         [](auto& c) -> auto& { return c.policy.scheduler.min_lr; }, 0.0, 1e3));
     f.push_back(int_field(
-        "policy.scheduler.total_steps", "cosine length incl. warm-up; 0 = the run's steps",
+        "policy.scheduler.total_steps", "cosine length incl. warm-up; 0 = the run's steps (resumed: the length it was made for)",
         [](auto& c) -> auto& { return c.policy.scheduler.total_steps; }, 0, kMaxTokens));
     f.push_back(enum_field(
         "loss_fn.type", "nll (SFT), clipped_pg (GRPO/PPO) or dpo", [](auto& c) -> auto& { return c.loss_fn.type; },
