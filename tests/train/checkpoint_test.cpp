@@ -272,6 +272,30 @@ TEST(TrainCheckpoint, DamagedOrForeignCheckpointsAreNamed) {
   EXPECT_NE(e.find(state.string() + ": optimizer_steps = 2 exceeds step = 1"), std::string::npos) << e;
   e = with_state([](nlohmann::json& j) { j["schedule_position"] = 0; });
   EXPECT_NE(e.find(state.string() + ": schedule_position = 0 but step = 2"), std::string::npos) << e;
+  // The recorded schedule, read by a resumed run: each bad value named by its key.
+  const auto schedule_error = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(saved);
+    edit(j);
+    model::write_file_atomic(state, j.dump());
+    try {
+      train::saved_schedule(dir);
+    } catch (const std::exception& x) {
+      return std::string(x.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(schedule_error([](nlohmann::json&) {}), "(no error)");
+  EXPECT_TRUE(train::saved_schedule(dir) == s.cfg.schedule);  // the trainer's, as it trained
+  e = schedule_error([](nlohmann::json& j) { j["schedule"]["base_lr"] = "abc"; });
+  EXPECT_NE(e.find(state.string() + ": schedule.base_lr = \"abc\": expected a number"), std::string::npos) << e;
+  e = schedule_error([](nlohmann::json& j) { j["schedule"] = {1, 2}; });
+  EXPECT_NE(e.find(state.string() + ": schedule = [1,2]: expected an object"), std::string::npos) << e;
+  e = schedule_error([](nlohmann::json& j) { j["schedule"].erase("decay"); });
+  EXPECT_NE(e.find(state.string() + ": schedule: no decay"), std::string::npos) << e;
+  e = schedule_error([](nlohmann::json& j) { j["schedule"]["decay_steps"] = 4.5; });
+  EXPECT_NE(e.find("schedule.decay_steps = 4.5: expected an integer"), std::string::npos) << e;
+  e = schedule_error([](nlohmann::json& j) { j["schedule"]["decay"] = "linear"; });
+  EXPECT_NE(e.find("schedule.decay = \"linear\": expected \"cosine\" or \"constant\""), std::string::npos) << e;
   e = with_state([](nlohmann::json& j) { j["master_dtype"] = "int32"; });
   EXPECT_NE(e.find("master_dtype = 'int32': expected fp64, fp32, bf16 or fp16"), std::string::npos) << e;
   // A float dtype other than the files': the first piece read names it.

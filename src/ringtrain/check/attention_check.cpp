@@ -71,8 +71,6 @@ void AttnBuffers::fill_inputs(uint64_t seed) const {
 
 namespace {
 
-
-
 // Host results of the problem's shape: o, dq, dk, dv of `dtype`, lse fp32, all NaN until written.
 AttnResults host_results(const AttnProblem& p, DType dtype) {
   AttnProblem of_dtype = p;

@@ -21,11 +21,6 @@
 #include "ringtrain/cp/zigzag.h"
 
 namespace ringtrain::cli {
-namespace {
-
-
-
-}  // namespace
 
 void print_parity(const check::ParityReport& r, const char* against) {
   for (const check::ParityReport::Row& row : r.rows)

@@ -129,7 +129,6 @@ bool more_likely(std::span<const float> lp, int32_t a, int32_t b) {
   return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
 }
 
-
 }  // namespace
 
 void stop_generation_if_requested(const StopRequest* stop) {

@@ -22,7 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
 constexpr std::string_view kBuiltinTask = "builtin:reverse_digits";
 // The warm-up's examples come from indices far above any GRPO prompt's, so that on the built-in task the two streams
 // never share a prompt (a prompt file is cycled by both).
@@ -416,7 +415,7 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
 
   if (from)
     comm::all_or_none(world, "resume", [&] {
-      worker::keep_saved_schedule_length(config, grpo_config, *from, lead, "ringtrain grpo");
+      worker::resume_schedule(config, grpo_config, *from, lead, "ringtrain grpo");
     });
   const auto t_start = SteadyClock::now();
   worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights, options.stop);

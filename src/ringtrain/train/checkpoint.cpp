@@ -345,7 +345,6 @@ void read_optimizer_shards(const fs::path& dir, const std::vector<std::string>& 
       }
 }
 
-
 // f, with the save named in an error that does not say what it came from (a file system's "cannot write X: ...").
 std::function<void()> naming_the_save(const fs::path& dir, std::function<void()> f) {
   return [&dir, f = std::move(f)] { with_context(cat("checkpoint save ", dir.string()), "checkpoint", f); };
@@ -454,27 +453,40 @@ std::optional<ScheduleConfig> saved_schedule(const fs::path& dir_in) {
   const fs::path state_path = normalized(dir_in) / kStateFile;
   const json st = read_json(state_path);
   if (!st.is_object() || !st.contains("schedule")) return std::nullopt;
+  const json& j = st.at("schedule");
+  const std::string where = cat(state_path.string(), ": schedule");
+  RT_CHECK(j.is_object(), where, " = ", json_excerpt(j), ": expected an object");
+  const auto field = [&](const char* key) -> const json& {
+    RT_CHECK(j.contains(key), where, ": no ", key);
+    return j.at(key);
+  };
+  const auto number = [&](const char* key) {
+    const json& v = field(key);
+    RT_CHECK(v.is_number(), where, ".", key, " = ", json_excerpt(v), ": expected a number");
+    return v.get<double>();
+  };
+  const auto steps = [&](const char* key) {
+    const json& v = field(key);
+    RT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= (int64_t{1} << 53), where, ".",
+             key, " = ", json_excerpt(v), ": expected an integer in [0, 2^53]");
+    return v.get<int64_t>();
+  };
+  ScheduleConfig sc;
+  const json& decay = field("decay");
+  RT_CHECK(decay == "cosine" || decay == "constant", where, ".decay = ", json_excerpt(decay),
+           ": expected \"cosine\" or \"constant\"");
+  sc.decay = decay == "cosine" ? ScheduleConfig::Decay::Cosine : ScheduleConfig::Decay::Constant;
+  sc.base_lr = number("base_lr");
+  sc.warmup_steps = steps("warmup_steps");
+  sc.warmup_start_factor = number("warmup_start_factor");
+  sc.decay_steps = steps("decay_steps");
+  sc.min_lr = number("min_lr");
   try {
-    const json& j = st.at("schedule");
-    ScheduleConfig sc;
-    const std::string decay = j.at("decay").get<std::string>();
-    RT_CHECK(decay == "cosine" || decay == "constant", state_path.string(), ": schedule.decay = '",
-             decay.substr(0, 40), "': expected cosine or constant");
-    sc.decay = decay == "cosine" ? ScheduleConfig::Decay::Cosine : ScheduleConfig::Decay::Constant;
-    sc.base_lr = j.at("base_lr").get<double>();
-    sc.warmup_steps = j.at("warmup_steps").get<int64_t>();
-    sc.warmup_start_factor = j.at("warmup_start_factor").get<double>();
-    sc.decay_steps = j.at("decay_steps").get<int64_t>();
-    sc.min_lr = j.at("min_lr").get<double>();
-    try {
-      validate(sc);
-    } catch (const Error& e) {
-      throw Error(cat(state_path.string(), ": schedule: ", e.what()));
-    }
-    return sc;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(cat(state_path.string(), ": schedule: ", e.what()));
+    validate(sc);
+  } catch (const Error& e) {
+    throw Error(cat(where, ": ", e.what()));
   }
+  return sc;
 }
 
 TrainingProgress load_training_checkpoint(const fs::path& dir_in, Trainer& trainer) {

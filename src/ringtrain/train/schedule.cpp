@@ -20,6 +20,13 @@ void validate(const ScheduleConfig& cfg) {
   }
 }
 
+std::string describe(const ScheduleConfig& cfg) {
+  if (cfg.decay == ScheduleConfig::Decay::Cosine)
+    return cat("cosine from lr ", cfg.base_lr, " over ", cfg.warmup_steps + cfg.decay_steps, " steps (",
+               cfg.warmup_steps, " of warm-up) to ", cfg.min_lr);
+  return cat("constant lr ", cfg.base_lr, cfg.warmup_steps > 0 ? cat(" after ", cfg.warmup_steps, " warm-up steps") : "");
+}
+
 double lr_at(const ScheduleConfig& cfg, int64_t position) {
   RT_CHECK(position >= 0, "LR schedule: position ", position, " < 0");
   if (position < cfg.warmup_steps) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace ringtrain::train {
 
@@ -15,8 +16,11 @@ struct ScheduleConfig {
   Decay decay = Decay::Constant;
   int64_t decay_steps = 0;  // cosine only: steps after the warm-up to reach min_lr (> 0)
   double min_lr = 0;        // cosine only
+  bool operator==(const ScheduleConfig&) const = default;
 };
 void validate(const ScheduleConfig& cfg);
+// "cosine from lr 0.001 over 100 steps (10 of warm-up) to 1e-05", "constant lr 0.001 after 2 warm-up steps".
+std::string describe(const ScheduleConfig& cfg);
 
 // The learning rate of the step at `position` (0 for the first train step).
 double lr_at(const ScheduleConfig& cfg, int64_t position);

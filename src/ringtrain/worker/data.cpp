@@ -185,7 +185,6 @@ void check_masks_given_alike(const json& row, const std::vector<std::string>& ma
 
 }  // namespace
 
-
 DataSpec data_spec(const Config& c, const model::ModelConfig& m) {
   DataSpec s;
   s.vocab = m.vocab;

@@ -58,7 +58,6 @@ struct Dataset {
   int64_t tokens() const;
 };
 
-
 // JSONL text; `source` names it in errors ("FILE:LINE: field: what").
 Dataset parse_jsonl(std::string_view text, const std::string& source, const DataSpec& spec);
 // A .safetensors file as the batch format, anything else as JSONL.

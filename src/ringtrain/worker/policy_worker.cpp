@@ -15,8 +15,6 @@
 #include "ringtrain/worker/packing.h"
 
 namespace ringtrain::worker {
-namespace {
-
 namespace fs = std::filesystem;
 
 train::TrainerConfig trainer_config(const Config& c) {
@@ -70,6 +68,8 @@ train::TrainerConfig trainer_config(const Config& c) {
   }
   return t;
 }
+
+namespace {
 
 model::PolicyOptions policy_options(const Config& c, const model::ModelConfig& m, comm::Communicator& world,
                                     comm::Communicator& cp_group) {

@@ -62,6 +62,9 @@ struct RefitEntry {
 // The starting weights of the workers of one process (fp32, layout order), loaded once and shared read-only by the
 // in-process ranks that ask while an earlier copy is still held: N CPU ranks hold one copy of the reference weights,
 // not N, and ranks that only score read it in place (make_policy over shared weights). Thread-safe.
+// The trainer's settings that config `c` gives (losses, AdamW, the learning-rate schedule, microbatching).
+train::TrainerConfig trainer_config(const Config& c);
+
 class StartingWeights {
  public:
   // policy.model_name's weights (a builtin model's from train.seed) for the config's model.

@@ -182,19 +182,32 @@ bool has_loss_target(const Dataset& data) {
 
 }  // namespace
 
-void keep_saved_schedule_length(const Config& c, Config& run_config, const fs::path& from, bool lead,
-                                const char* command) {
-  if (c.policy.scheduler.kind != ScheduleKind::Cosine || c.policy.scheduler.total_steps != 0) return;
+void resume_schedule(const Config& c, Config& run_config, const fs::path& from, bool lead, const char* command) {
   const std::optional<train::ScheduleConfig> saved = train::saved_schedule(from);
-  if (!saved || saved->decay != train::ScheduleConfig::Decay::Cosine) return;
-  const int64_t length = saved->warmup_steps + saved->decay_steps, now = run_config.total_scheduler_steps();
-  if (length == now) return;
-  run_config.policy.scheduler.total_steps = length;
-  if (lead)
-    std::fprintf(stderr, "%s: the cosine schedule of %s continues over the %lld steps it was made for "
-                 "(policy.scheduler.total_steps = 0 follows the run's steps, %lld now; set it to %lld to stretch the "
-                 "schedule's rest over them)\n", command, from.string().c_str(), static_cast<long long>(length),
-                 static_cast<long long>(now), static_cast<long long>(now));
+  if (!saved) {
+    if (lead)
+      std::fprintf(stderr, "%s: note: %s records no learning-rate schedule; this run's (%s) goes on from its step\n",
+                   command, from.string().c_str(), train::describe(trainer_config(run_config).schedule).c_str());
+    return;
+  }
+  const SchedulerConfig& s = c.policy.scheduler;
+  if (s.kind == ScheduleKind::Cosine && s.total_steps == 0 && saved->decay == train::ScheduleConfig::Decay::Cosine) {
+    const int64_t length = saved->warmup_steps + saved->decay_steps, now = run_config.total_scheduler_steps();
+    if (length != now) {
+      run_config.policy.scheduler.total_steps = length;
+      if (lead)
+        std::fprintf(stderr, "%s: the cosine schedule of %s continues over the %lld steps it was made for "
+                     "(policy.scheduler.total_steps = 0 follows the run's steps, %lld now; a total_steps of the "
+                     "run's own gives a schedule of that length from its start, and the learning rate moves at the "
+                     "resume)\n", command, from.string().c_str(), static_cast<long long>(length),
+                     static_cast<long long>(now));
+    }
+  }
+  const train::ScheduleConfig mine = trainer_config(run_config).schedule;
+  if (lead && !(mine == *saved))
+    std::fprintf(stderr, "%s: note: %s was trained with the learning-rate schedule '%s'; this run's is '%s', which "
+                 "sets the learning rate from the resumed step on\n", command, from.string().c_str(),
+                 train::describe(*saved).c_str(), train::describe(mine).c_str());
 }
 
 fs::path step_folder(const fs::path& dir, int64_t steps) { return dir / cat(kStepPrefix, steps); }
@@ -240,7 +253,7 @@ int64_t run_training(const Config& c, comm::Communicator& world, const Dataset& 
       check_resume_start(c, o.overwrite_metrics);
       if (c.train.checkpoint_dir.empty()) return;
       if (const auto from = newest_checkpoint(c.train.checkpoint_dir))
-        keep_saved_schedule_length(c, run_config, *from, lead, "ringtrain train");
+        resume_schedule(c, run_config, *from, lead, "ringtrain train");
     });
   PolicyWorker worker(run_config, world, o.starting_weights, o.stop);
   if (lead) remove_save_leftovers(c, "train");  // after the worker's collective start: every rank checked the folder

@@ -79,9 +79,10 @@ std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::pa
 // For a run that resumes from checkpoint `from`: a cosine schedule whose length the config leaves to the run
 // (policy.scheduler.total_steps = 0) keeps the length it was made for, which a changed train.steps would otherwise
 // stretch or cut (the learning rate jumping at the resume); `run_config`'s total_steps is set to it and the lead says
-// so. An explicit total_steps is taken as given.
-void keep_saved_schedule_length(const Config& c, Config& run_config, const std::filesystem::path& from, bool lead,
-                                const char* command);
+// so. A schedule that still differs from the recorded one (an explicit total_steps, another lr or warm-up), or a
+// checkpoint that records none, is named on the lead's stderr: the learning rate follows this run's.
+void resume_schedule(const Config& c, Config& run_config, const std::filesystem::path& from, bool lead,
+                     const char* command);
 
 // What continues a run of config `c` that stopped: "--resume continues from DIR/step_N", or why nothing does and
 // what a new run needs. Never throws for a folder it cannot read: it says so instead.

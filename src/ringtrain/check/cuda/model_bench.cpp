@@ -52,9 +52,6 @@ model::ModelConfig bench_config(const ModelBenchOptions& o) {
   return c;
 }
 
-
-
-
 // The current device's default pool, where Tensor allocates.
 cudaMemPool_t current_pool() {
   int device = 0;
@@ -127,7 +124,6 @@ void train_step(model::cuda::GpuModel& m, StepInputs& in, StepBuffers& buf, int6
   if (clock) clock->mark();
   m.backward(buf.d_hidden.ptr<bf16>(), *in.attention);
 }
-
 
 nlohmann::json bench_shape(model::cuda::GpuModel& m, int64_t seq, const ModelBenchOptions& o, comm::Communicator* comm,
                            const cp::CpConfig& cfg) {
