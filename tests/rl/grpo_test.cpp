@@ -392,6 +392,15 @@ TEST(GrpoLoop, APromptFileIsKnownByItsRecordsAndCheckedWhole) {
        "grpo.val_prompts=" + write("val.jsonl", long_prompt), "grpo.max_val_samples=3"}));  // the long 4th left out
   ASSERT_EQ(validated.size(), 1u);
   EXPECT_TRUE(validated[0].validation.has_value());
+  // Named but not read when the run does not validate: a note says so (the CLI shows the lead's stderr).
+  const fs::path quiet = d / "quiet.yaml";
+  std::ofstream(quiet) << small_config(d / "quiet", 1, 1);
+  const testing::CliResult noted = testing::run_cli("grpo --config " + quiet.string() + " --no-progress "
+                                                    "grpo.val_prompts=missing.jsonl 2>&1");
+  EXPECT_EQ(noted.code, 0) << noted.output;
+  EXPECT_NE(noted.output.find("note: grpo.val_prompts = missing.jsonl is not read: the run does not validate"),
+            std::string::npos)
+      << noted.output;
 }
 
 // A stop asked on one rank while it samples: every rank stops at the same point (the sampling rank at its next token,

@@ -420,6 +420,9 @@ GrpoSummary run_grpo(const worker::Config& config, comm::Communicator& world, co
   const auto t_start = SteadyClock::now();
   worker::PolicyWorker policy_worker(grpo_config, world, options.starting_weights, options.stop);
   if (lead) worker::remove_save_leftovers(config, "grpo");  // every rank has checked the folder by now
+  if (lead && !g.val_prompts.empty() && !g.validates())
+    std::fprintf(stderr, "ringtrain grpo: note: grpo.val_prompts = %s is not read: the run does not validate "
+                 "(grpo.val_period = 0, grpo.val_at_start = false)\n", g.val_prompts.c_str());
   // What fixes the rollouts of step s (prompts and sampling seeds) and the records before them (the warm-up's):
   // recorded in each checkpoint, so that a resumed run continues the same sequence or is refused.
   const std::string rollout_order = cat("grpo seed ", config.train.seed, ", prompts ", prompts.identity(), ", ",
