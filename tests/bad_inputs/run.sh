@@ -336,6 +336,21 @@ printf '{"prompt": "12", "answer": "21"}\n{"prompt": "34", "answer": "%s"}\n' "$
 expect_error config-grpo-late-answer-past-length 'long_answer.jsonl:2: SFT warm-up: prompt .34. .* exceeds' \
   "$bin" config run.yaml grpo.prompts=long_answer.jsonl "${grpo_sizes[@]}" loss_fn.type=clipped_pg \
   grpo.max_new_tokens=4 grpo.sft_warmup_steps=1 train.checkpoint_dir=late_ck
+# Validation: a prompt file has no held-out part; the held-out file is read and checked whole at the start.
+expect_error config-grpo-validation-without-held-out 'grpo.val_prompts is required to validate a run on a prompt file' \
+  "$bin" config run.yaml grpo.prompts=long_answer.jsonl "${grpo_sizes[@]}" loss_fn.type=clipped_pg grpo.val_period=1
+mkdir -p val_dir
+expect_error config-grpo-val-prompts-directory 'val_dir: not a regular file' \
+  "$bin" config run.yaml grpo.prompts=builtin:reverse_digits "${grpo_sizes[@]}" loss_fn.type=clipped_pg \
+  grpo.val_at_start=true grpo.val_prompts=val_dir
+printf '{"prompt": "%s", "answer": "1"}\n' "$(printf '1%.0s' $(seq 30))" > val_long.jsonl
+expect_error config-grpo-val-prompt-past-length 'val_long.jsonl:1: validation: grpo.max_new_tokens = 4: prompt' \
+  "$bin" config run.yaml grpo.prompts=builtin:reverse_digits "${grpo_sizes[@]}" loss_fn.type=clipped_pg \
+  grpo.val_period=2 grpo.val_prompts=val_long.jsonl grpo.max_new_tokens=4
+expect_error config-grpo-val-samples-zero 'grpo.max_val_samples = 0: out of range' \
+  "$bin" config run.yaml grpo.max_val_samples=0
+expect_error logprobs-overrides-without-config 'KEY=VALUE overrides \(parallel.cp=2\) need --config' \
+  "$bin" logprobs --model ck --data good.jsonl parallel.cp=2
 expect_error config-grpo-not-clipped-pg 'loss_fn.type = nll: a GRPO run trains with clipped_pg' \
   "$bin" config run.yaml grpo.prompts=builtin:reverse_digits "${grpo_sizes[@]}" --no-model
 mkdir -p earlier_events && : > earlier_events/events.out.tfevents.1.host
